@@ -1,0 +1,1 @@
+"""Command-line entry points: one typer app, one sub-module per command."""

@@ -1,0 +1,20 @@
+"""Annotation and label keys that cross process boundaries (ARCHITECTURE.md, "Who writes what")."""
+
+from typing import Final
+
+# Written by the scheduler extender before the Binding; read by the node daemon and the CLI.
+DEVICE_ALLOCATED: Final = "kubegpu.io/device-allocated"
+# Allowed GPU models for a pod, separated by "|" or "," (the trace's gpu_spec form).
+GPU_MODEL: Final = "kubegpu.io/gpu-model"
+# Per-pod overrides of the placement policies.
+NODE_POLICY: Final = "kubegpu.io/node-policy"
+GPU_POLICY: Final = "kubegpu.io/gpu-policy"
+
+# Node labels (GPU feature discovery keys) that name the GPU model.
+GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
+LEGACY_GPU_NAME_LABEL: Final = "alpha.kubernetes.io/nvidia-gpu-name"
+
+
+def split_models(value: str) -> frozenset[str]:
+    """``"V100M16|V100M32"`` or ``"A100, H100"`` -> the set of model names."""
+    return frozenset(m.strip() for m in value.replace(",", "|").split("|") if m.strip())

@@ -1,0 +1,86 @@
+"""What a node has: its GPUs (memory, compute, health, NUMA, NVLink, MIG) and its CPU and memory.
+
+Plain immutable values. The inventory backends (NVML, topology files) produce
+them, the node daemon publishes them in the ``Device`` object, the extender and
+the simulator rebuild them, and placement reads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True, slots=True)
+class MigDevice:
+    """One MIG device (GPU instance + compute instance) on a MIG-enabled GPU."""
+
+    uuid: str  # MIG-...
+    profile: str  # "1g.10gb", "3g.40gb", "1c.2g.20gb", ...
+    parent_uuid: str
+    gi: int
+    ci: int
+    memory_bytes: int
+    index: int = 0  # position among the parent's MIG devices (for "<gpu>:<mig>" index IDs)
+    healthy: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One physical GPU.
+
+    ``links`` maps a peer GPU's UUID to the number of NVLink links between the
+    two (absent = PCIe only). ``core`` is the compute it offers in percent
+    (100 for a whole GPU).
+    """
+
+    uuid: str
+    index: int
+    minor: int
+    model: str
+    memory_bytes: int
+    healthy: bool = True
+    numa_node: int | None = None
+    pci_bus_id: str = ""
+    compute_capability: tuple[int, int] | None = None
+    links: Mapping[str, int] = field(default_factory=dict)
+    mig_enabled: bool = False
+    mig_devices: tuple[MigDevice, ...] = ()
+    core: int = 100
+
+    def with_health(self, healthy: bool) -> Gpu:
+        return replace(self, healthy=healthy)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInventory:
+    """A node's GPUs plus the CPU and memory that also bound what fits on it."""
+
+    name: str
+    gpus: tuple[Gpu, ...]
+    cpu_milli: int = 0
+    memory_bytes: int = 0
+    labels: Mapping[str, str] = field(default_factory=dict)
+    driver_version: str = ""
+    cuda_version: str = ""
+
+    @property
+    def model(self) -> str:
+        """The node's GPU model ("" without GPUs; the first GPU's on a mixed node)."""
+        return self.gpus[0].model if self.gpus else ""
+
+    def gpu(self, uuid: str) -> Gpu:
+        for g in self.gpus:
+            if g.uuid == uuid:
+                return g
+        raise KeyError(uuid)
+
+    def healthy_gpus(self) -> tuple[Gpu, ...]:
+        return tuple(g for g in self.gpus if g.healthy)
+
+    def link_matrix(self) -> list[list[int]]:
+        """NVLink counts between GPUs by position in ``gpus`` (0 = PCIe only)."""
+        return [[a.links.get(b.uuid, 0) if a is not b else 0 for b in self.gpus] for a in self.gpus]
+
+    def with_gpu_health(self, uuid: str, healthy: bool) -> NodeInventory:
+        return replace(self, gpus=tuple(g.with_health(healthy) if g.uuid == uuid else g for g in self.gpus))
