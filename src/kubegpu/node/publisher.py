@@ -1,0 +1,43 @@
+"""The seam between the node daemon and the API server (labels, Device object, node capacity).
+
+The daemon calls a :class:`NodePublisher` once at start and again on every health change
+(and on config reload). In ``--standalone`` mode it is :class:`NullPublisher`; with an API
+server the ``kubegpu.kube``-based implementation writes the node labels, the cluster-scoped
+``Device`` object and the ``kubegpu.io/*`` node capacity.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Protocol
+
+from kubegpu.model.inventory import NodeInventory
+
+log = logging.getLogger(__name__)
+
+
+class NodePublisher(Protocol):
+    def publish(self, inventory: NodeInventory, resources: Mapping[str, int]) -> None:
+        """Publish the node's current GPUs (with health) and the device-plugin resources
+        it serves (resource name -> number of healthy devices). Must not raise for a
+        transient API error: log it and retry on the next call."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class NullPublisher:
+    """Standalone mode: nothing to publish; remembers the last call for tests and the CLI."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.last: tuple[NodeInventory, dict[str, int]] | None = None
+
+    def publish(self, inventory: NodeInventory, resources: Mapping[str, int]) -> None:
+        self.calls += 1
+        self.last = (inventory, dict(resources))
+        log.debug("standalone: not publishing node %s (%d GPUs)", inventory.name, len(inventory.gpus))
+
+    def close(self) -> None:
+        pass

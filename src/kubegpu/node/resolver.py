@@ -1,0 +1,79 @@
+"""The seam between the device plugin and the scheduler's recorded choice (full mode).
+
+The kubelet's ``Allocate`` and ``GetPreferredAllocation`` calls carry only device IDs,
+never a pod. In full mode the scheduler extender has already chosen the exact GPUs and
+written them into the pod's ``kubegpu.io/device-allocated`` annotation; something on the
+node must match the kubelet's call to that pod. That matching lives in
+``kubegpu.node.handoff`` (the scheduler engineer's module) and plugs in here through
+:class:`AllocationResolver`. In ``--standalone`` (node-only) mode no resolver is set and
+the plugin answers from the device IDs alone.
+
+Contract for implementers
+-------------------------
+``resolve(resource, device_ids)`` is called once per ``Allocate`` container request for
+``kubegpu.io/gpu.shared`` (and ``nvidia.com/gpu`` when the scheduler manages whole GPUs),
+with the device IDs the kubelet chose (slot IDs are ``<gpu-uuid>::<k>``, whole GPUs are
+UUIDs). It returns:
+
+- a :class:`ResolvedAllocation`: the GPUs recorded for the matched pod's container and
+  the share of each (core percent, memory bytes). The plugin hands exactly those GPUs to
+  the container (env / mounts / CDI) plus the ``KUBEGPU_*`` limits and, with MPS on, the
+  MPS variables;
+- ``None``: this call is not the resolver's business (for instance a whole-GPU pod the
+  scheduler did not annotate); the plugin serves the device IDs as they are;
+- or it raises :class:`AllocationRefused` with a message a person can act on; the
+  ``Allocate`` fails with that message (the kubelet then fails the pod with
+  ``UnexpectedAdmissionError``), which is better than handing a container the wrong GPU.
+
+``preferred(resource, available, must_include, size)`` is called for
+``GetPreferredAllocation``: return device IDs (a subset of ``available``, containing
+``must_include``, at most ``size`` long) that steer the kubelet onto the slots of the
+recorded GPUs, or ``None`` to let the plugin choose. It must answer within a few ms
+(it blocks pod admission) and never raise for an unknown request: return ``None``.
+
+Both methods can be called concurrently from gRPC worker threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class AllocationRefused(Exception):
+    """The resolver found the call cannot be served; ``str(exc)`` is the reason given to the kubelet."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuShare:
+    """One GPU (or MIG device) recorded for a container, and the part of it granted."""
+
+    uuid: str  # GPU-… (or MIG-…)
+    minor: int
+    core_percent: int  # 1..100 (100 for a whole GPU)
+    memory_bytes: int  # 0 = the whole GPU's memory / unknown
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedAllocation:
+    """What the scheduler recorded for the container behind one ``Allocate`` call."""
+
+    gpus: tuple[GpuShare, ...]
+    pod: str = ""  # "namespace/name", for logs and metrics only
+    container: str = ""
+
+    @property
+    def uuids(self) -> tuple[str, ...]:
+        return tuple(g.uuid for g in self.gpus)
+
+
+class AllocationResolver(Protocol):
+    def resolve(self, resource: str, device_ids: Sequence[str]) -> ResolvedAllocation | None:
+        """The recorded allocation this ``Allocate`` call serves; raises AllocationRefused."""
+        ...
+
+    def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str],
+                  size: int) -> Sequence[str] | None:
+        """Device IDs steering the kubelet to the recorded GPUs, or None to let the plugin choose."""
+        ...
