@@ -23,6 +23,9 @@ class MigDevice:
     memory_bytes: int
     index: int = 0  # position among the parent's MIG devices (for "<gpu>:<mig>" index IDs)
     healthy: bool = True
+    # NVML's MIG attributes as GFD labels them: multiprocessors, slices.gi, slices.ci,
+    # engines.copy|decoder|encoder|jpeg|ofa (empty when unknown).
+    attributes: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +50,7 @@ class Gpu:
     mig_enabled: bool = False
     mig_devices: tuple[MigDevice, ...] = ()
     core: int = 100
+    mig_capable: bool = False  # the GPU supports MIG (whether or not it is enabled now)
 
     def with_health(self, healthy: bool) -> Gpu:
         return replace(self, healthy=healthy)
