@@ -1,16 +1,30 @@
-"""Kubernetes resource quantities (``8Gi``, ``16384Mi``, ``500M``, ``"100"``).
+"""Kubernetes resource quantities (``8Gi``, ``16384Mi``, ``500M``, ``"100"``, ``1e3``).
 
-Parsing is lightkube's; this module adds the integer checks the resource
-protocol needs and a formatter that writes bytes the way people read them.
+The parser is exact: the API server's own quantity type and lightkube's parser
+both round up to thousandths, which would let ``nvidia.com/gpu: "1.9999"``
+pass as 2 GPUs. kubegpu refuses fractions instead of rounding them, so the
+grammar is implemented here with :class:`decimal.Decimal` and no rounding.
+Sizes are bounded (digits and exponent) so a hostile value cannot make the
+webhook build a number with millions of digits.
 """
 
 from __future__ import annotations
 
-from decimal import Decimal
-
-from lightkube.utils.quantity import parse_quantity
+import re
+from decimal import Decimal, InvalidOperation, localcontext
 
 _BINARY = (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))
+_SUFFIX: dict[str, Decimal] = {
+    **{s: Decimal(m) for s, m in _BINARY},
+    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
+    "k": Decimal("1e3"), "M": Decimal("1e6"), "G": Decimal("1e9"), "T": Decimal("1e12"),
+    "P": Decimal("1e15"), "E": Decimal("1e18"),
+}
+# <sign><digits>[.<digits>]<suffix>, the suffix being binary, decimal SI or an exponent (e3, E-2).
+_QUANTITY_RE = re.compile(
+    r"^([+-]?)(\d+\.?\d*|\.\d+)(?:(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)|[eE]([+-]?\d+))?$")
+_MAX_CHARS = 64
+_MAX_EXPONENT = 30
 
 
 class QuantityError(ValueError):
@@ -18,20 +32,41 @@ class QuantityError(ValueError):
 
 
 def parse(value: object) -> Decimal:
-    """Parse a quantity given as YAML/JSON gives it (str, int or float)."""
+    """Parse a quantity given as YAML/JSON gives it (str, int or float), exactly."""
     if isinstance(value, bool) or value is None:
         raise QuantityError(f"{value!r} is not a quantity")
-    if isinstance(value, int | float):
-        value = str(value)
+    if isinstance(value, int):
+        return Decimal(value)
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise QuantityError(f"{value!r} is not a quantity")
+        value = repr(value)
     if not isinstance(value, str):
         raise QuantityError(f"{value!r} is not a quantity")
-    try:
-        parsed = parse_quantity(value.strip())
-    except (ValueError, ArithmeticError) as exc:
-        raise QuantityError(f"{value!r} is not a quantity") from exc
-    if parsed is None:
+    text = value.strip()
+    if len(text) > _MAX_CHARS:
+        raise QuantityError(f"{value[:20]!r}… is too long to be a quantity")
+    match = _QUANTITY_RE.match(text)
+    if match is None:
         raise QuantityError(f"{value!r} is not a quantity")
-    return parsed
+    sign, number, suffix, exponent = match.groups()
+    try:
+        with localcontext() as ctx:
+            # Enough digits that no accepted input is ever rounded (64 chars plus an 18-digit suffix).
+            ctx.prec = 128
+            amount = _scale(Decimal(number), suffix, exponent, value)
+    except InvalidOperation as exc:
+        raise QuantityError(f"{value!r} is not a quantity") from exc
+    return -amount if sign == "-" else amount
+
+
+def _scale(amount: Decimal, suffix: str | None, exponent: str | None, value: str) -> Decimal:
+    if exponent is not None:
+        exp = int(exponent)
+        if abs(exp) > _MAX_EXPONENT:
+            raise QuantityError(f"{value!r} is out of range")
+        return amount.scaleb(exp)
+    return amount * _SUFFIX[suffix or ""]
 
 
 def parse_int(value: object) -> int:

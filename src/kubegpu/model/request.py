@@ -14,7 +14,7 @@ from typing import Any
 
 from kubegpu.model import resources as R
 from kubegpu.model.annotations import GPU_MODEL, split_models
-from kubegpu.model.quantity import QuantityError, format_bytes, parse_int
+from kubegpu.model.quantity import QuantityError, format_bytes, parse, parse_int
 
 # Upper bounds that catch absurd quantities (typos such as "8000" GPUs) with a clear reason.
 MAX_DEVICES_PER_CONTAINER = 64
@@ -75,6 +75,8 @@ class Refusal:
     resource: str
     value: str
     rule: str
+    # A short stable name of the rule ("whole-number", "combination", ...): metrics labels and tests.
+    code: str = ""
 
     def __str__(self) -> str:
         where = f"container {self.container!r}"
@@ -125,24 +127,35 @@ class _Refused(Exception):
         self.refusal = refusal
 
 
+def _refuse(container: str, resource: str, value: object, rule: str, code: str) -> _Refused:
+    return _Refused(Refusal(container, resource, _text(value), rule, code))
+
+
 def _text(value: object) -> str:
     return value if isinstance(value, str) else str(value)
 
 
-def _gpu_entries(container: str, section: Mapping[str, Any] | None, where: str) -> dict[str, tuple[str, object]]:
+def _gpu_entries(container: str, section: object, where: str,
+                 replicas: frozenset[str]) -> dict[str, tuple[str, object]]:
     """Canonical name -> (name as written, value) for the GPU entries of limits or requests."""
     out: dict[str, tuple[str, object]] = {}
     if section is None:
         return out
     if not isinstance(section, Mapping):
-        raise _Refused(Refusal(container, f"resources.{where}", _text(section), "must be a map"))
+        raise _refuse(container, f"resources.{where}", section, "must be a map", "not-a-map")
     for name, value in section.items():
-        if not isinstance(name, str) or not R.is_gpu_resource(name):
+        if not isinstance(name, str) or not R.is_gpu_resource(name, replicas):
             continue
+        if not R.is_known_name(name, replicas):
+            raise _refuse(container, name, value,
+                          "unknown GPU resource name (canonical: nvidia.com/gpu, "
+                          f"nvidia.com/mig-<g>g.<m>gb, {', '.join(R.SHARE_RESOURCES)}; aliases: "
+                          "kubernetes.io/gpu*, koordinator.sh/gpu*, alpha.kubernetes.io/nvidia-gpu)",
+                          "unknown-resource")
         canon = R.canonical_name(name)
         if canon in out:
-            raise _Refused(Refusal(container, name, _text(value),
-                                   f"given twice in {where} (as {out[canon][0]!r} and {name!r})"))
+            raise _refuse(container, name, value,
+                          f"given twice in {where} (as {out[canon][0]!r} and {name!r})", "duplicate")
         out[canon] = (name, value)
     return out
 
@@ -151,12 +164,13 @@ def _count(container: str, name: str, value: object) -> int:
     try:
         n = parse_int(value)
     except QuantityError:
-        raise _Refused(Refusal(container, name, _text(value), "must be a whole number")) from None
+        raise _refuse(container, name, value, "must be a whole number (no fractions of a device)",
+                      "whole-number") from None
     if n <= 0:
-        raise _Refused(Refusal(container, name, _text(value), "must be at least 1"))
+        raise _refuse(container, name, value, "must be at least 1", "not-positive")
     if n > MAX_DEVICES_PER_CONTAINER:
-        raise _Refused(Refusal(container, name, _text(value),
-                               f"more than {MAX_DEVICES_PER_CONTAINER} devices in one container"))
+        raise _refuse(container, name, value,
+                      f"more than {MAX_DEVICES_PER_CONTAINER} devices in one container", "too-large")
     return n
 
 
@@ -164,15 +178,16 @@ def _percent(container: str, name: str, value: object) -> int:
     try:
         p = parse_int(value)
     except QuantityError:
-        raise _Refused(Refusal(container, name, _text(value), "must be a whole percent")) from None
+        raise _refuse(container, name, value, "must be a whole percent", "whole-number") from None
     if p <= 0:
-        raise _Refused(Refusal(container, name, _text(value), "must be at least 1"))
-    if p > 100 and p % 100:
-        raise _Refused(Refusal(container, name, _text(value),
-                               "above 100 must be a multiple of 100 (whole GPUs)"))
+        raise _refuse(container, name, value, "must be at least 1", "not-positive")
     if p > 100 * MAX_DEVICES_PER_CONTAINER:
-        raise _Refused(Refusal(container, name, _text(value),
-                               f"more than {MAX_DEVICES_PER_CONTAINER} GPUs in one container"))
+        raise _refuse(container, name, value,
+                      f"more than {MAX_DEVICES_PER_CONTAINER} GPUs in one container", "too-large")
+    if p > 100 and p % 100:
+        raise _refuse(container, name, value,
+                      "is a percent of one GPU: 1..100, or a multiple of 100 (whole GPUs) above 100",
+                      "percent-multiple")
     return p
 
 
@@ -180,27 +195,31 @@ def _bytes(container: str, name: str, value: object) -> int:
     try:
         b = parse_int(value)
     except QuantityError:
-        raise _Refused(Refusal(container, name, _text(value), "must be a whole number of bytes")) from None
+        raise _refuse(container, name, value, "must be a whole number of bytes (a quantity such as 8Gi)",
+                      "whole-number") from None
     if b <= 0:
-        raise _Refused(Refusal(container, name, _text(value), "must be at least 1 byte"))
+        raise _refuse(container, name, value, "must be at least 1 byte", "not-positive")
     if b > MAX_GPU_MEMORY_BYTES * MAX_DEVICES_PER_CONTAINER:
-        raise _Refused(Refusal(container, name, _text(value), "more GPU memory than any node has"))
+        raise _refuse(container, name, value, "more GPU memory than any node has", "too-large")
     return b
 
 
-def _merge_limits_requests(container: str, resources: Mapping[str, Any]) -> dict[str, tuple[str, object]]:
-    limits = _gpu_entries(container, resources.get("limits"), "limits")
-    requests = _gpu_entries(container, resources.get("requests"), "requests")
+def _merge_limits_requests(container: str, resources: Mapping[str, Any],
+                           replicas: frozenset[str]) -> dict[str, tuple[str, object]]:
+    limits = _gpu_entries(container, resources.get("limits"), "limits", replicas)
+    requests = _gpu_entries(container, resources.get("requests"), "requests", replicas)
     merged = dict(limits)
     for canon, (name, value) in requests.items():
         if canon in limits:
-            lname, lvalue = limits[canon]
+            _lname, lvalue = limits[canon]
             if _text(lvalue).strip() != _text(value).strip() and not _same_quantity(lvalue, value):
-                raise _Refused(Refusal(container, name, _text(value),
-                                       f"requests must equal limits ({_text(lvalue)!r})"))
-        elif _is_device_plugin_resource(canon):
-            raise _Refused(Refusal(container, name, _text(value),
-                                   "must be set in limits (requests alone are refused)"))
+                raise _refuse(container, name, value, f"requests must equal limits ({_text(lvalue)!r})",
+                              "requests-differ")
+        elif canon not in R.SHARE_RESOURCES:
+            # Device-plugin resources follow Kubernetes' rule for extended resources: limits are
+            # required; the fine-grained share resources may be written in requests only (the seed's pods).
+            raise _refuse(container, name, value, "must be set in limits (requests alone are refused)",
+                          "requests-without-limits")
         else:
             merged[canon] = (name, value)
     return merged
@@ -208,13 +227,9 @@ def _merge_limits_requests(container: str, resources: Mapping[str, Any]) -> dict
 
 def _same_quantity(a: object, b: object) -> bool:
     try:
-        return parse_int(a) == parse_int(b)
+        return parse(a) == parse(b)
     except QuantityError:
         return False
-
-
-def _is_device_plugin_resource(canon: str) -> bool:
-    return canon.startswith("nvidia.com/")
 
 
 def _parse_share(container: str, entries: dict[str, tuple[str, object]]) -> tuple[GpuRequest, dict[str, str]]:
@@ -226,13 +241,14 @@ def _parse_share(container: str, entries: dict[str, tuple[str, object]]) -> tupl
         others = present & {R.GPU_CORE, R.GPU_MEMORY, R.GPU_MEMORY_RATIO}
         if others:
             name, value = named(R.GPU_PERCENT)
-            raise _Refused(Refusal(container, name, _text(value),
-                                   f"{R.GPU_PERCENT} is shorthand for core + memory-ratio and cannot be "
-                                   f"combined with {', '.join(sorted(others))}"))
+            raise _refuse(container, name, value,
+                          f"{R.GPU_PERCENT} is shorthand for core + memory-ratio and cannot be "
+                          f"combined with {', '.join(sorted(others))}", "combination")
     if R.GPU_MEMORY in present and R.GPU_MEMORY_RATIO in present:
         name, value = named(R.GPU_MEMORY)
-        raise _Refused(Refusal(container, name, _text(value),
-                               f"give one memory form: {R.GPU_MEMORY} or {R.GPU_MEMORY_RATIO}, not both"))
+        raise _refuse(container, name, value,
+                      f"give one memory form: {R.GPU_MEMORY} or {R.GPU_MEMORY_RATIO}, not both",
+                      "two-memory-forms")
 
     core = ratio = memory = None
     if R.GPU_PERCENT in present:
@@ -246,8 +262,9 @@ def _parse_share(container: str, entries: dict[str, tuple[str, object]]) -> tupl
 
     if ratio is None and memory is None:
         name, value = named(R.GPU_CORE) if R.GPU_CORE in present else named(R.GPU_SLOTS)
-        raise _Refused(Refusal(container, name, _text(value),
-                               f"a GPU share must declare memory: add {R.GPU_MEMORY} or {R.GPU_MEMORY_RATIO}"))
+        raise _refuse(container, name, value,
+                      f"a GPU share must declare memory: add {R.GPU_MEMORY} or {R.GPU_MEMORY_RATIO}",
+                      "memory-missing")
 
     if R.GPU_SLOTS in present:
         k = _count(container, *named(R.GPU_SLOTS))
@@ -256,34 +273,39 @@ def _parse_share(container: str, entries: dict[str, tuple[str, object]]) -> tupl
                 continue
             name, value = named(canon) if canon in present else named(R.GPU_PERCENT)
             if total % k:
-                raise _Refused(Refusal(container, name, _text(value),
-                                       f"must divide evenly over {R.GPU_SLOTS}={k} GPUs"))
+                raise _refuse(container, name, value, f"must divide evenly over {R.GPU_SLOTS}={k} GPUs",
+                              "divisibility")
             if total // k > 100:
-                raise _Refused(Refusal(container, name, _text(value),
-                                       f"is {total // k} % per GPU over {k} GPUs; at most 100 % per GPU"))
+                raise _refuse(container, name, value,
+                              f"is {total // k} % per GPU over {k} GPUs; at most 100 % per GPU",
+                              "per-gpu-over-100")
         if memory is not None and memory % k:
             name, value = named(R.GPU_MEMORY)
-            raise _Refused(Refusal(container, name, _text(value),
-                                   f"must divide evenly over {R.GPU_SLOTS}={k} GPUs"))
+            raise _refuse(container, name, value, f"must divide evenly over {R.GPU_SLOTS}={k} GPUs",
+                          "divisibility")
     else:
-        spans = {canon: (total + 99) // 100 for canon, total in ((R.GPU_CORE, core), (R.GPU_MEMORY_RATIO, ratio))
-                 if total is not None}
+        totals = ((R.GPU_CORE, core), (R.GPU_MEMORY_RATIO, ratio))
+        spans = {canon: (total + 99) // 100 for canon, total in totals if total is not None}
         k = max(spans.values(), default=1)
         if len(set(spans.values())) > 1:
-            name, value = named(R.GPU_CORE) if R.GPU_CORE in present else named(R.GPU_PERCENT)
-            raise _Refused(Refusal(container, name, _text(value),
-                                   f"core and memory-ratio span different numbers of GPUs "
-                                   f"({spans[R.GPU_CORE]} vs {spans[R.GPU_MEMORY_RATIO]}); "
-                                   f"set {R.GPU_SLOTS} to say how many GPUs to split over"))
+            name, value = named(R.GPU_CORE)
+            raise _refuse(container, name, value,
+                          f"core and memory-ratio span different numbers of GPUs "
+                          f"({spans[R.GPU_CORE]} vs {spans[R.GPU_MEMORY_RATIO]}); "
+                          f"set {R.GPU_SLOTS} to say how many GPUs to split over", "span-mismatch")
         if memory is not None and memory % k:
             name, value = named(R.GPU_MEMORY)
-            raise _Refused(Refusal(container, name, _text(value), f"must divide evenly over {k} GPUs"))
+            raise _refuse(container, name, value, f"must divide evenly over {k} GPUs", "divisibility")
+    if memory is not None and memory // k > MAX_GPU_MEMORY_BYTES:
+        name, value = named(R.GPU_MEMORY)
+        raise _refuse(container, name, value,
+                      f"is {format_bytes(memory // k)} per GPU; no GPU has more than "
+                      f"{format_bytes(MAX_GPU_MEMORY_BYTES)}", "too-large")
 
-    per_core = (core // k) if core is not None else 0
     req = GpuRequest(
         kind=RequestKind.SHARE,
         count=k,
-        core=per_core,
+        core=(core // k) if core is not None else 0,
         memory_bytes=(memory // k) if memory is not None else None,
         memory_ratio=(ratio // k) if ratio is not None else None,
         resource=R.GPU_SLOTS,
@@ -291,40 +313,37 @@ def _parse_share(container: str, entries: dict[str, tuple[str, object]]) -> tupl
     limits: dict[str, str] = {}
     if core is not None:
         limits[R.GPU_CORE] = str(core)
-    if ratio is not None:
-        limits[R.GPU_MEMORY_RATIO] = str(ratio)
     if memory is not None:
         limits[R.GPU_MEMORY] = format_bytes(memory)
+    if ratio is not None:
+        limits[R.GPU_MEMORY_RATIO] = str(ratio)
     limits[R.GPU_SLOTS] = str(k)
     return req, limits
 
 
-def _parse_container(name: str, resources: Mapping[str, Any], init: bool) -> ContainerRequest:
-    entries = _merge_limits_requests(name, resources)
+def _parse_container(name: str, resources: Mapping[str, Any], init: bool,
+                     replicas: frozenset[str] = frozenset()) -> ContainerRequest:
+    entries = _merge_limits_requests(name, resources, replicas)
     renamed = frozenset(orig for canon, (orig, _) in entries.items() if orig != canon)
     if not entries:
         return ContainerRequest(name, init, None)
 
     share = {c for c in entries if c in R.SHARE_RESOURCES}
     devices = {c for c in entries if c not in share}
-    for canon in devices:
-        if canon.startswith("kubegpu.io/"):
-            orig, value = entries[canon]
-            raise _Refused(Refusal(name, orig, _text(value), "unknown kubegpu.io resource"))
     if share and devices:
         first = sorted(devices)[0]
         orig, value = entries[first]
-        raise _Refused(Refusal(name, orig, _text(value),
-                               f"cannot be combined with the fine-grained share resources "
-                               f"({', '.join(sorted(share))}) in one container"))
+        raise _refuse(name, orig, value,
+                      f"cannot be combined with the fine-grained share resources "
+                      f"({', '.join(sorted(share))}) in one container", "combination")
     if share:
         req, limits = _parse_share(name, entries)
         return ContainerRequest(name, init, req, limits, renamed)
     if len(devices) > 1:
         first, second = sorted(devices)[:2]
         orig, value = entries[second]
-        raise _Refused(Refusal(name, orig, _text(value),
-                               f"one device resource per container; {first} is also requested"))
+        raise _refuse(name, orig, value, f"one device resource per container; {first} is also requested",
+                      "combination")
     (canon,) = devices
     orig, value = entries[canon]
     n = _count(name, orig, value)
@@ -332,8 +351,8 @@ def _parse_container(name: str, resources: Mapping[str, Any], init: bool) -> Con
         req = GpuRequest(RequestKind.WHOLE, n, resource=R.NVIDIA_GPU)
     elif canon.startswith(R.NVIDIA_MIG_PREFIX):
         if not R.is_mig_resource(canon):
-            raise _Refused(Refusal(name, orig, _text(value),
-                                   "not a MIG profile name (expected nvidia.com/mig-<g>g.<m>gb)"))
+            raise _refuse(name, orig, value, "not a MIG profile name (expected nvidia.com/mig-<g>g.<m>gb)",
+                          "mig-profile")
         req = GpuRequest(RequestKind.MIG, n, resource=canon, mig_profile=R.mig_profile(canon),
                          memory_ratio=None)
     else:
@@ -342,36 +361,38 @@ def _parse_container(name: str, resources: Mapping[str, Any], init: bool) -> Con
     return ContainerRequest(name, init, req, {canon: str(n)}, renamed)
 
 
-def _container_name(container: Mapping[str, Any], i: int) -> str:
+def _container_name(container: object, i: int) -> str:
     name = container.get("name") if isinstance(container, Mapping) else None
     return name if isinstance(name, str) and name else f"#{i}"
 
 
-def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
+def parse_pod(pod: Mapping[str, Any], *, replica_resources: frozenset[str] = frozenset()) -> PodRequest:
     """Parse every container and init container of a Pod (a dict shaped like a v1.Pod).
 
-    Never raises on bad input: every problem becomes a :class:`Refusal`.
+    ``replica_resources`` names renamed replica resources that :func:`R.is_nvidia_gpu_name`
+    cannot recognise by their name (``nvidia.com/small``). Never raises on bad input:
+    every problem becomes a :class:`Refusal`.
     """
     refusals: list[Refusal] = []
     containers: list[ContainerRequest] = []
     spec = pod.get("spec") if isinstance(pod, Mapping) else None
     if not isinstance(spec, Mapping):
-        return PodRequest((), (Refusal("-", "spec", "", "the pod has no spec"),))
+        return PodRequest((), (Refusal("-", "spec", "", "the pod has no spec", "no-spec"),))
     for key, init in (("initContainers", True), ("containers", False)):
         items = spec.get(key) or []
         if not isinstance(items, list):
-            refusals.append(Refusal("-", f"spec.{key}", "", "must be a list"))
+            refusals.append(Refusal("-", f"spec.{key}", "", "must be a list", "not-a-map"))
             continue
         for i, c in enumerate(items):
             name = _container_name(c, i)
             if not isinstance(c, Mapping):
-                refusals.append(Refusal(name, "", "", "container must be an object"))
+                refusals.append(Refusal(name, "", "", "container must be an object", "not-a-map"))
                 continue
             resources = c.get("resources") or {}
             try:
                 if not isinstance(resources, Mapping):
-                    raise _Refused(Refusal(name, "resources", _text(resources), "must be an object"))
-                containers.append(_parse_container(name, resources, init))
+                    raise _refuse(name, "resources", resources, "must be an object", "not-a-map")
+                containers.append(_parse_container(name, resources, init, replica_resources))
             except _Refused as r:
                 refusals.append(r.refusal)
     allowed = None
@@ -382,10 +403,11 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
     return PodRequest(tuple(containers), tuple(refusals), allowed)
 
 
-def parse_resources(name: str, resources: Mapping[str, Any], *, init: bool = False) -> ContainerRequest:
+def parse_resources(name: str, resources: Mapping[str, Any], *, init: bool = False,
+                    replica_resources: frozenset[str] = frozenset()) -> ContainerRequest:
     """Parse one container's ``resources``; raises :class:`RequestRefused` when refused."""
     try:
-        return _parse_container(name, resources, init)
+        return _parse_container(name, resources, init, replica_resources)
     except _Refused as r:
         raise RequestRefused(r.refusal) from None
 

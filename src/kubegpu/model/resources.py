@@ -42,8 +42,13 @@ ALIASES: Final[dict[str, str]] = {
 # (<c>c.<g>g.<m>gb) and +me / -me / +gfx style suffixes, as NVIDIA's naming produces them.
 MIG_PROFILE_RE: Final = re.compile(r"^(?:(\d+)c\.)?(\d+)g\.(\d+)gb(?:[+-][a-z]+)*$")
 
-GPU_DOMAINS: Final = ("nvidia.com/", "kubegpu.io/", "kubernetes.io/gpu", "koordinator.sh/gpu",
-                      "alpha.kubernetes.io/nvidia-gpu")
+# Names under these prefixes belong to a GPU scheme kubegpu speaks; a name there that is
+# neither canonical nor a known alias is a typo and is refused rather than ignored.
+GPU_ALIAS_PREFIXES: Final = ("kubernetes.io/gpu", "koordinator.sh/gpu", "alpha.kubernetes.io/nvidia-gpu")
+KUBEGPU_PREFIX: Final = "kubegpu.io/"
+NVIDIA_PREFIX: Final = "nvidia.com/"
+
+CANONICAL: Final = frozenset({NVIDIA_GPU, NVIDIA_GPU_SHARED, *SHARE_RESOURCES})
 
 
 def canonical_name(name: str) -> str:
@@ -52,7 +57,9 @@ def canonical_name(name: str) -> str:
 
 
 def is_mig_resource(name: str) -> bool:
-    return name.startswith(NVIDIA_MIG_PREFIX) and MIG_PROFILE_RE.match(name[len(NVIDIA_MIG_PREFIX):]) is not None
+    if not name.startswith(NVIDIA_MIG_PREFIX):
+        return False
+    return MIG_PROFILE_RE.match(name[len(NVIDIA_MIG_PREFIX):]) is not None
 
 
 def mig_profile(name: str) -> str:
@@ -60,10 +67,33 @@ def mig_profile(name: str) -> str:
     return name[len(NVIDIA_MIG_PREFIX):]
 
 
-def is_gpu_resource(name: str) -> bool:
-    """True for every name kubegpu owns or understands, canonical or alias.
+def is_nvidia_gpu_name(name: str) -> bool:
+    """True for the ``nvidia.com/`` names that are GPUs: ``gpu``, MIG devices, and replica
+    resources, including renamed ones such as ``nvidia.com/sharedgpu``.
 
-    Renamed replica resources (``nvidia.com/sharedgpu``) count: everything under
-    ``nvidia.com/`` is a GPU resource.
+    ``nvidia.com/`` also holds NVIDIA network-operator devices (``rdma_shared_device_a``,
+    ``hostdev``, SR-IOV pools) that routinely sit beside ``nvidia.com/gpu`` in one container;
+    they are not GPUs. A renamed replica resource is recognised when its name contains
+    ``gpu``; other renamings (the seed's ``nvidia.com/small``) must be declared to the parser
+    (``replica_resources``).
     """
-    return name in ALIASES or name.startswith(GPU_DOMAINS)
+    if not name.startswith(NVIDIA_PREFIX):
+        return False
+    rest = name[len(NVIDIA_PREFIX):]
+    return rest.startswith("mig-") or "gpu" in rest.lower()
+
+
+def is_gpu_resource(name: str, replica_resources: frozenset[str] = frozenset()) -> bool:
+    """True for every name kubegpu owns or understands, canonical or alias, or one that
+    sits in a GPU scheme's namespace (and is refused there when unknown)."""
+    return (name in ALIASES or name in replica_resources or name.startswith(KUBEGPU_PREFIX)
+            or name.startswith(GPU_ALIAS_PREFIXES) or is_nvidia_gpu_name(name))
+
+
+def is_known_name(name: str, replica_resources: frozenset[str] = frozenset()) -> bool:
+    """True for canonical names, aliases and device-plugin names the parser can turn into a request."""
+    if name in ALIASES or name in CANONICAL or name in replica_resources:
+        return True
+    if name.startswith(KUBEGPU_PREFIX) or name.startswith(GPU_ALIAS_PREFIXES):
+        return False
+    return is_nvidia_gpu_name(name)

@@ -1,0 +1,136 @@
+"""``kubegpu check``: the admission rules, offline, on the manifests people are about to apply.
+
+Runs :func:`kubegpu.model.normalise.review_pod` (the webhook's own function) on
+every pod template of every file, so a manifest that passes here passes the
+webhook with the same normalised requests.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from kubegpu.cli.main import app
+from kubegpu.model.manifests import ManifestError, pods_in_text
+from kubegpu.model.normalise import AdmissionPolicy, PodReview, request_summary, review_pod
+from kubegpu.model.quantity import format_bytes
+
+EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _read(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"cannot read: {exc}") from None
+
+
+def _object_json(file: str, src: Any, review: PodReview) -> dict[str, Any]:
+    return {
+        "file": file,
+        "document": src.document,
+        "kind": src.kind,
+        "name": src.name,
+        "namespace": src.namespace,
+        "path": src.path,
+        "allowed": review.allowed,
+        "gpu": review.gpu_pod,
+        "containers": request_summary(review.request),
+        "refusals": [{"container": r.container, "resource": r.resource, "value": r.value,
+                      "rule": r.rule, "code": r.code, "message": str(r)} for r in review.refusals],
+        "patch": list(review.patch),
+        "warnings": list(review.warnings),
+    }
+
+
+def _per_gpu(c: dict[str, Any]) -> tuple[str, str]:
+    if c["kind"] in ("whole",):
+        return "100", "all"
+    if c["kind"] != "share":
+        return "-", "-"
+    mem = "-"
+    if c["memory_bytes_per_gpu"] is not None:
+        mem = format_bytes(c["memory_bytes_per_gpu"])
+    elif c["memory_ratio_per_gpu"] is not None:
+        mem = f"{c['memory_ratio_per_gpu']} %"
+    return str(c["core_per_gpu"]), mem
+
+
+def _print_object(console: Console, obj: dict[str, Any]) -> None:
+    label = f"{obj['kind']} {obj['namespace'] + '/' if obj['namespace'] else ''}{obj['name'] or '(unnamed)'}"
+    where = f"{obj['file']}#{obj['document']}" + (f" {obj['path']}" if obj["path"] else "")
+    if not obj["allowed"]:
+        console.print(f"[bold red]REFUSED[/] {label} [dim]{where}[/]")
+        for r in obj["refusals"]:
+            console.print(f"  [red]✗[/] {r['message']}")
+        return
+    if not obj["containers"]:
+        console.print(f"[green]OK[/] {label} [dim]{where}[/]: no GPU request")
+        return
+    table = Table(title=f"[green]OK[/] {label} [dim]{where}[/]", title_justify="left")
+    for col in ("container", "kind", "count", "core/GPU", "memory/GPU", "canonical resources"):
+        table.add_column(col)
+    for c in obj["containers"]:
+        core, mem = _per_gpu(c)
+        name = c["container"] + (" (init)" if c["init"] else "")
+        kind = c["kind"] + (f" {c['mig_profile']}" if c["mig_profile"] else "")
+        canon = "\n".join(f"{k}: {v}" for k, v in c["canonical"].items())
+        table.add_row(name, kind, str(c["count"]), core, mem, canon)
+    console.print(table)
+    for w in obj["warnings"]:
+        console.print(f"  [yellow]~[/] {w}")
+
+
+@app.command("check")
+def check(
+    files: list[str] = typer.Argument(
+        ..., help="Manifest files (YAML or JSON, multi-document); '-' reads stdin."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+    replica_resource: list[str] = typer.Option(
+        [], "--replica-resource",
+        help="A renamed replica resource whose name does not say 'gpu' (e.g. nvidia.com/small); repeatable."),
+    toleration: bool = typer.Option(
+        True, "--toleration/--no-toleration",
+        help="Expect the GPU-taint toleration on GPU pods (as the webhook adds)."),
+    void_env: bool = typer.Option(True, "--void-env/--no-void-env",
+                                  help="Expect NVIDIA_VISIBLE_DEVICES=void on containers without GPUs."),
+) -> None:
+    """Validate GPU requests in Pod and workload manifests (Deployment, StatefulSet, DaemonSet,
+    ReplicaSet, Job, CronJob, Lists, custom resources with pod templates), with the webhook's rules.
+
+    Prints the normalised requests or the refusals. Exit 0: all accepted; 1: something refused;
+    2: a file could not be read or is not YAML.
+    """
+    policy = AdmissionPolicy(add_toleration=toleration, void_env=void_env,
+                             replica_resources=frozenset(replica_resource))
+    console = Console()
+    objects: list[dict[str, Any]] = []
+    errors: list[dict[str, str]] = []
+    for file in files:
+        try:
+            sources, _skipped = pods_in_text(_read(file))
+        except ManifestError as exc:
+            errors.append({"file": file, "error": str(exc)})
+            continue
+        for src in sources:
+            objects.append(_object_json(file if file != "-" else "<stdin>", src, review_pod(src.pod, policy)))
+    refused = any(not o["allowed"] for o in objects)
+    code = EXIT_BAD_INPUT if errors else EXIT_REFUSED if refused else EXIT_OK
+    if as_json:
+        print(json.dumps({"ok": code == EXIT_OK, "objects": objects, "errors": errors}))
+    else:
+        for o in objects:
+            _print_object(console, o)
+        for e in errors:
+            Console(stderr=True).print(f"[bold red]error[/] {e['file']}: {e['error']}")
+        if not objects and not errors:
+            console.print("no pod specs found")
+    raise typer.Exit(code)
