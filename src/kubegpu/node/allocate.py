@@ -1,0 +1,167 @@
+"""Build the kubelet's ``ContainerAllocateResponse`` for a set of device IDs.
+
+Everything a container needs to see exactly its GPUs, under each device-list strategy
+(contracts.md §4–§5): ``envvar`` (``NVIDIA_VISIBLE_DEVICES``), ``volume-mounts`` (``/dev/null``
+mounts under ``/var/run/nvidia-container-devices``), ``cdi-annotations`` and ``cdi-cri``;
+the ``uuid`` / ``index`` device-ID strategies; ``passDeviceSpecs``; the MPS variables when
+MPS sharing is on; and the plain ``KUBEGPU_*`` variables describing a share. Checks that need
+no live state (unknown IDs, NVIDIA's ``failRequestsGreaterThanOne``) raise
+:class:`AllocateError` with NVIDIA's wording; health checks are the server's.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid as uuidlib
+from collections.abc import Mapping, Sequence
+
+from kubegpu.node.cdi import annotation_key, qualified_name
+from kubegpu.node.devspecs import CONTROL_DEVICES, MigMinors, mig_cap_paths
+from kubegpu.node.plugin_model import REPLICA_SEPARATOR, AdvertisedDevice, PluginSettings, ResourcePlan
+from kubegpu.node.proto import deviceplugin_pb2 as pb
+from kubegpu.node.resolver import ResolvedAllocation
+
+VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
+VOLUME_MOUNTS_HOST = "/dev/null"
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+CDI_PLUGIN_NAME = "kubegpu-device-plugin"
+MPS_CONTAINER_ROOT = "/mps"
+
+ENV_VISIBLE_GPUS = "KUBEGPU_VISIBLE_GPUS"
+ENV_CORE = "KUBEGPU_GPU_CORE_PERCENT"
+ENV_MEMORY = "KUBEGPU_GPU_MEMORY_BYTES"
+
+
+class AllocateError(ValueError):
+    """The request cannot be honoured; the message goes back to the kubelet as is."""
+
+
+def check_request(plan: ResourcePlan, ids: Sequence[str], known: Mapping[str, AdvertisedDevice]) -> None:
+    """NVIDIA's request checks, with NVIDIA's messages."""
+    if not ids:
+        raise AllocateError(f"invalid allocation request for '{plan.name}': no device IDs")
+    if plan.fail_requests_greater_than_one and len(ids) > 1 and any(REPLICA_SEPARATOR in i for i in ids):
+        raise AllocateError(f"request for '{plan.name}: {len(ids)}' too large: "
+                            "maximum request size for shared resources is 1")
+    for i in ids:
+        if i not in known:
+            raise AllocateError(f"invalid allocation request for '{plan.name}': unknown device: {i}")
+    if len(set(ids)) != len(ids):
+        raise AllocateError(f"invalid allocation request for '{plan.name}': duplicate device IDs")
+
+
+def _unique(items: Sequence[str]) -> list[str]:
+    return list(dict.fromkeys(items))
+
+
+def runtime_devices(devices: Sequence[AdvertisedDevice], strategy: str) -> list[str]:
+    """The names the runtime gets: UUIDs or NVML indexes, replicas collapsed to their device."""
+    if strategy == "index":
+        return _unique([d.index for d in devices])
+    return _unique([d.uuid for d in devices])
+
+
+def device_specs(devices: Sequence[AdvertisedDevice], driver_root: str,
+                 minors: MigMinors) -> list[pb.DeviceSpec]:
+    paths: list[str] = []
+    for d in devices:
+        paths.append(f"/dev/nvidia{d.minor}")
+        if d.is_mig:
+            assert d.gi is not None and d.ci is not None
+            paths += mig_cap_paths(d.minor, d.gi, d.ci, minors)
+    paths += list(CONTROL_DEVICES)
+    out = []
+    for p in _unique(paths):
+        host = os.path.join(driver_root, p.lstrip("/")) if driver_root not in ("", "/") else p
+        out.append(pb.DeviceSpec(container_path=p, host_path=host, permissions="rw"))
+    return out
+
+
+def _share_values(values: Sequence[int]) -> str:
+    """One value when every GPU gets the same, else one per GPU in KUBEGPU_VISIBLE_GPUS order."""
+    uniq = _unique([str(v) for v in values])
+    return uniq[0] if len(uniq) == 1 else ",".join(str(v) for v in values)
+
+
+def build_response(plan: ResourcePlan, ids: Sequence[str], known: Mapping[str, AdvertisedDevice],
+                   settings: PluginSettings, *, resolved: ResolvedAllocation | None = None,
+                   by_uuid: Mapping[str, AdvertisedDevice] | None = None,
+                   mig_minors: MigMinors | None = None) -> pb.ContainerAllocateResponse:
+    """The response for one container request (``ids`` already checked by :func:`check_request`).
+
+    With ``resolved`` (full mode) the GPUs are the recorded ones, whatever slots the kubelet
+    picked; ``by_uuid`` maps a GPU/MIG UUID to one of its advertised devices for that."""
+    if resolved is not None:
+        if by_uuid is None:
+            raise AllocateError("internal error: resolved allocation without a device table")
+        missing = [g.uuid for g in resolved.gpus if g.uuid not in by_uuid]
+        if missing:
+            raise AllocateError(f"allocation recorded for {resolved.pod or 'the pod'} names GPUs this node "
+                                f"does not have: {', '.join(missing)}")
+        devices = [by_uuid[g.uuid] for g in resolved.gpus]
+    else:
+        devices = [known[i] for i in ids]
+    names = runtime_devices(devices, settings.device_id_strategy)
+    resp = pb.ContainerAllocateResponse()
+    envs: dict[str, str] = {}
+    strategies = settings.device_list_strategies
+
+    if settings.cdi_enabled:
+        cdi = [qualified_name(settings.cdi_vendor, settings.cdi_class, n) for n in names]
+        if settings.gds_enabled:
+            cdi.append(qualified_name(settings.cdi_vendor, "gds", "all"))
+        if settings.mofed_enabled:
+            cdi.append(qualified_name(settings.cdi_vendor, "mofed", "all"))
+        if "cdi-annotations" in strategies:
+            key = annotation_key(settings.cdi_annotation_prefix, CDI_PLUGIN_NAME, str(uuidlib.uuid4()))
+            resp.annotations[key] = ",".join(cdi)
+        if "cdi-cri" in strategies:
+            resp.cdi_devices.extend(pb.CDIDevice(name=n) for n in cdi)
+    if "envvar" in strategies:
+        envs[VISIBLE_DEVICES] = ",".join(names)
+    if "volume-mounts" in strategies:
+        envs[VISIBLE_DEVICES] = VOLUME_MOUNTS_ROOT
+        resp.mounts.extend(pb.Mount(host_path=VOLUME_MOUNTS_HOST, container_path=f"{VOLUME_MOUNTS_ROOT}/{n}")
+                           for n in names)
+    if settings.pass_device_specs:
+        resp.devices.extend(device_specs(devices, settings.driver_root, mig_minors or {}))
+    if settings.gds_enabled:
+        envs["NVIDIA_GDS"] = "enabled"
+    if settings.mofed_enabled:
+        envs["NVIDIA_MOFED"] = "enabled"
+
+    # What the share is, when known: recorded by the scheduler, or implied by the replica count.
+    gpus = _unique([d.uuid for d in devices])
+    envs[ENV_VISIBLE_GPUS] = ",".join(gpus)
+    cores: list[int] | None = None
+    mems: list[int] | None = None
+    if resolved is not None:
+        cores = [g.core_percent for g in resolved.gpus]
+        mems = [g.memory_bytes or by_uuid[g.uuid].memory_bytes for g in resolved.gpus]  # type: ignore[index]
+    elif plan.sharing in ("time-slicing", "mps") and plan.replicas > 1:
+        first = {d.uuid: d for d in devices}
+        cores = [max(1, 100 // plan.replicas) for _ in gpus]
+        mems = [first[u].memory_bytes // plan.replicas for u in gpus]
+    if cores is not None and mems is not None:
+        envs[ENV_CORE] = _share_values(cores)
+        envs[ENV_MEMORY] = _share_values(mems)
+
+    if plan.sharing == "mps":
+        pipe = f"{MPS_CONTAINER_ROOT}/{plan.name.replace('/', '_')}/pipe"
+        envs["CUDA_MPS_PIPE_DIRECTORY"] = pipe
+        if cores is not None:
+            envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(min(cores))
+        if mems is not None:
+            # Ordinals as the client sees them: its visible devices, in order.
+            envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(
+                f"{i}={max(1, m // 2**20)}M" for i, m in enumerate(mems))
+        host_root = os.path.join(settings.mps_root, plan.name.replace("/", "_"))
+        resp.mounts.extend([
+            pb.Mount(container_path=pipe, host_path=os.path.join(host_root, "pipe")),
+            pb.Mount(container_path="/dev/shm", host_path=os.path.join(host_root, "shm")),
+        ])
+    for k, v in settings.extra_env:
+        envs.setdefault(k, v)
+    for k, v in envs.items():
+        resp.envs[k] = v
+    return resp

@@ -1,0 +1,387 @@
+"""The node daemon's lifecycle: discover, serve, register, heal, reload, stop.
+
+:class:`NodeDaemon` owns one :class:`~kubegpu.node.server.PluginServer` per resource, the
+health monitor, the CDI spec and the publisher, and one lifecycle thread that keeps every
+plugin registered with whatever kubelet owns ``<dir>/kubelet.sock``:
+
+- a new ``kubelet.sock`` (inotify via watchdog, like NVIDIA's fsnotify Create, plus a 1 s
+  inode poll as a fallback) -> re-serve any plugin whose socket is gone, register all again;
+- a plugin socket deleted (the kubelet cleans its dir on start) -> re-serve and register;
+- a ListAndWatch stream that ended with no newer stream open -> register again;
+- a Register that no stream followed within ``stream_wait_s`` (a v1.24 kubelet's dial-back
+  can fail silently) -> re-serve and register again;
+- failed registrations are retried with a capped backoff.
+
+Every decision is made by :meth:`NodeDaemon.reconcile` from the observed state (files,
+streams), never from the events themselves, so duplicate or lost events are harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kubegpu.inventory.base import InventoryBackend, InventoryError
+from kubegpu.model.inventory import NodeInventory
+from kubegpu.node.cdi import build_spec, write_spec
+from kubegpu.node.devspecs import read_mig_minors
+from kubegpu.node.health import HealthMonitor, XidPolicy
+from kubegpu.node.health_state import HealthState
+from kubegpu.node.metrics import NodeMetrics
+from kubegpu.node.plan import PlanConfig, PlanError, build_plans
+from kubegpu.node.plugin_model import PluginSettings, ResourcePlan
+from kubegpu.node.publisher import NodePublisher, NullPublisher
+from kubegpu.node.resolver import AllocationResolver
+from kubegpu.node.server import KUBELET_SOCKET, PluginServer, RegistrationError, device_health
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins/"
+
+
+class DaemonInitError(RuntimeError):
+    """Initialisation failed and ``failOnInitError`` is set: the process should exit non-zero."""
+
+
+@dataclass(frozen=True)
+class NodeOptions:
+    """Everything the daemon needs, already validated (built by the CLI from config + flags + env)."""
+
+    plugin_dir: str = DEFAULT_PLUGIN_DIR
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    settings: PluginSettings = field(default_factory=PluginSettings)
+    fail_on_init_error: bool = True
+    xid_policy: XidPolicy = field(default_factory=XidPolicy)
+    recovery_interval_s: float = 30.0
+    health_wait_s: float = 0.5
+    kubelet_socket: str = KUBELET_SOCKET
+    stream_wait_s: float = 5.0
+    resync_s: float = 1.0
+    register_timeout_s: float = 5.0
+    write_cdi_spec: bool | None = None  # None: when a CDI strategy is on
+
+
+class _DirWatch:
+    """watchdog on the plugin dir: wakes the daemon on kubelet.sock creation or socket deletion."""
+
+    def __init__(self, directory: Path, wake: Callable[[str, str], None]) -> None:
+        from watchdog.events import FileSystemEvent, FileSystemEventHandler
+        from watchdog.observers import Observer
+
+        class Handler(FileSystemEventHandler):
+            def on_any_event(self, event: FileSystemEvent) -> None:
+                if event.event_type in ("created", "deleted", "moved"):
+                    path = str(event.dest_path if event.event_type == "moved" else event.src_path)
+                    wake(event.event_type, os.path.basename(path))
+
+        self._observer = Observer(timeout=0.1)
+        self._observer.schedule(Handler(), str(directory), recursive=False)
+        self._observer.daemon = True
+        self._observer.start()
+
+    def stop(self) -> None:
+        self._observer.stop()
+        self._observer.join(timeout=2)
+
+
+@dataclass
+class _RegState:
+    needs: bool = True
+    attempts: int = 0
+    next_try: float = 0.0
+    registered_at: float | None = None
+    stream_ended_at: float | None = None
+
+
+class NodeDaemon:
+    """Runs the device plugins of one node. ``start()`` / ``stop()``; ``reload()`` for SIGHUP."""
+
+    def __init__(self, backend: InventoryBackend, load_options: Callable[[], NodeOptions], *,
+                 publisher: NodePublisher | None = None, resolver: AllocationResolver | None = None,
+                 metrics: NodeMetrics | None = None) -> None:
+        self.backend = backend
+        self.load_options = load_options
+        self.publisher: NodePublisher = publisher or NullPublisher()
+        self.resolver = resolver
+        self.metrics = metrics or NodeMetrics()
+        self.options = load_options()
+        self.inventory: NodeInventory | None = None
+        self.state: HealthState | None = None
+        self.monitor: HealthMonitor | None = None
+        self.servers: list[PluginServer] = []
+        self.reg: dict[str, _RegState] = {}
+        self.waiting_reason = ""  # set when the daemon blocks without serving (no GPUs, init error)
+        self.reloads = 0
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._kubelet_changed = False
+        self._kubelet_inode: int | None = None
+        self._thread: threading.Thread | None = None
+        self._watch: _DirWatch | None = None
+
+    # ----- start / stop / reload -------------------------------------------------------------
+
+    @property
+    def plugin_dir(self) -> Path:
+        return Path(self.options.plugin_dir)
+
+    def start(self) -> None:
+        """Discover, serve and register. Raises :class:`DaemonInitError` (failOnInitError)."""
+        self._stop.clear()
+        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        self._start_plugins()
+        self._kubelet_inode = self._inode(self.plugin_dir / self.options.kubelet_socket)
+        try:
+            self._watch = _DirWatch(self.plugin_dir, self._on_fs_event)
+        except Exception as exc:  # inotify limits and the like: the poll still covers us
+            log.warning("cannot watch %s (%s); relying on polling", self.plugin_dir, exc)
+            self._watch = None
+        self._thread = threading.Thread(target=self._run, name="kubegpu-node-lifecycle", daemon=True)
+        self._thread.start()
+
+    def _start_plugins(self) -> None:
+        opts = self.options
+        prev = self.state.snapshot() if self.state is not None else {}
+        try:
+            inv = self.backend.discover()
+            plans = build_plans(inv, opts.plan)
+        except (InventoryError, PlanError) as exc:
+            self._init_failed(f"initialisation failed: {exc}")
+            return
+        if not plans:
+            self._init_failed("no devices found" if not inv.gpus
+                              else "no resources to serve with this config")
+            return
+        self.waiting_reason = ""
+        state = HealthState(inv)
+        # Devices found unhealthy before a reload stay so until the monitor recovers them.
+        state.apply({u: h for u, h in prev.items() if not h and u in set(state.uuids())})
+        state.add_listener(self._on_health_change)
+        self.inventory, self.state = inv, state
+        self._write_cdi(inv)
+        minors = read_mig_minors(opts.settings.mig_minors_file) if any(
+            g.mig_enabled for g in inv.gpus) else {}
+        placement = {m.uuid: (m.gi, m.ci) for g in inv.gpus for m in g.mig_devices}
+        self.monitor = HealthMonitor(self.backend, state, policy=opts.xid_policy,
+                                     wait_timeout_s=opts.health_wait_s,
+                                     recovery_interval_s=opts.recovery_interval_s,
+                                     on_xid=self._on_xid, mig_placement=placement)
+        self.monitor.start()
+        self.servers = [self._make_server(p, inv, state, minors) for p in plans]
+        self.reg = {s.resource: _RegState() for s in self.servers}
+        for s in self.servers:
+            s.start()  # serve before Register
+        for s in self.servers:
+            self._try_register(s, time.monotonic())
+        self.metrics.set_health(state.snapshot())
+        self._update_device_gauges()
+        self._publish()
+
+    def _make_server(self, plan: ResourcePlan, inv: NodeInventory, state: HealthState,
+                     minors: dict[tuple[int, int, int], int]) -> PluginServer:
+        return PluginServer(plan, self.options.settings, state, inv, self.plugin_dir, resolver=self.resolver,
+                            metrics=self.metrics, mig_minors=minors, on_stream_end=self._on_stream_end,
+                            kubelet_socket=self.options.kubelet_socket)
+
+    def _init_failed(self, reason: str) -> None:
+        if self.options.fail_on_init_error:
+            raise DaemonInitError(f"{reason} (failOnInitError is set)")
+        self.waiting_reason = reason
+        log.warning("%s; failOnInitError is false: waiting indefinitely", reason)
+
+    def _write_cdi(self, inv: NodeInventory) -> None:
+        s = self.options.settings
+        want = self.options.write_cdi_spec if self.options.write_cdi_spec is not None else s.cdi_enabled
+        if not want:
+            return
+        minors = read_mig_minors(s.mig_minors_file)
+        spec = build_spec(inv, vendor=s.cdi_vendor, cls=s.cdi_class, driver_root=s.driver_root,
+                          mig_minors=minors)
+        try:
+            path = write_spec(spec, s.cdi_dir, s.cdi_vendor, s.cdi_class)
+            log.info("wrote CDI spec %s (%d devices)", path, len(spec["devices"]))
+        except OSError as exc:
+            if self.options.fail_on_init_error:
+                raise DaemonInitError(f"cannot write CDI spec to {s.cdi_dir}: {exc}") from exc
+            log.error("cannot write CDI spec to %s: %s", s.cdi_dir, exc)
+
+    def _stop_plugins(self) -> None:
+        if self.monitor is not None:
+            self.monitor.stop()
+            self.monitor = None
+        for s in self.servers:
+            s.stop()
+        self.servers = []
+
+    def stop(self) -> None:
+        """Stop everything: servers (sockets removed), monitor, watcher, lifecycle thread."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
+        with self._lock:
+            self._stop_plugins()
+        self.publisher.close()
+        log.info("node daemon stopped")
+
+    def reload(self) -> None:
+        """SIGHUP: read the config again, rediscover, restart every server and register again."""
+        with self._lock:
+            log.info("reloading configuration")
+            new = self.load_options()
+            self._stop_plugins()
+            self.options = new
+            self.reloads += 1
+            self._start_plugins()
+        self._wake.set()
+
+    # ----- events ----------------------------------------------------------------------------
+
+    def _on_fs_event(self, kind: str, name: str) -> None:
+        if name == self.options.kubelet_socket and kind in ("created", "moved"):
+            self._kubelet_changed = True
+            self._wake.set()
+        elif kind == "deleted" and any(s.plan.socket_name == name for s in self.servers):
+            self._wake.set()
+
+    def _on_stream_end(self, server: PluginServer) -> None:
+        st = self.reg.get(server.resource)
+        if st is not None:
+            st.stream_ended_at = time.monotonic()
+        log.info("%s: ListAndWatch stream ended", server.resource)
+        self._wake.set()
+
+    def _on_xid(self, xid: int, uuid: str) -> None:
+        self.metrics.xid_events.labels(xid=str(xid)).inc()
+
+    def _on_health_change(self, health: dict[str, bool]) -> None:
+        self.metrics.set_health(health)
+        self._update_device_gauges()
+        self._publish()
+
+    def _update_device_gauges(self) -> None:
+        if self.state is None:
+            return
+        health = self.state.snapshot()
+        for s in self.servers:
+            ok = sum(1 for d in s.plan.devices if health.get(d.uuid, False))
+            self.metrics.devices.labels(resource=s.resource, health="Healthy").set(ok)
+            self.metrics.devices.labels(resource=s.resource, health="Unhealthy").set(len(s.plan.devices) - ok)
+
+    def _publish(self) -> None:
+        if self.inventory is None or self.state is None:
+            return
+        health = self.state.snapshot()
+        inv = self.inventory
+        gpus = tuple(g.with_health(health.get(g.uuid, g.healthy)) for g in inv.gpus)
+        try:
+            current = NodeInventory(inv.name, gpus, inv.cpu_milli, inv.memory_bytes, inv.labels,
+                                    inv.driver_version, inv.cuda_version)
+            self.publisher.publish(current, device_health(self.servers))
+        except Exception:
+            log.exception("publishing node state failed; will retry on the next change")
+
+    # ----- the lifecycle loop ----------------------------------------------------------------
+
+    @staticmethod
+    def _inode(path: Path) -> int | None:
+        try:
+            return path.stat().st_ino
+        except FileNotFoundError:
+            return None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(timeout=self.options.resync_s / 4)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            try:
+                with self._lock:
+                    self.reconcile()
+            except Exception:
+                log.exception("lifecycle: reconcile failed; retrying")
+
+    def reconcile(self) -> None:
+        """Bring every plugin to 'served on its own socket and registered with the current kubelet'."""
+        now = time.monotonic()
+        opts = self.options
+        kpath = self.plugin_dir / opts.kubelet_socket
+        inode = self._inode(kpath)
+        kubelet_new = self._kubelet_changed or (inode is not None and inode != self._kubelet_inode)
+        self._kubelet_changed = False
+        if inode is not None:
+            self._kubelet_inode = inode
+        if kubelet_new:
+            log.info("kubelet socket %s (re)created: registering again", kpath)
+        for s in self.servers:
+            st = self.reg[s.resource]
+            if not s.socket_intact():
+                log.info("%s: plugin socket %s is gone: serving again", s.resource, s.socket_path)
+                s.stop(grace_s=0)
+                s.start()
+                st.needs, st.attempts, st.next_try = True, 0, now
+            if kubelet_new:
+                st.needs, st.attempts, st.next_try = True, 0, now
+            if (st.stream_ended_at is not None and s.active_streams == 0
+                    and now - st.stream_ended_at >= 0.2
+                    and (s.last_stream_open is None or s.last_stream_open <= st.stream_ended_at)):
+                log.info("%s: no ListAndWatch stream since one ended: registering again", s.resource)
+                st.stream_ended_at = None
+                st.needs, st.attempts, st.next_try = True, 0, now
+            elif st.stream_ended_at is not None and (s.active_streams > 0 or (
+                    s.last_stream_open is not None and s.last_stream_open > st.stream_ended_at)):
+                st.stream_ended_at = None  # replaced by a newer stream: nothing to do
+            if (not st.needs and st.registered_at is not None
+                    and (s.last_stream_open is None or s.last_stream_open < st.registered_at)
+                    and now - st.registered_at > opts.stream_wait_s):
+                log.warning("%s: registered %.1fs ago but the kubelet never opened ListAndWatch: "
+                            "serving and registering again", s.resource, now - st.registered_at)
+                s.stop(grace_s=0)
+                s.start()
+                st.needs, st.attempts, st.next_try = True, 0, now
+            if st.needs and now >= st.next_try:
+                self._try_register(s, now)
+
+    def _try_register(self, s: PluginServer, now: float) -> None:
+        st = self.reg[s.resource]
+        started = time.monotonic()
+        try:
+            s.register(timeout_s=self.options.register_timeout_s)
+        except RegistrationError as exc:
+            st.attempts += 1
+            delay = min(10.0, 0.2 * 2 ** min(st.attempts, 6))
+            st.next_try = time.monotonic() + delay
+            st.needs = True
+            log.warning("%s: %s; retrying in %.1fs", s.resource, exc, delay)
+            return
+        st.needs, st.attempts = False, 0
+        # A stream opened during Register (current kubelets dial back before answering) counts.
+        st.registered_at = started
+
+    # ----- introspection (CLI, tests) --------------------------------------------------------
+
+    def status(self) -> dict[str, object]:
+        with self._lock:
+            health = self.state.snapshot() if self.state else {}
+            return {
+                "node": self.inventory.name if self.inventory else "",
+                "waiting": self.waiting_reason,
+                "reloads": self.reloads,
+                "resources": [
+                    {"name": s.resource, "socket": str(s.socket_path), "devices": len(s.plan.devices),
+                     "healthy": sum(1 for d in s.plan.devices if health.get(d.uuid, False)),
+                     "streams": s.active_streams, "registered": not self.reg[s.resource].needs}
+                    for s in self.servers
+                ],
+            }

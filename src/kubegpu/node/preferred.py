@@ -1,0 +1,93 @@
+"""GetPreferredAllocation: which of the kubelet's candidate devices to take.
+
+Whole GPUs go to the placement core's NVLink-aware choice (``choose_gpu_set``). Replicas
+and slots are spread (``distributed``: least-shared GPU first, the seed fork's default) or
+piled up (``packed``: most-shared GPU that still has room first); a container's replicas
+land on distinct GPUs while distinct GPUs remain. Must-include IDs always come first.
+The answer is advisory; the kubelet intersects it with its candidates.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+from kubegpu.model.inventory import Gpu
+from kubegpu.node.plugin_model import AdvertisedDevice
+
+
+class PreferenceError(ValueError):
+    """A request that cannot be answered at all (unknown IDs, sizes that make no sense)."""
+
+
+def check(available: Sequence[str], must_include: Sequence[str], size: int,
+          known: Mapping[str, AdvertisedDevice]) -> None:
+    unknown = [i for i in [*available, *must_include] if i not in known]
+    if unknown:
+        raise PreferenceError(f"unknown device IDs: {', '.join(sorted(set(unknown))[:5])}")
+    if size < 0:
+        raise PreferenceError(f"allocation size {size} is negative")
+    if len(set(must_include)) > size:
+        raise PreferenceError(f"{len(set(must_include))} must-include devices exceed allocation size {size}")
+
+
+def whole_gpus(gpus: Sequence[Gpu], available: Sequence[str], must_include: Sequence[str], size: int,
+               known: Mapping[str, AdvertisedDevice]) -> list[str]:
+    """Topology-aware choice of whole GPUs (or MIG devices, by lowest index) among ``available``."""
+    avail = list(dict.fromkeys([*must_include, *available]))
+    size = min(size, len(avail))
+    if size <= 0:
+        return []
+    if any(known[i].is_mig for i in avail):
+        must = list(dict.fromkeys(must_include))
+        rest = sorted((i for i in avail if i not in must), key=lambda i: _index_key(known[i].index))
+        return (must + rest)[:size]
+    from kubegpu.placement.topology import choose_gpu_set
+
+    # Advertised whole-GPU IDs are GPU UUIDs; the inventory may hold more GPUs than advertised.
+    node = [g for g in gpus if g.uuid in known]
+    return list(choose_gpu_set(node, avail, list(dict.fromkeys(must_include)), size))
+
+
+def _index_key(index: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(p) for p in index.split(":"))
+    except ValueError:
+        return (1 << 30,)
+
+
+def replicas(all_devices: Sequence[AdvertisedDevice], available: Sequence[str], must_include: Sequence[str],
+             size: int, known: Mapping[str, AdvertisedDevice], policy: str = "distributed",
+             distinct: bool = True) -> list[str]:
+    """Replica / slot IDs: ``distributed`` (least-shared GPU first) or ``packed`` (most-shared first).
+
+    "Shared" is how many of a GPU's replicas are not among the candidates (in use elsewhere).
+    With ``distinct`` one container's IDs go to different GPUs while different GPUs remain."""
+    avail_set = set(available) | set(must_include)
+    total = Counter(d.uuid for d in all_devices)
+    free: dict[str, list[str]] = {}
+    order: dict[str, tuple[int, ...]] = {}
+    for i in available:
+        if i in must_include:
+            continue
+        d = known[i]
+        free.setdefault(d.uuid, []).append(i)
+        order[d.uuid] = _index_key(d.index)
+    in_use = {u: total[u] - sum(1 for d in all_devices if d.uuid == u and d.id in avail_set) for u in free}
+    chosen = list(dict.fromkeys(must_include))
+    taken_gpus = Counter(known[i].uuid for i in chosen)
+    for ids in free.values():
+        ids.sort(key=lambda i: (known[i].replica or 0, i))
+    while len(chosen) < size and any(free.values()):
+        candidates = [u for u, ids in free.items() if ids]
+        sign = 1 if policy != "packed" else -1
+
+        def rank(u: str, sign: int = sign) -> tuple[int, int, tuple[int, ...]]:
+            # Distinct GPUs for one container first (if asked), then the policy, then the lowest index.
+            spread = taken_gpus[u] if distinct else 0
+            return (spread, sign * (in_use[u] + taken_gpus[u]), order[u])
+
+        best = min(candidates, key=rank)
+        chosen.append(free[best].pop(0))
+        taken_gpus[best] += 1
+    return chosen

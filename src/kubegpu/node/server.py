@@ -1,0 +1,324 @@
+"""One kubelet device-plugin gRPC server: one resource, one unix socket, one registration.
+
+It serves ``DevicePlugin`` (v1beta1) before it registers (contracts.md §1.4), sends the
+same options in ``RegisterRequest.options`` and ``GetDevicePluginOptions`` (old kubelets read
+the first, new ones the second), and keeps each ``ListAndWatch`` stream open, re-sending the
+full device list on every health change. The lifecycle decisions (when to re-serve and
+re-register) belong to :mod:`kubegpu.node.daemon`; this module reports stream ends to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from kubegpu.model import resources as R
+from kubegpu.model.inventory import NodeInventory
+from kubegpu.node import preferred as pref
+from kubegpu.node.allocate import AllocateError, build_response, check_request
+from kubegpu.node.devspecs import MigMinors
+from kubegpu.node.health_state import HealthState
+from kubegpu.node.metrics import NodeMetrics
+from kubegpu.node.plugin_model import AdvertisedDevice, PluginSettings, ResourcePlan
+from kubegpu.node.proto import deviceplugin_pb2 as pb
+from kubegpu.node.proto import deviceplugin_pb2_grpc as pb_grpc
+from kubegpu.node.resolver import AllocationRefused, AllocationResolver, ResolvedAllocation
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "v1beta1"
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+KUBELET_SOCKET = "kubelet.sock"
+
+
+class RegistrationError(RuntimeError):
+    """Register failed (kubelet absent, refused, or timed out); the message says which."""
+
+
+class _Servicer(pb_grpc.DevicePluginServicer):
+    def __init__(self, server: PluginServer) -> None:
+        self._s = server
+
+    def GetDevicePluginOptions(self, request: pb.Empty,
+                               context: grpc.ServicerContext) -> pb.DevicePluginOptions:
+        return self._s.options()
+
+    def ListAndWatch(self, request: pb.Empty, context: grpc.ServicerContext):  # type: ignore[no-untyped-def]
+        yield from self._s.list_and_watch(context)
+
+    def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest,
+                               context: grpc.ServicerContext) -> pb.PreferredAllocationResponse:
+        try:
+            return self._s.preferred(request)
+        except pref.PreferenceError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"error getting list of preferred allocation devices: {exc}")
+        raise AssertionError("unreachable")
+
+    def Allocate(self, request: pb.AllocateRequest, context: grpc.ServicerContext) -> pb.AllocateResponse:
+        try:
+            return self._s.allocate(request)
+        except (AllocateError, AllocationRefused) as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        raise AssertionError("unreachable")
+
+    def PreStartContainer(self, request: pb.PreStartContainerRequest,
+                          context: grpc.ServicerContext) -> pb.PreStartContainerResponse:
+        return pb.PreStartContainerResponse()
+
+
+class PluginServer:
+    """The gRPC server for one :class:`ResourcePlan`."""
+
+    def __init__(self, plan: ResourcePlan, settings: PluginSettings, state: HealthState,
+                 inventory: NodeInventory, plugin_dir: str | os.PathLike[str], *,
+                 resolver: AllocationResolver | None = None, metrics: NodeMetrics | None = None,
+                 mig_minors: MigMinors | None = None,
+                 on_stream_end: Callable[[PluginServer], None] | None = None,
+                 kubelet_socket: str = KUBELET_SOCKET, workers: int = 4) -> None:
+        self.plan = plan
+        self.settings = settings
+        self.state = state
+        self.inventory = inventory
+        self.dir = Path(plugin_dir)
+        self.resolver = resolver
+        self.metrics = metrics
+        self.mig_minors = mig_minors or {}
+        self.on_stream_end = on_stream_end
+        self.kubelet_socket = kubelet_socket
+        self.workers = workers
+        self.known: dict[str, AdvertisedDevice] = {d.id: d for d in plan.devices}
+        # A GPU/MIG UUID -> one of its advertised devices (for resolved allocations).
+        self.by_uuid: dict[str, AdvertisedDevice] = {}
+        for d in plan.devices:
+            self.by_uuid.setdefault(d.uuid, d)
+        self._server: grpc.Server | None = None
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._streams = 0
+        self.streams_opened = 0
+        self.last_stream_open: float | None = None
+        self.serving_inode: int | None = None
+
+    # ----- serving ---------------------------------------------------------------------------
+
+    @property
+    def resource(self) -> str:
+        return self.plan.name
+
+    @property
+    def socket_path(self) -> Path:
+        return self.dir / self.plan.socket_name
+
+    @property
+    def active_streams(self) -> int:
+        with self._lock:
+            return self._streams
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
+
+    def options(self) -> pb.DevicePluginOptions:
+        return pb.DevicePluginOptions(pre_start_required=self.settings.pre_start_required,
+                                      get_preferred_allocation_available=True)
+
+    def start(self) -> None:
+        """Remove a stale socket and serve on a fresh one (before any Register)."""
+        self._stopping.clear()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.workers,
+                                                        thread_name_prefix=f"dp-{self.plan.socket_name}"))
+        pb_grpc.add_DevicePluginServicer_to_server(_Servicer(self), server)
+        server.add_insecure_port(f"unix://{self.socket_path}")
+        server.start()
+        self._server = server
+        try:
+            self.serving_inode = self.socket_path.stat().st_ino
+        except FileNotFoundError:
+            self.serving_inode = None
+        log.info("serving %s on %s (%d devices)", self.resource, self.socket_path, len(self.plan.devices))
+
+    def stop(self, grace_s: float | None = 0.5) -> None:
+        """Stop serving: streams end, the socket is removed."""
+        self._stopping.set()
+        self.state.wake()
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop(grace=grace_s).wait(timeout=5)
+        try:
+            if self.serving_inode is None or self.socket_path.stat().st_ino == self.serving_inode:
+                self.socket_path.unlink()
+        except FileNotFoundError:
+            pass
+        self.serving_inode = None
+
+    def socket_intact(self) -> bool:
+        """Our socket file still exists and is the one we bound (the kubelet deletes it on restart)."""
+        try:
+            return self.serving_inode is not None and self.socket_path.stat().st_ino == self.serving_inode
+        except FileNotFoundError:
+            return False
+
+    def register(self, timeout_s: float = 5.0) -> None:
+        """Call ``Register`` on the kubelet's socket. Raises :class:`RegistrationError`."""
+        path = self.dir / self.kubelet_socket
+        if not path.exists():
+            raise RegistrationError(f"kubelet socket {path} does not exist")
+        req = pb.RegisterRequest(version=API_VERSION, endpoint=self.plan.socket_name,
+                                 resource_name=self.resource, options=self.options())
+        with grpc.insecure_channel(f"unix://{path}", options=[("grpc.default_authority", "localhost")]) as ch:
+            try:
+                grpc.channel_ready_future(ch).result(timeout=timeout_s)
+                pb_grpc.RegistrationStub(ch).Register(req, timeout=timeout_s)
+            except grpc.FutureTimeoutError:
+                raise RegistrationError(f"kubelet at {path} did not answer within {timeout_s:.0f}s") from None
+            except grpc.RpcError as exc:
+                raise RegistrationError(f"kubelet refused registration of {self.resource}: "
+                                        f"{exc.details()}") from None  # type: ignore[attr-defined]
+        if self.metrics is not None:
+            self.metrics.registrations.labels(resource=self.resource).inc()
+        log.info("registered %s with the kubelet (endpoint %s)", self.resource, self.plan.socket_name)
+
+    # ----- ListAndWatch ----------------------------------------------------------------------
+
+    def device_list(self) -> pb.ListAndWatchResponse:
+        health = self.state.snapshot()
+        out = pb.ListAndWatchResponse()
+        for d in self.plan.devices:
+            dev = out.devices.add(ID=d.id, health=HEALTHY if health.get(d.uuid, False) else UNHEALTHY)
+            if d.numa_node is not None and d.numa_node >= 0:
+                dev.topology.nodes.add(ID=d.numa_node)
+        return out
+
+    def list_and_watch(self, context: grpc.ServicerContext):  # type: ignore[no-untyped-def]
+        with self._lock:
+            self._streams += 1
+            self.streams_opened += 1
+            self.last_stream_open = time.monotonic()
+        ended = threading.Event()
+
+        def done() -> None:
+            if ended.is_set():
+                return
+            ended.set()
+            with self._lock:
+                self._streams -= 1
+            if not self._stopping.is_set() and self.on_stream_end is not None:
+                self.on_stream_end(self)
+
+        context.add_callback(done)
+        log.info("%s: ListAndWatch stream opened", self.resource)
+        version = self.state.version
+        msg = self.device_list()
+        last = msg.SerializeToString(deterministic=True)
+        yield msg
+        while not self._stopping.is_set() and context.is_active():
+            new = self.state.wait_changed(version, timeout_s=0.5)
+            if self._stopping.is_set() or not context.is_active():
+                break
+            if new == version:
+                continue
+            version = new
+            msg = self.device_list()
+            raw = msg.SerializeToString(deterministic=True)
+            if raw != last:
+                last = raw
+                n_bad = sum(1 for d in msg.devices if d.health != HEALTHY)
+                log.info("%s: sending device list (%d devices, %d unhealthy)", self.resource,
+                         len(msg.devices), n_bad)
+                yield msg
+        log.info("%s: ListAndWatch stream closing", self.resource)
+
+    # ----- GetPreferredAllocation ------------------------------------------------------------
+
+    def preferred(self, request: pb.PreferredAllocationRequest) -> pb.PreferredAllocationResponse:
+        t0 = time.perf_counter()
+        resp = pb.PreferredAllocationResponse()
+        for creq in request.container_requests:
+            ids = self.preferred_ids(list(creq.available_deviceIDs), list(creq.must_include_deviceIDs),
+                                     int(creq.allocation_size))
+            resp.container_responses.add(deviceIDs=ids)
+        if self.metrics is not None:
+            self.metrics.preferred_seconds.labels(resource=self.resource).observe(time.perf_counter() - t0)
+        return resp
+
+    def preferred_ids(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
+        pref.check(available, must_include, size, self.known)
+        if self.resolver is not None and self._resolver_applies():
+            try:
+                hint = self.resolver.preferred(self.resource, available, must_include, size)
+            except Exception as exc:  # a resolver must never fail admission here: fall back
+                log.warning("%s: resolver preferred() failed: %s; choosing locally", self.resource, exc)
+                hint = None
+            if hint is not None:
+                avail = set(available) | set(must_include)
+                return [i for i in hint if i in avail][:size]
+        if not self.plan.shared:
+            return pref.whole_gpus(self.inventory.gpus, available, must_include, size, self.known)
+        policy = self.settings.replica_policy
+        distinct = self.plan.sharing == "slots" or policy != "packed"
+        return pref.replicas(self.plan.devices, available, must_include, size, self.known, policy,
+                             distinct=distinct)
+
+    def _resolver_applies(self) -> bool:
+        return self.resource in (R.GPU_SLOTS, R.NVIDIA_GPU)
+
+    # ----- Allocate --------------------------------------------------------------------------
+
+    def allocate(self, request: pb.AllocateRequest) -> pb.AllocateResponse:
+        t0 = time.perf_counter()
+        resp = pb.AllocateResponse()
+        try:
+            for creq in request.container_requests:
+                resp.container_responses.append(self.allocate_one(list(creq.devices_ids)))
+        except (AllocateError, AllocationRefused) as exc:
+            log.warning("%s: Allocate refused: %s", self.resource, exc)
+            if self.metrics is not None:
+                self.metrics.allocations.labels(resource=self.resource, result="refused").inc()
+            raise
+        if self.metrics is not None:
+            self.metrics.allocations.labels(resource=self.resource, result="ok").inc(
+                len(request.container_requests))
+            self.metrics.allocate_seconds.labels(resource=self.resource).observe(time.perf_counter() - t0)
+        return resp
+
+    def allocate_one(self, ids: Sequence[str]) -> pb.ContainerAllocateResponse:
+        check_request(self.plan, ids, self.known)
+        bad = [i for i in ids if not self.state.is_healthy(self.known[i].uuid)]
+        if bad:
+            why = self.state.reason(self.known[bad[0]].uuid)
+            raise AllocateError(f"invalid allocation request for '{self.resource}': device {bad[0]} "
+                                "is unhealthy" + (f" ({why})" if why else ""))
+        resolved: ResolvedAllocation | None = None
+        if self.resolver is not None and self._resolver_applies():
+            resolved = self.resolver.resolve(self.resource, ids)  # AllocationRefused propagates
+            if resolved is not None:
+                sick = [g.uuid for g in resolved.gpus if not self.state.is_healthy(g.uuid)]
+                if sick:
+                    raise AllocateError(f"allocation recorded for {resolved.pod or 'the pod'} names "
+                                        f"unhealthy GPU {sick[0]}")
+                log.info("%s: Allocate %s serves %s/%s on %s", self.resource, ",".join(ids), resolved.pod,
+                         resolved.container, ",".join(resolved.uuids))
+        return build_response(self.plan, ids, self.known, self.settings, resolved=resolved,
+                              by_uuid=self.by_uuid, mig_minors=self.mig_minors)
+
+
+def device_health(plans: Sequence[PluginServer]) -> Mapping[str, int]:
+    """Resource -> healthy device count (what the publisher reports)."""
+    out: dict[str, int] = {}
+    for s in plans:
+        health = s.state.snapshot()
+        out[s.resource] = sum(1 for d in s.plan.devices if health.get(d.uuid, False))
+    return out

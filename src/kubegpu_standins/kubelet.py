@@ -1,0 +1,534 @@
+"""An in-process stand-in for the kubelet's device manager, speaking the real v1beta1 gRPC API.
+
+Used by the node daemon's tests, the end-to-end test and ``kubegpu demo``: it serves the
+``Registration`` service on ``<dir>/kubelet.sock``, dials each plugin back over its unix
+socket, keeps one ``ListAndWatch`` stream per resource and allocates devices the way the
+kubelet does (contracts.md §1.4–§1.9). Two behaviours:
+
+- ``mode="current"`` (default): ``Register`` checks the version and the resource name,
+  dials the plugin back synchronously (10 s), calls ``GetDevicePluginOptions`` and only
+  then returns; the options used later come from that answer.
+- ``mode="v1.24"``: the recorded v1.24 kubelet (``fixtures/kubelet-v1.24``): options are
+  taken from ``RegisterRequest.options``, ``GetDevicePluginOptions`` is never called and
+  ``Register`` returns before the dial-back (which fails silently when the socket is gone).
+
+Typical use::
+
+    kubelet = StandinKubelet("/tmp/dp")
+    kubelet.start()
+    ... start the plugin ...
+    kubelet.wait_registered("nvidia.com/gpu", timeout_s=5)
+    got = kubelet.allocate("nvidia.com/gpu", 2)      # GetPreferredAllocation, then Allocate
+    got.response.envs["NVIDIA_VISIBLE_DEVICES"]
+    kubelet.restart()                                 # delete sockets, re-create kubelet.sock
+    kubelet.stop()
+
+Every RPC it makes or serves is appended to :attr:`StandinKubelet.calls` (method path,
+request and response as dicts), in order, so tests can compare sequences with the recording.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import re
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+
+from kubegpu.node.proto import deviceplugin_pb2 as pb
+from kubegpu.node.proto import deviceplugin_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+KUBELET_SOCKET = "kubelet.sock"
+CHECKPOINT = "kubelet_internal_checkpoint"
+SUPPORTED_VERSIONS = ("v1beta1",)
+DIAL_TIMEOUT_S = 10.0
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+
+# A qualified name with a DNS-subdomain prefix: what the kubelet accepts as an extended resource.
+_NAME_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+Mode = Literal["current", "v1.24"]
+
+
+class AllocationFailed(RuntimeError):
+    """Pod admission failed the way the kubelet fails it (UnexpectedAdmissionError)."""
+
+
+def is_extended_resource_name(name: str) -> bool:
+    """The kubelet's check: ``<domain>/<name>``, not in the ``kubernetes.io`` domain, not ``requests.``."""
+    if name.count("/") != 1:
+        return False
+    prefix, base = name.split("/")
+    if not prefix or not base or len(base) > 63 or len(prefix) > 253:
+        return False
+    if prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io") or name.startswith("requests."):
+        return False
+    return bool(_DNS_SUBDOMAIN_RE.match(prefix) and _NAME_RE.match(base))
+
+
+@dataclass
+class CallRecord:
+    """One RPC as the stand-in saw it (the fixture's ``device-plugin-calls.json`` shape, minus timing)."""
+
+    rpc: str
+    request: dict[str, Any] | None
+    response: dict[str, Any] | None
+    t: float = field(default_factory=time.monotonic)
+    error: str | None = None
+    event: str | None = None  # ListAndWatch: stream-opened / send / stream-terminated
+    resource: str = ""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """What one container got for one resource: the devices and the plugin's response."""
+
+    resource: str
+    device_ids: tuple[str, ...]
+    preferred: tuple[str, ...] | None  # None when GetPreferredAllocation was not called
+    response: pb.ContainerAllocateResponse
+
+
+@dataclass
+class ResourceState:
+    """The kubelet's view of one resource (an endpoint in its device manager)."""
+
+    name: str
+    endpoint: str = ""
+    options: pb.DevicePluginOptions = field(default_factory=pb.DevicePluginOptions)
+    healthy: set[str] = field(default_factory=set)
+    unhealthy: set[str] = field(default_factory=set)
+    topology: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    connected: bool = False  # a ListAndWatch stream is open
+    stop_time: float | None = None
+    lists_received: int = 0
+    registrations: int = 0
+    channel: grpc.Channel | None = None
+    stream: Any = None  # the ListAndWatch call, cancellable
+
+    @property
+    def capacity(self) -> int:
+        return len(self.healthy) + len(self.unhealthy)
+
+    @property
+    def allocatable(self) -> int:
+        return len(self.healthy)
+
+
+class _Registration(pb_grpc.RegistrationServicer):
+    def __init__(self, kubelet: StandinKubelet) -> None:
+        self._k = kubelet
+
+    def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.Empty:
+        return self._k._on_register(request, context)
+
+
+class StandinKubelet:
+    """The kubelet's device manager, in process. Thread-safe; every wait is bounded."""
+
+    def __init__(self, plugin_dir: str | os.PathLike[str], *, mode: Mode = "current",
+                 dial_timeout_s: float = DIAL_TIMEOUT_S, seed: int | None = 0) -> None:
+        self.dir = Path(plugin_dir)
+        self.mode: Mode = mode
+        self.dial_timeout_s = dial_timeout_s
+        self.calls: list[CallRecord] = []
+        self.resources: dict[str, ResourceState] = {}
+        self.in_use: dict[str, set[str]] = {}
+        self.restarts = 0
+        self._cond = threading.Condition()
+        self._server: grpc.Server | None = None
+        self._threads: list[threading.Thread] = []
+        # The kubelet iterates a Go set: candidate order is random. Seeded for reproducible tests.
+        self._rng = random.Random(seed)
+
+    # ----- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def socket_path(self) -> Path:
+        return self.dir / KUBELET_SOCKET
+
+    def start(self) -> None:
+        """Delete stale plugin sockets (as the kubelet does on start) and serve ``kubelet.sock``."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._clean_dir()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="standin-kubelet"))
+        pb_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
+        server.add_insecure_port(f"unix://{self.socket_path}")
+        server.start()
+        self._server = server
+
+    def stop(self) -> None:
+        """Stop serving and close every plugin stream (like a kubelet stop: files stay behind)."""
+        if self._server is not None:
+            self._server.stop(grace=None)
+            self._server = None
+        with self._cond:
+            states = list(self.resources.values())
+        for st in states:
+            self._disconnect(st)
+        for t in self._threads:
+            t.join(timeout=2)
+        self._threads = [t for t in self._threads if t.is_alive()]
+
+    def restart(self) -> None:
+        """A kubelet restart: streams end, plugin sockets are deleted, ``kubelet.sock`` is re-created.
+
+        Resources come back as stopped endpoints with no devices (capacity 0) until the plugin
+        registers again; devices in use are kept (the checkpoint)."""
+        self.stop()
+        with self._cond:
+            for st in self.resources.values():
+                st.healthy.clear()
+                st.unhealthy.clear()
+                st.connected = False
+            self.restarts += 1
+            self._cond.notify_all()
+        self.start()
+
+    def __enter__(self) -> StandinKubelet:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _clean_dir(self) -> None:
+        for entry in self.dir.iterdir():
+            if entry.name == CHECKPOINT:
+                continue
+            try:
+                mode = entry.lstat().st_mode
+            except FileNotFoundError:
+                continue
+            if stat.S_ISDIR(mode):
+                continue
+            # The current kubelet removes only sockets; v1.24 removed every non-directory file.
+            if self.mode == "v1.24" or stat.S_ISSOCK(mode):
+                with contextlib.suppress(FileNotFoundError):
+                    entry.unlink()
+
+    # ----- registration ----------------------------------------------------------------------
+
+    def _record(self, rec: CallRecord) -> None:
+        with self._cond:
+            self.calls.append(rec)
+            self._cond.notify_all()
+
+    def _on_register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.Empty:
+        req = MessageToDict(request, preserving_proto_field_name=True)
+        rec = CallRecord("/v1beta1.Registration/Register", req, {}, resource=request.resource_name)
+        if request.version not in SUPPORTED_VERSIONS:
+            rec.error = (f"Requested device plugin version {request.version!r} is not supported; "
+                         f"supported versions: {list(SUPPORTED_VERSIONS)}")
+            self._record(rec)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, rec.error)
+        if not is_extended_resource_name(request.resource_name):
+            rec.error = (f"invalid name of device plugin socket: {request.resource_name!r} "
+                         "is not an extended resource")
+            self._record(rec)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, rec.error)
+        self._record(rec)
+        if self.mode == "v1.24":
+            # addEndpoint runs in a goroutine: Register returns first; the dial can fail silently.
+            t = threading.Thread(target=self._connect, args=(request, request.options), daemon=True,
+                                 name=f"standin-connect-{request.resource_name}")
+            self._threads.append(t)
+            t.start()
+            return pb.Empty()
+        try:
+            options = self._connect(request, None)
+        except Exception as exc:
+            context.abort(grpc.StatusCode.UNKNOWN, f"failed to dial device plugin: {exc}")
+        if options is None:
+            context.abort(grpc.StatusCode.UNKNOWN, "failed to dial device plugin")
+        return pb.Empty()
+
+    def _connect(self, request: pb.RegisterRequest,
+                 options: pb.DevicePluginOptions | None) -> pb.DevicePluginOptions | None:
+        """Dial the plugin back, fetch options (current mode) and start its ListAndWatch."""
+        path = self.dir / request.endpoint
+        channel = grpc.insecure_channel(f"unix://{path}", options=[("grpc.default_authority", "localhost")])
+        try:
+            grpc.channel_ready_future(channel).result(timeout=self.dial_timeout_s)
+        except grpc.FutureTimeoutError:
+            channel.close()
+            log.warning("standin kubelet: failed to dial device plugin %s: context deadline exceeded", path)
+            if self.mode == "current":
+                raise RuntimeError(f"dial {path}: context deadline exceeded") from None
+            return None
+        stub = pb_grpc.DevicePluginStub(channel)
+        if options is None:
+            try:
+                options = stub.GetDevicePluginOptions(pb.Empty(), timeout=self.dial_timeout_s)
+            except grpc.RpcError as exc:
+                channel.close()
+                raise RuntimeError(f"GetDevicePluginOptions: {exc.details()}") from None  # type: ignore[attr-defined]
+            self._record(CallRecord("/v1beta1.DevicePlugin/GetDevicePluginOptions", {},
+                                    MessageToDict(options, preserving_proto_field_name=True),
+                                    resource=request.resource_name))
+        with self._cond:
+            st = self.resources.get(request.resource_name)
+            old_channel = None
+            if st is None:
+                st = self.resources[request.resource_name] = ResourceState(request.resource_name)
+            else:
+                old_channel = st.channel
+            st.endpoint = request.endpoint
+            st.options = options
+            st.registrations += 1
+            st.channel = channel
+            st.stop_time = None
+        if old_channel is not None:
+            # Re-registration replaces the endpoint: the old client is disconnected.
+            old_channel.close()
+        stream = stub.ListAndWatch(pb.Empty())
+        with self._cond:
+            st.stream = stream
+            st.connected = True
+            self._cond.notify_all()
+        self._record(CallRecord("/v1beta1.DevicePlugin/ListAndWatch", {}, None, event="stream-opened",
+                                resource=request.resource_name))
+        t = threading.Thread(target=self._watch, args=(st, stream, channel), daemon=True,
+                             name=f"standin-law-{request.resource_name}")
+        self._threads = [x for x in self._threads if x.is_alive()]
+        self._threads.append(t)
+        t.start()
+        return options
+
+    def _watch(self, st: ResourceState, stream: Any, channel: grpc.Channel) -> None:
+        try:
+            for msg in stream:
+                self._record(CallRecord("/v1beta1.DevicePlugin/ListAndWatch", None,
+                                        MessageToDict(msg, preserving_proto_field_name=True),
+                                        event="send", resource=st.name))
+                with self._cond:
+                    if st.channel is not channel:
+                        return
+                    # Each message is the full list: it replaces both sets.
+                    st.healthy = {d.ID for d in msg.devices if d.health == HEALTHY}
+                    st.unhealthy = {d.ID for d in msg.devices if d.health != HEALTHY}
+                    st.topology = {d.ID: tuple(n.ID for n in d.topology.nodes) for d in msg.devices}
+                    st.lists_received += 1
+                    self._cond.notify_all()
+        except grpc.RpcError:
+            pass
+        except ValueError:
+            pass  # channel closed under us
+        self._record(CallRecord("/v1beta1.DevicePlugin/ListAndWatch", None, None,
+                                event="stream-terminated", resource=st.name))
+        with self._cond:
+            if st.channel is channel:
+                # listAndWatch ended: every device of the resource becomes unhealthy; no new call.
+                st.unhealthy |= st.healthy
+                st.healthy = set()
+                st.connected = False
+                st.stop_time = time.monotonic()
+                st.stream = None
+            self._cond.notify_all()
+
+    def _disconnect(self, st: ResourceState) -> None:
+        with self._cond:
+            stream, channel = st.stream, st.channel
+        if stream is not None:
+            stream.cancel()
+        if channel is not None:
+            channel.close()
+
+    def drop_stream(self, resource: str) -> None:
+        """End the resource's ListAndWatch stream from the kubelet side (the plugin must re-register)."""
+        with self._cond:
+            st = self.resources[resource]
+            stream = st.stream
+        if stream is not None:
+            stream.cancel()
+
+    # ----- observation -----------------------------------------------------------------------
+
+    def wait_for(self, predicate: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+        """Wait until ``predicate()`` (evaluated under the lock) is true; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while not predicate():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.05))
+            return True
+
+    def wait_registered(self, resource: str, timeout_s: float = 5.0, *, count: int = 1) -> bool:
+        """Wait until ``resource`` has registered ``count`` times and its stream sent a list."""
+        def ok() -> bool:
+            st = self.resources.get(resource)
+            return st is not None and st.registrations >= count and st.connected and st.lists_received > 0
+        return self.wait_for(ok, timeout_s)
+
+    def capacity(self, resource: str) -> int:
+        with self._cond:
+            st = self.resources.get(resource)
+            return st.capacity if st else 0
+
+    def allocatable(self, resource: str) -> int:
+        with self._cond:
+            st = self.resources.get(resource)
+            return st.allocatable if st else 0
+
+    def healthy(self, resource: str) -> set[str]:
+        with self._cond:
+            st = self.resources.get(resource)
+            return set(st.healthy) if st else set()
+
+    def unhealthy(self, resource: str) -> set[str]:
+        with self._cond:
+            st = self.resources.get(resource)
+            return set(st.unhealthy) if st else set()
+
+    def register_count(self, resource: str | None = None) -> int:
+        with self._cond:
+            return sum(1 for c in self.calls if c.rpc.endswith("/Register") and c.error is None
+                       and (resource is None or c.resource == resource))
+
+    def rpc_sequence(self, resource: str | None = None) -> list[str]:
+        """Method names (with the ListAndWatch event) in order, e.g. ``["Register", "ListAndWatch:send"]``."""
+        with self._cond:
+            out = []
+            for c in self.calls:
+                if resource is not None and c.resource != resource:
+                    continue
+                name = c.rpc.rsplit("/", 1)[1]
+                out.append(f"{name}:{c.event}" if c.event else name)
+            return out
+
+    # ----- admission -------------------------------------------------------------------------
+
+    def allocate(self, resource: str, n: int, *, must_include: Sequence[str] = (),
+                 reserve: bool = True, timeout_s: float = 10.0) -> Allocation:
+        """Admit one container asking for ``n`` devices of ``resource``, as the kubelet does.
+
+        Candidates are the healthy devices not in use (plus ``must_include``, devices reused from
+        an init container). With ``get_preferred_allocation_available`` the plugin is asked
+        first (one ``container_requests`` entry); its answer is intersected with the candidates
+        and any shortfall is filled by the kubelet's own pick. Then ``Allocate`` is called with
+        exactly one entry. Raises :class:`AllocationFailed` where the kubelet fails admission.
+        """
+        with self._cond:
+            st = self.resources.get(resource)
+            if st is None:
+                raise AllocationFailed(f"Pod Allocate failed due to unknown resource {resource}")
+            in_use = self.in_use.setdefault(resource, set())
+            reused = [d for d in must_include]
+            needed = n - len(reused)
+            available = [d for d in st.healthy if d not in in_use and d not in reused]
+            self._rng.shuffle(available)
+            if needed > len(available):
+                raise AllocationFailed(
+                    f"Pod Allocate failed due to requested number of devices unavailable for {resource}. "
+                    f"Requested: {n}, Available: {len(available)}, which is unexpected")
+            options, channel = st.options, st.channel
+        if channel is None:
+            raise AllocationFailed(f"no endpoint for {resource}")
+        stub = pb_grpc.DevicePluginStub(channel)
+        chosen: list[str] = list(reused)
+        preferred: tuple[str, ...] | None = None
+        if needed > 0 and options.get_preferred_allocation_available:
+            req = pb.PreferredAllocationRequest(container_requests=[pb.ContainerPreferredAllocationRequest(
+                available_deviceIDs=[*available, *reused], must_include_deviceIDs=reused,
+                allocation_size=n)])
+            try:
+                resp = stub.GetPreferredAllocation(req, timeout=timeout_s)
+            except grpc.RpcError as exc:
+                self._record(CallRecord("/v1beta1.DevicePlugin/GetPreferredAllocation",
+                                        MessageToDict(req, preserving_proto_field_name=True), None,
+                                        error=exc.details(), resource=resource))  # type: ignore[attr-defined]
+                raise AllocationFailed(f"GetPreferredAllocation failed: {exc.details()}") from None  # type: ignore[attr-defined]
+            self._record(CallRecord("/v1beta1.DevicePlugin/GetPreferredAllocation",
+                                    MessageToDict(req, preserving_proto_field_name=True),
+                                    MessageToDict(resp, preserving_proto_field_name=True), resource=resource))
+            preferred = tuple(resp.container_responses[0].deviceIDs) if resp.container_responses else ()
+            avail_set = set(available)
+            for d in preferred:
+                if len(chosen) >= n:
+                    break
+                if d in avail_set and d not in chosen:
+                    chosen.append(d)
+        # The kubelet's fallback for any shortfall.
+        for d in available:
+            if len(chosen) >= n:
+                break
+            if d not in chosen:
+                chosen.append(d)
+        areq = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=chosen)])
+        try:
+            aresp = stub.Allocate(areq, timeout=timeout_s)
+        except grpc.RpcError as exc:
+            self._record(CallRecord("/v1beta1.DevicePlugin/Allocate",
+                                    MessageToDict(areq, preserving_proto_field_name=True), None,
+                                    error=exc.details(), resource=resource))  # type: ignore[attr-defined]
+            raise AllocationFailed(f"Allocate failed: {exc.details()}") from None  # type: ignore[attr-defined]
+        self._record(CallRecord("/v1beta1.DevicePlugin/Allocate",
+                                MessageToDict(areq, preserving_proto_field_name=True),
+                                MessageToDict(aresp, preserving_proto_field_name=True), resource=resource))
+        if not aresp.container_responses:
+            raise AllocationFailed(f"Allocate for {resource} returned no container response")
+        if reserve:
+            with self._cond:
+                self.in_use.setdefault(resource, set()).update(chosen)
+        return Allocation(resource, tuple(chosen), preferred, aresp.container_responses[0])
+
+    def allocate_ids(self, resource: str, device_ids: Iterable[str], *,
+                     timeout_s: float = 10.0) -> pb.ContainerAllocateResponse:
+        """Call ``Allocate`` with exactly these IDs (no preference, no checks): for bad-request tests."""
+        with self._cond:
+            channel = self.resources[resource].channel
+        assert channel is not None
+        areq = pb.AllocateRequest(container_requests=[
+            pb.ContainerAllocateRequest(devices_ids=list(device_ids))])
+        resp = pb_grpc.DevicePluginStub(channel).Allocate(areq, timeout=timeout_s)
+        self._record(CallRecord("/v1beta1.DevicePlugin/Allocate",
+                                MessageToDict(areq, preserving_proto_field_name=True),
+                                MessageToDict(resp, preserving_proto_field_name=True), resource=resource))
+        return resp.container_responses[0]
+
+    def preferred(self, resource: str, available: Sequence[str], size: int,
+                  must_include: Sequence[str] = (), *, timeout_s: float = 10.0) -> tuple[str, ...]:
+        """Call ``GetPreferredAllocation`` directly with these candidates."""
+        with self._cond:
+            channel = self.resources[resource].channel
+        assert channel is not None
+        req = pb.PreferredAllocationRequest(container_requests=[pb.ContainerPreferredAllocationRequest(
+            available_deviceIDs=list(available), must_include_deviceIDs=list(must_include),
+            allocation_size=size)])
+        resp = pb_grpc.DevicePluginStub(channel).GetPreferredAllocation(req, timeout=timeout_s)
+        return tuple(resp.container_responses[0].deviceIDs)
+
+    def pre_start(self, alloc: Allocation, *, timeout_s: float = 30.0) -> None:
+        """``PreStartContainer`` before a container (re)start, when the plugin asked for it."""
+        with self._cond:
+            st = self.resources[alloc.resource]
+            options, channel = st.options, st.channel
+        if not options.pre_start_required or channel is None:
+            return
+        req = pb.PreStartContainerRequest(devices_ids=list(alloc.device_ids))
+        pb_grpc.DevicePluginStub(channel).PreStartContainer(req, timeout=timeout_s)
+        self._record(CallRecord("/v1beta1.DevicePlugin/PreStartContainer",
+                                MessageToDict(req, preserving_proto_field_name=True), {},
+                                resource=alloc.resource))
+
+    def release(self, alloc: Allocation) -> None:
+        """The pod is gone: its devices become free at the next admission."""
+        with self._cond:
+            self.in_use.get(alloc.resource, set()).difference_update(alloc.device_ids)
