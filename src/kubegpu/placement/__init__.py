@@ -1,0 +1,94 @@
+"""kubegpu's placement core: pure, deterministic, vectorised; shared by the device plugin,
+the scheduler extender and the simulator. No I/O, no global mutable state.
+
+Stable public API (other packages import only these names):
+
+Topology (device plugin, GetPreferredAllocation)
+    :func:`choose_gpu_set` ``(gpus, available, must_include, size) -> list[str]`` — the
+    NVLink-best set of GPU UUIDs; :data:`LINK_SCORES`, :func:`pair_score`, :class:`GpuSetError`.
+
+One node (extender filter/bind, node daemon checks)
+    :class:`NodeState` ``(inventory)`` — free compute/memory per GPU, free MIG devices, CPU and
+    memory; ``apply(choice)`` / ``release(choice)`` commit and undo (all or nothing),
+    ``apply_allocation(PodAllocation, cpu, mem)`` and :meth:`NodeState.rebuild` rebuild from
+    annotations. :func:`fit` ``(state, pod_request, cpu_milli, memory_bytes, gpu_policy) -> Fit``
+    with ``ok``, a readable ``reason`` and a :class:`PodChoice` (``to_allocation()`` gives the
+    annotation's :class:`~kubegpu.model.allocation.PodAllocation`). :class:`PlacementConflict`.
+
+Many nodes (extender prioritize, simulator)
+    :class:`ClusterState` — free capacity as arrays (N nodes x G GPU slots), built with
+    ``from_inventories`` or ``from_arrays``; ``take``/``give_back`` commit and undo.
+    :class:`Demand` — one request flattened (``Demand.whole``, ``Demand.share``; from a
+    container request with :func:`request_demand`). :func:`score_nodes`, :func:`place`,
+    :func:`choose_gpus` return scores and a :class:`Placement` without changing the state.
+
+Policies
+    :class:`Policy` (``node_scores``, ``gpu_scores``; higher is better), :func:`get_policy` by
+    name, :data:`POLICY_NAMES`, :data:`PAPER_POLICIES`, :data:`DEFAULT_POLICY` (``"kubegpu"``),
+    :class:`ScoreContext` (target :class:`Workload`, tie-break ``rng``).
+    Names: random, dotprod, clustering, packing, bestfit (the FGD paper's baselines), fgd,
+    spread, kubegpu. The node level and the GPU level are chosen separately.
+
+Fragmentation
+    :class:`Workload` (``Workload.from_demands(demands, coverage=0.95)``), :func:`node_frag`,
+    :class:`FragTerms`.
+
+Units: compute in milli-GPU (1000 = one GPU; percent x 10) in the array API, percent in
+grants; memory in bytes; CPU in millicores.
+"""
+
+from kubegpu.placement.cluster import MILLI, ClusterState, Demand
+from kubegpu.placement.engine import Placement, choose_gpus, pick_best, place, score_nodes
+from kubegpu.placement.frag import FragTerms, node_frag
+from kubegpu.placement.node import (
+    ContainerChoice,
+    Fit,
+    NodeState,
+    PlacementConflict,
+    PodChoice,
+    fit,
+    request_demand,
+)
+from kubegpu.placement.policies import (
+    DEFAULT_POLICY,
+    PAPER_POLICIES,
+    POLICY_NAMES,
+    Policy,
+    ScoreContext,
+    get_policy,
+)
+from kubegpu.placement.topology import LINK_SCORES, GpuSetError, LinkType, choose_gpu_set, pair_score
+from kubegpu.placement.workload import Workload, WorkloadShape
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "LINK_SCORES",
+    "MILLI",
+    "PAPER_POLICIES",
+    "POLICY_NAMES",
+    "ClusterState",
+    "ContainerChoice",
+    "Demand",
+    "Fit",
+    "FragTerms",
+    "GpuSetError",
+    "LinkType",
+    "NodeState",
+    "Placement",
+    "PlacementConflict",
+    "PodChoice",
+    "Policy",
+    "ScoreContext",
+    "Workload",
+    "WorkloadShape",
+    "choose_gpu_set",
+    "choose_gpus",
+    "fit",
+    "get_policy",
+    "node_frag",
+    "pair_score",
+    "pick_best",
+    "place",
+    "request_demand",
+    "score_nodes",
+]

@@ -1,0 +1,294 @@
+"""A cluster's free capacity as numpy arrays, and a request flattened to what fit needs.
+
+The extender scores thousands of nodes per pod and the simulator places tens of
+thousands of pods, so placement works on arrays: one row per node, one column
+per GPU slot (nodes with fewer GPUs leave the extra slots unusable). A single
+node is simply a one-row cluster, so the extender, the device plugin and the
+simulator run the same code.
+
+Units: compute in thousandths of a GPU ("milli", 1000 = a whole GPU; a
+``kubegpu.io/gpu-core`` percent is milli / 10), memory in bytes, CPU in
+millicores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kubegpu.model.inventory import NodeInventory
+from kubegpu.placement.topology import score_matrix
+
+MILLI = 1000  # compute of one whole GPU
+# Pods per request kind on each node (column 0: GPU shares, k: k whole GPUs, 9: more); the
+# clustering policy reads it.
+TAG_COLUMNS = 10
+
+
+def demand_tag(demand: Demand) -> int:
+    """Column of ``ClusterState.tags`` for a demand (-1 for a CPU-only one)."""
+    if demand.count == 0 or demand.milli <= 0:
+        return -1
+    if not demand.exclusive:
+        return 0
+    return min(demand.count, TAG_COLUMNS - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """One container's (or one trace pod's) need, flattened for the array code.
+
+    ``count`` GPUs, each with ``milli`` compute and ``gpu_memory`` bytes or
+    ``memory_ratio`` percent of its memory; ``exclusive`` means each GPU must be
+    entirely free and is then taken whole. ``models`` restricts GPU models
+    (``None`` = any). ``cpu_milli``/``memory_bytes`` are the pod's CPU and memory.
+    """
+
+    count: int = 0
+    milli: int = 0
+    gpu_memory: int = 0
+    memory_ratio: int = 0
+    exclusive: bool = False
+    cpu_milli: int = 0
+    memory_bytes: int = 0
+    models: frozenset[str] | None = None
+
+    @property
+    def is_share(self) -> bool:
+        """A fraction of one or more GPUs (not whole, not CPU-only)."""
+        return self.count > 0 and not self.exclusive
+
+    @property
+    def gpu_milli_total(self) -> int:
+        """Total GPU compute asked for, in milli (the trace's 'GPU request')."""
+        return self.count * self.milli
+
+    @classmethod
+    def whole(
+        cls, count: int, cpu_milli: int = 0, memory_bytes: int = 0, models: frozenset[str] | None = None
+    ) -> Demand:
+        return cls(count, MILLI, 0, 100, True, cpu_milli, memory_bytes, models)
+
+    @classmethod
+    def share(
+        cls,
+        milli: int,
+        count: int = 1,
+        gpu_memory: int = 0,
+        memory_ratio: int = 0,
+        cpu_milli: int = 0,
+        memory_bytes: int = 0,
+        models: frozenset[str] | None = None,
+    ) -> Demand:
+        exclusive = milli >= MILLI and (memory_ratio >= 100 or (gpu_memory == 0 and memory_ratio == 0))
+        return cls(count, milli, gpu_memory, memory_ratio, exclusive, cpu_milli, memory_bytes, models)
+
+
+@dataclass(slots=True)
+class ClusterState:
+    """Free and total capacity of N nodes with up to G GPUs each (mutable; copy before trying)."""
+
+    names: list[str]
+    model_names: tuple[str, ...]  # distinct GPU models; node_model indexes it (-1 = no GPU)
+    node_model: np.ndarray  # (N,) int
+    cpu_cap: np.ndarray  # (N,) int64 millicores
+    cpu_free: np.ndarray  # (N,) int64
+    mem_cap: np.ndarray  # (N,) int64 bytes
+    mem_free: np.ndarray  # (N,) int64
+    gpu_ok: np.ndarray  # (N, G) bool: slot holds a healthy GPU placement may use (not MIG-enabled)
+    core_free: np.ndarray  # (N, G) int32 milli (0 where not ok)
+    gmem_cap: np.ndarray  # (N, G) int64 bytes
+    gmem_free: np.ndarray  # (N, G) int64 bytes
+    links: np.ndarray | None = None  # (N, G, G) int32 pair scores from topology.LINK_SCORES; None = flat
+    tags: np.ndarray = field(default_factory=lambda: np.zeros((0, TAG_COLUMNS), np.int32))
+    _model_index: dict[str, int] = field(default_factory=dict)
+
+    # ---- construction -------------------------------------------------------------------------
+    @classmethod
+    def empty(cls, n: int, g: int) -> ClusterState:
+        return cls(
+            names=[f"node-{i}" for i in range(n)],
+            model_names=(),
+            node_model=np.full(n, -1, np.int32),
+            cpu_cap=np.zeros(n, np.int64),
+            cpu_free=np.zeros(n, np.int64),
+            mem_cap=np.zeros(n, np.int64),
+            mem_free=np.zeros(n, np.int64),
+            gpu_ok=np.zeros((n, g), bool),
+            core_free=np.zeros((n, g), np.int32),
+            gmem_cap=np.zeros((n, g), np.int64),
+            gmem_free=np.zeros((n, g), np.int64),
+            tags=np.zeros((n, TAG_COLUMNS), np.int32),
+        )
+
+    @classmethod
+    def from_arrays(
+        cls,
+        names: Sequence[str],
+        models: Sequence[str],
+        gpu_counts: Sequence[int],
+        cpu_milli: Sequence[int],
+        memory_bytes: Sequence[int],
+        gpu_memory_bytes: Sequence[int] | None = None,
+        max_gpus: int | None = None,
+    ) -> ClusterState:
+        """Identical empty GPUs per node (the trace's node list form)."""
+        n = len(names)
+        counts = np.asarray(gpu_counts, np.int32)
+        g = int(max_gpus if max_gpus is not None else max(1, int(counts.max(initial=0))))
+        model_names = tuple(sorted({m for m, c in zip(models, counts, strict=True) if m and c > 0}))
+        index = {m: i for i, m in enumerate(model_names)}
+        st = cls.empty(n, g)
+        st.names = list(names)
+        st.model_names = model_names
+        st._model_index = index
+        st.node_model = np.array(
+            [index.get(m, -1) if c > 0 else -1 for m, c in zip(models, counts, strict=True)], np.int32
+        )
+        st.cpu_cap = np.asarray(cpu_milli, np.int64).copy()
+        st.cpu_free = st.cpu_cap.copy()
+        st.mem_cap = np.asarray(memory_bytes, np.int64).copy()
+        st.mem_free = st.mem_cap.copy()
+        st.gpu_ok = np.arange(g)[None, :] < counts[:, None]
+        st.core_free = np.where(st.gpu_ok, MILLI, 0).astype(np.int32)
+        gm = np.zeros(n, np.int64) if gpu_memory_bytes is None else np.asarray(gpu_memory_bytes, np.int64)
+        st.gmem_cap = np.where(st.gpu_ok, gm[:, None], 0).astype(np.int64)
+        st.gmem_free = st.gmem_cap.copy()
+        return st
+
+    @classmethod
+    def from_inventories(cls, nodes: Sequence[NodeInventory], max_gpus: int | None = None) -> ClusterState:
+        """Empty nodes from inventories; unhealthy and MIG-enabled GPUs are not usable slots."""
+        g = max_gpus if max_gpus is not None else max([1, *(len(n.gpus) for n in nodes)])
+        n = len(nodes)
+        st = cls.empty(n, g)
+        st.names = [x.name for x in nodes]
+        st.model_names = tuple(sorted({gpu.model for x in nodes for gpu in x.gpus}))
+        st._model_index = {m: i for i, m in enumerate(st.model_names)}
+        st.links = np.zeros((n, g, g), np.int32)
+        for i, node in enumerate(nodes):
+            st.cpu_cap[i] = st.cpu_free[i] = node.cpu_milli
+            st.mem_cap[i] = st.mem_free[i] = node.memory_bytes
+            st.node_model[i] = st._model_index.get(node.model, -1) if node.gpus else -1
+            gpus = sorted(node.gpus, key=lambda x: x.index)[:g]
+            for j, gpu in enumerate(gpus):
+                usable = gpu.healthy and not gpu.mig_enabled
+                st.gpu_ok[i, j] = usable
+                st.gmem_cap[i, j] = gpu.memory_bytes
+                st.gmem_free[i, j] = gpu.memory_bytes if usable else 0
+                st.core_free[i, j] = min(MILLI, gpu.core * 10) if usable else 0
+            m = score_matrix(gpus)
+            st.links[i, : len(gpus), : len(gpus)] = np.asarray(m, np.int32).reshape(len(gpus), len(gpus))
+        return st
+
+    def copy(self) -> ClusterState:
+        return ClusterState(
+            list(self.names),
+            self.model_names,
+            self.node_model.copy(),
+            self.cpu_cap.copy(),
+            self.cpu_free.copy(),
+            self.mem_cap.copy(),
+            self.mem_free.copy(),
+            self.gpu_ok.copy(),
+            self.core_free.copy(),
+            self.gmem_cap.copy(),
+            self.gmem_free.copy(),
+            None if self.links is None else self.links.copy(),
+            self.tags.copy(),
+            dict(self._model_index),
+        )
+
+    # ---- shape --------------------------------------------------------------------------------
+    @property
+    def n_nodes(self) -> int:
+        return int(self.cpu_cap.shape[0])
+
+    @property
+    def n_slots(self) -> int:
+        return int(self.core_free.shape[1])
+
+    def model_of(self, node: int) -> str:
+        m = int(self.node_model[node])
+        return self.model_names[m] if m >= 0 else ""
+
+    # ---- fit ----------------------------------------------------------------------------------
+    def model_mask(self, models: frozenset[str] | None) -> np.ndarray:
+        """(N,) bool: nodes whose GPU model is allowed."""
+        if models is None:
+            return np.ones(self.n_nodes, bool)
+        allowed = [self._model_index[m] for m in models if m in self._model_index]
+        return np.isin(self.node_model, np.asarray(allowed, np.int32))
+
+    def gpu_memory_need(self, demand: Demand) -> np.ndarray:
+        """(N, G) bytes each GPU would have to give (a ratio depends on the GPU's size)."""
+        if demand.exclusive:
+            return self.gmem_cap
+        if demand.gpu_memory:
+            return np.full(self.gmem_cap.shape, demand.gpu_memory, np.int64)
+        return self.gmem_cap * demand.memory_ratio // 100
+
+    def gpu_candidates(self, demand: Demand) -> np.ndarray:
+        """(N, G) bool: GPUs that could take one of the demand's GPU parts on their own."""
+        if demand.count == 0:
+            return np.zeros(self.core_free.shape, bool)
+        if demand.exclusive:
+            return self.gpu_ok & (self.core_free >= MILLI) & (self.gmem_free >= self.gmem_cap)
+        return (
+            self.gpu_ok & (self.core_free >= demand.milli) & (self.gmem_free >= self.gpu_memory_need(demand))
+        )
+
+    def feasible(self, demand: Demand, candidates: np.ndarray | None = None) -> np.ndarray:
+        """(N,) bool: nodes where the whole demand fits (CPU, memory, model, enough GPUs)."""
+        ok = (self.cpu_free >= demand.cpu_milli) & (self.mem_free >= demand.memory_bytes)
+        if demand.count == 0:
+            return ok
+        if candidates is None:
+            candidates = self.gpu_candidates(demand)
+        return ok & self.model_mask(demand.models) & (candidates.sum(axis=1) >= demand.count)
+
+    # ---- commit -------------------------------------------------------------------------------
+    def take(self, node: int, gpus: Sequence[int], demand: Demand) -> None:
+        """Subtract a demand placed on ``gpus`` of ``node``. Checks first; changes nothing on error."""
+        gpus = list(gpus)
+        if len(gpus) != demand.count or len(set(gpus)) != len(gpus):
+            raise ValueError(f"{demand.count} distinct GPUs needed, got {gpus}")
+        if self.cpu_free[node] < demand.cpu_milli or self.mem_free[node] < demand.memory_bytes:
+            raise ValueError(f"{self.names[node]}: not enough CPU or memory")
+        cand = self.gpu_candidates(demand)[node]
+        for j in gpus:
+            if not (0 <= j < self.n_slots) or not cand[j]:
+                raise ValueError(f"{self.names[node]}: GPU slot {j} cannot take this demand")
+        need = self.gpu_memory_need(demand)[node]
+        self.cpu_free[node] -= demand.cpu_milli
+        self.mem_free[node] -= demand.memory_bytes
+        tag = demand_tag(demand)
+        if tag >= 0:
+            self.tags[node, tag] += 1
+        for j in gpus:
+            if demand.exclusive:
+                self.core_free[node, j] = 0
+                self.gmem_free[node, j] = 0
+            else:
+                self.core_free[node, j] -= demand.milli
+                self.gmem_free[node, j] -= need[j]
+
+    def give_back(self, node: int, gpus: Sequence[int], demand: Demand) -> None:
+        """Undo :meth:`take` (departures, rollbacks). Never goes above capacity."""
+        need = self.gpu_memory_need(demand)[node]
+        self.cpu_free[node] = min(self.cpu_cap[node], self.cpu_free[node] + demand.cpu_milli)
+        self.mem_free[node] = min(self.mem_cap[node], self.mem_free[node] + demand.memory_bytes)
+        tag = demand_tag(demand)
+        if tag >= 0 and self.tags[node, tag] > 0:
+            self.tags[node, tag] -= 1
+        for j in gpus:
+            if not self.gpu_ok[node, j]:
+                continue
+            if demand.exclusive:
+                self.core_free[node, j] = MILLI
+                self.gmem_free[node, j] = self.gmem_cap[node, j]
+            else:
+                self.core_free[node, j] = min(MILLI, self.core_free[node, j] + demand.milli)
+                self.gmem_free[node, j] = min(self.gmem_cap[node, j], self.gmem_free[node, j] + need[j])
