@@ -1,0 +1,109 @@
+"""The webhook's serving certificate, reloaded from its files when they change.
+
+Kubernetes rotates a mounted Secret by swapping a symlink (``..data``), and
+cert-manager renews certificates weeks before they expire; a webhook that read
+its key pair once would serve an expired certificate until someone restarted
+it. The files are polled with ``os.stat`` (following symlinks, so a swapped
+``..data`` link is seen) and a changed pair is loaded into the live
+:class:`ssl.SSLContext`, which affects every handshake after it. A pair that
+does not load (half-written, key and certificate mismatched) is logged and the
+previous one is kept.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import ssl
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cryptography import x509
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _Stamp:
+    cert: tuple[int, int, int]
+    key: tuple[int, int, int]
+
+
+def _stamp(path: str) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+def _new_context() -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    return ctx
+
+
+def certificate_not_after(cert_file: str) -> dt.datetime:
+    with open(cert_file, "rb") as f:
+        return x509.load_pem_x509_certificate(f.read()).not_valid_after_utc
+
+
+class CertReloader:
+    """Owns the server context; :meth:`check` reloads it when the files changed."""
+
+    def __init__(self, cert_file: str, key_file: str,
+                 on_reload: Callable[[bool, str], None] | None = None) -> None:
+        self.cert_file = cert_file
+        self.key_file = key_file
+        self._on_reload = on_reload
+        self.context = _new_context()
+        self.context.load_cert_chain(cert_file, key_file)  # a bad pair at start is fatal: raise
+        self._stamp = self._read_stamp()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.not_after = certificate_not_after(cert_file)
+
+    def _read_stamp(self) -> _Stamp | None:
+        try:
+            return _Stamp(_stamp(self.cert_file), _stamp(self.key_file))
+        except OSError:
+            return None
+
+    def check(self) -> bool:
+        """Reload when the files changed since the last load; True when a new pair is now served."""
+        with self._lock:
+            stamp = self._read_stamp()
+            if stamp is None or stamp == self._stamp:
+                return False
+            try:
+                # Load into a scratch context first so a bad pair never touches the live one.
+                _new_context().load_cert_chain(self.cert_file, self.key_file)
+                self.context.load_cert_chain(self.cert_file, self.key_file)
+                self.not_after = certificate_not_after(self.cert_file)
+            except (OSError, ssl.SSLError, ValueError) as exc:
+                # Keep polling: the writer may be half-way through; the next change retries.
+                log.warning("serving certificate %s not reloaded, keeping the previous one: %s",
+                            self.cert_file, exc)
+                self._stamp = stamp
+                if self._on_reload:
+                    self._on_reload(False, str(exc))
+                return False
+            self._stamp = stamp
+            log.info("serving certificate reloaded from %s (valid until %s)", self.cert_file, self.not_after)
+            if self._on_reload:
+                self._on_reload(True, "")
+            return True
+
+    def start(self, poll_s: float) -> None:
+        """Poll in a daemon thread every ``poll_s`` seconds until :meth:`stop`."""
+        def loop() -> None:
+            while not self._stop.wait(poll_s):
+                self.check()
+
+        self._thread = threading.Thread(target=loop, name="cert-reloader", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
