@@ -1,0 +1,41 @@
+"""``kubegpu manifests``: render every Kubernetes object kubegpu needs from one values file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from kubegpu.cli.main import app
+
+
+@app.command("manifests")
+def manifests(
+    values: Path | None = typer.Option(None, "--values", "-f", help="YAML values file (keys mirror NVIDIA's "
+                                       "device-plugin chart where they overlap: migStrategy, config.map, ...)."),
+    mode: str | None = typer.Option(None, help="Override the values' mode: node-only (drop-in for NVIDIA's "
+                                    "device plugin) or full (node + scheduler extender + webhook)."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),
+) -> None:
+    """Render the install manifests (namespace, CRD, RBAC, DaemonSet, scheduler, webhook, ...) as multi-doc YAML.
+
+    With no values file this prints the default install, the same as deploy/kubegpu.yaml.
+    """
+    from kubegpu.install.render import render, to_yaml
+    from kubegpu.install.values import ValuesError, load_values
+
+    try:
+        v = load_values(values)
+        if mode is not None:
+            if mode not in ("node-only", "full"):
+                raise ValuesError(f"mode: {mode!r} is not one of node-only, full")
+            v.mode = mode  # type: ignore[assignment]
+    except ValuesError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    text = to_yaml(render(v))
+    if output is None:
+        typer.echo(text, nl=False)
+    else:
+        output.write_text(text)
+        typer.echo(f"wrote {output}", err=True)

@@ -1,0 +1,1 @@
+"""Installing kubegpu: typed values (NVIDIA chart keys where they overlap) rendered into every object."""

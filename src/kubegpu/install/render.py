@@ -1,0 +1,330 @@
+"""Every Kubernetes object kubegpu needs, rendered from one :class:`Values`.
+
+Objects are built as plain dicts (no template language), so each role's
+least-privilege RBAC sits next to the workload that needs it and the output
+can be validated against the Kubernetes OpenAPI schemas offline.
+"""
+
+from __future__ import annotations
+
+from importlib import resources as importlib_resources
+from typing import Any
+
+import yaml
+
+from kubegpu.install.values import Values, default_affinity
+from kubegpu.model import resources as R
+
+Obj = dict[str, Any]
+
+APP = "kubegpu"
+MANAGED_RESOURCES = (R.NVIDIA_GPU, R.GPU_CORE, R.GPU_MEMORY, R.GPU_MEMORY_RATIO, R.GPU_PERCENT, R.GPU_SLOTS)
+
+
+def _meta(name: str, v: Values, component: str, *, namespaced: bool = True, **extra: Any) -> Obj:
+    meta: Obj = {
+        "name": name,
+        "labels": {
+            "app.kubernetes.io/name": APP,
+            "app.kubernetes.io/component": component,
+            "app.kubernetes.io/version": v.image.tag,
+            "app.kubernetes.io/managed-by": "kubegpu-manifests",
+        },
+    }
+    if namespaced:
+        meta["namespace"] = v.namespace
+    meta.update(extra)
+    return meta
+
+
+def _selector(component: str) -> Obj:
+    return {"app.kubernetes.io/name": APP, "app.kubernetes.io/component": component}
+
+
+def _rbac(name: str, v: Values, component: str, rules: list[Obj]) -> list[Obj]:
+    """ServiceAccount + ClusterRole + ClusterRoleBinding for one role."""
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(name, v, component)},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": _meta(name, v, component, namespaced=False), "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": _meta(name, v, component, namespaced=False),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": v.namespace}]},
+    ]
+
+
+def _container(v: Values, name: str, args: list[str], resources: Obj, **extra: Any) -> Obj:
+    c: Obj = {
+        "name": name,
+        "image": v.image.ref,
+        "imagePullPolicy": v.image.pull_policy,
+        "command": ["kubegpu"],
+        "args": args,
+        "resources": resources,
+    }
+    c.update(extra)
+    return c
+
+
+def namespace(v: Values) -> Obj:
+    return {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": v.namespace, "labels": {v.webhook.exclude_namespace_label: "true"}}}
+
+
+def device_crd() -> Obj:
+    text = importlib_resources.files("kubegpu.install").joinpath("crd-device.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def node_objects(v: Values) -> list[Obj]:
+    name = f"{APP}-node"
+    rules = [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
+        {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
+        # The handoff reads the scheduler's record on pods bound to this node and acknowledges it.
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+        {"apiGroups": ["kubegpu.io"], "resources": ["devices"],
+         "verbs": ["get", "list", "watch", "create", "update", "patch"]},
+    ]
+    env: list[Obj] = [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+    for key, value in (
+        ("MIG_STRATEGY", v.mig_strategy),
+        ("FAIL_ON_INIT_ERROR", v.fail_on_init_error),
+        ("DEVICE_LIST_STRATEGY", v.device_list_strategy),
+        ("DEVICE_ID_STRATEGY", v.device_id_strategy),
+        ("NVIDIA_DRIVER_ROOT", v.nvidia_driver_root),
+        ("PASS_DEVICE_SPECS", True if v.compat_with_cpu_manager else None),
+    ):
+        if value is not None:
+            env.append({"name": key, "value": str(value).lower() if isinstance(value, bool) else str(value)})
+    mounts = [
+        {"name": "device-plugin", "mountPath": "/var/lib/kubelet/device-plugins"},
+        {"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources", "readOnly": True},
+        {"name": "cdi-root", "mountPath": "/var/run/cdi"},
+        {"name": "driver-root", "mountPath": "/driver-root", "readOnly": True},
+    ]
+    volumes = [
+        {"name": "device-plugin", "hostPath": {"path": v.device_plugin_path}},
+        {"name": "pod-resources", "hostPath": {"path": "/var/lib/kubelet/pod-resources"}},
+        {"name": "cdi-root", "hostPath": {"path": v.cdi_root, "type": "DirectoryOrCreate"}},
+        {"name": "driver-root", "hostPath": {"path": v.nvidia_driver_root}},
+    ]
+    objs: list[Obj] = _rbac(name, v, "node", rules)
+    args = ["node", "--device-plugin-dir", "/var/lib/kubelet/device-plugins",
+            "--metrics-listen", f"0.0.0.0:{v.metrics_port}"]
+    if v.mode == "node-only":
+        args.append("--node-only")
+    if v.config.map:
+        default = v.config.default or sorted(v.config.map)[0]
+        env.append({"name": "CONFIG_FILE", "value": f"/config/{default}"})
+        mounts.append({"name": "config", "mountPath": "/config", "readOnly": True})
+        volumes.append({"name": "config", "configMap": {"name": f"{APP}-device-plugin-config"}})
+        objs.append({"apiVersion": "v1", "kind": "ConfigMap",
+                     "metadata": _meta(f"{APP}-device-plugin-config", v, "node"), "data": dict(v.config.map)})
+    container = _container(
+        v, "node", args, v.resources, env=env, volumeMounts=mounts,
+        ports=[{"name": "metrics", "containerPort": v.metrics_port}],
+        # compatWithCPUManager (NVIDIA's chart): privileged so device specs can be passed.
+        securityContext=({"privileged": True} if v.compat_with_cpu_manager else
+                         {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}),
+    )
+    pod_spec: Obj = {
+        "serviceAccountName": name,
+        "priorityClassName": v.priority_class_name,
+        "tolerations": v.tolerations,
+        "affinity": v.affinity if v.affinity is not None else default_affinity(),
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if v.node_selector:
+        pod_spec["nodeSelector"] = v.node_selector
+    if v.runtime_class_name:
+        pod_spec["runtimeClassName"] = v.runtime_class_name
+    objs.append({
+        "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": _meta(name, v, "node"),
+        "spec": {
+            "selector": {"matchLabels": _selector("node")},
+            "updateStrategy": {"type": "RollingUpdate"},
+            "template": {"metadata": {"labels": _selector("node")}, "spec": pod_spec},
+        },
+    })
+    return objs
+
+
+def scheduler_config(v: Values) -> Obj:
+    """The KubeSchedulerConfiguration: a second profile whose extender is kubegpu."""
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "leaderElection": {"leaderElect": v.scheduler.replicas > 1,
+                           "resourceNamespace": v.namespace, "resourceName": v.scheduler.scheduler_name},
+        "profiles": [{"schedulerName": v.scheduler.scheduler_name}],
+        "extenders": [{
+            "urlPrefix": f"http://127.0.0.1:{v.scheduler.port}",
+            "filterVerb": "filter",
+            "prioritizeVerb": "prioritize",
+            "bindVerb": "bind",
+            "weight": v.scheduler.weight,
+            "httpTimeout": v.scheduler.http_timeout,
+            "nodeCacheCapable": True,
+            "enableHTTPS": False,
+            "ignorable": False,
+            "managedResources": [{"name": r, "ignoredByScheduler": r in (R.GPU_PERCENT, R.GPU_SLOTS)}
+                                 for r in MANAGED_RESOURCES],
+        }],
+    }
+
+
+def scheduler_objects(v: Values) -> list[Obj]:
+    name = f"{APP}-scheduler"
+    rules = [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch", "update"]},
+        {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        {"apiGroups": ["kubegpu.io"], "resources": ["devices"], "verbs": ["get", "list", "watch"]},
+    ]
+    objs = _rbac(name, v, "scheduler", rules)
+    # kube-scheduler itself runs with the stock roles.
+    for role in ("system:kube-scheduler", "system:volume-scheduler"):
+        objs.append({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": _meta(f"{name}-{role.split(':')[1]}", v, "scheduler", namespaced=False),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": v.namespace}],
+        })
+    objs.append({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": _meta(f"{name}-auth-reader", v, "scheduler", namespace="kube-system"),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                    "name": "extension-apiserver-authentication-reader"},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": v.namespace}],
+    })
+    objs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(f"{name}-config", v, "scheduler"),
+                 "data": {"scheduler-config.yaml": yaml.safe_dump(scheduler_config(v), sort_keys=False)}})
+    kube_scheduler = {
+        "name": "kube-scheduler",
+        "image": v.scheduler.kube_scheduler_image,
+        "command": ["kube-scheduler", "--config=/etc/kubegpu/scheduler-config.yaml", "--v=2"],
+        "volumeMounts": [{"name": "config", "mountPath": "/etc/kubegpu", "readOnly": True}],
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": 10259, "scheme": "HTTPS"}},
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+    }
+    extender = _container(
+        v, "extender",
+        ["scheduler", "--listen", f"127.0.0.1:{v.scheduler.port}",
+         "--node-policy", v.scheduler.node_policy, "--gpu-policy", v.scheduler.gpu_policy,
+         "--metrics-listen", "0.0.0.0:9401"],
+        v.scheduler.resources or {"requests": {"cpu": "200m", "memory": "256Mi"}},
+        ports=[{"name": "metrics", "containerPort": 9401}],
+        securityContext={"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                         "runAsNonRoot": True, "runAsUser": 65532},
+    )
+    objs.append({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(name, v, "scheduler"),
+        "spec": {
+            "replicas": v.scheduler.replicas,
+            "selector": {"matchLabels": _selector("scheduler")},
+            "template": {"metadata": {"labels": _selector("scheduler")}, "spec": {
+                "serviceAccountName": name,
+                "priorityClassName": "system-cluster-critical",
+                "containers": [kube_scheduler, extender],
+                "volumes": [{"name": "config", "configMap": {"name": f"{name}-config"}}],
+            }},
+        },
+    })
+    objs.append({"apiVersion": "v1", "kind": "Service", "metadata": _meta(name, v, "scheduler"),
+                 "spec": {"selector": _selector("scheduler"),
+                          "ports": [{"name": "metrics", "port": 9401, "targetPort": "metrics"}]}})
+    objs.append(_pdb(name, v, "scheduler"))
+    return objs
+
+
+def _pdb(name: str, v: Values, component: str) -> Obj:
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(name, v, component),
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": _selector(component)}}}
+
+
+def webhook_objects(v: Values) -> list[Obj]:
+    name = f"{APP}-webhook"
+    w = v.webhook
+    objs: list[Obj] = [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(name, v, "webhook")}]
+    if w.cert_manager:
+        objs.append({"apiVersion": "cert-manager.io/v1", "kind": "Issuer",
+                     "metadata": _meta(f"{name}-selfsigned", v, "webhook"), "spec": {"selfSigned": {}}})
+        objs.append({"apiVersion": "cert-manager.io/v1", "kind": "Certificate",
+                     "metadata": _meta(name, v, "webhook"),
+                     "spec": {"secretName": f"{name}-tls",
+                              "dnsNames": [f"{name}.{v.namespace}.svc", f"{name}.{v.namespace}.svc.cluster.local"],
+                              "issuerRef": {"name": f"{name}-selfsigned", "kind": "Issuer"},
+                              "duration": "2160h", "renewBefore": "360h"}})
+    args = ["webhook", "--listen", f"0.0.0.0:{w.port}", "--tls-cert", "/tls/tls.crt", "--tls-key", "/tls/tls.key"]
+    container = _container(
+        v, "webhook", args, w.resources or {"requests": {"cpu": "50m", "memory": "64Mi"}},
+        ports=[{"name": "https", "containerPort": w.port}],
+        volumeMounts=[{"name": "tls", "mountPath": "/tls", "readOnly": True}],
+        readinessProbe={"httpGet": {"path": "/healthz", "port": w.port, "scheme": "HTTPS"}},
+        securityContext={"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                         "runAsNonRoot": True, "runAsUser": 65532, "readOnlyRootFilesystem": True},
+    )
+    objs.append({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(name, v, "webhook"),
+        "spec": {
+            "replicas": w.replicas,
+            "selector": {"matchLabels": _selector("webhook")},
+            "template": {"metadata": {"labels": _selector("webhook")}, "spec": {
+                "serviceAccountName": name,
+                "containers": [container],
+                "volumes": [{"name": "tls", "secret": {"secretName": f"{name}-tls"}}],
+            }},
+        },
+    })
+    objs.append({"apiVersion": "v1", "kind": "Service", "metadata": _meta(name, v, "webhook"),
+                 "spec": {"selector": _selector("webhook"),
+                          "ports": [{"name": "https", "port": 443, "targetPort": "https"}]}})
+    objs.append(_pdb(name, v, "webhook"))
+    annotations = {"cert-manager.io/inject-ca-from": f"{v.namespace}/{name}"} if w.cert_manager else {}
+    client: Obj = {"service": {"name": name, "namespace": v.namespace, "path": "/mutate", "port": 443}}
+    if w.ca_bundle:
+        client["caBundle"] = w.ca_bundle
+    common: Obj = {
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": w.failure_policy,
+        "timeoutSeconds": w.timeout_seconds,
+        "namespaceSelector": {"matchExpressions": [
+            {"key": w.exclude_namespace_label, "operator": "DoesNotExist"},
+            {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", v.namespace]},
+        ]},
+        "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"],
+                   "scope": "Namespaced"}],
+    }
+    validate_client = {**client, "service": {**client["service"], "path": "/validate"}}
+    objs.append({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": _meta(name, v, "webhook", namespaced=False, annotations=annotations),
+        "webhooks": [{"name": "mutate.kubegpu.io", "clientConfig": client,
+                      "reinvocationPolicy": "IfNeeded", **common}],
+    })
+    objs.append({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+        "metadata": _meta(name, v, "webhook", namespaced=False, annotations=annotations),
+        "webhooks": [{"name": "validate.kubegpu.io", "clientConfig": validate_client, **common}],
+    })
+    return objs
+
+
+def render(v: Values) -> list[Obj]:
+    """All objects for ``v.mode``, in an order ``kubectl apply`` can take."""
+    objs: list[Obj] = [namespace(v), device_crd(), *node_objects(v)]
+    if v.mode == "full":
+        objs += scheduler_objects(v) + webhook_objects(v)
+    return objs
+
+
+def to_yaml(objs: list[Obj]) -> str:
+    header = "# Rendered by `kubegpu manifests`; edit the values, not this file.\n"
+    return header + yaml.safe_dump_all(objs, sort_keys=False, default_flow_style=False)
