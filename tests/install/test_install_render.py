@@ -73,7 +73,7 @@ def test_nvidia_chart_keys_reach_the_daemonset() -> None:
     assert spec["runtimeClassName"] == "nvidia"
     assert spec["nodeSelector"] == {"gpu": "yes"}
     assert {"name": "driver-root", "hostPath": {"path": "/run/nvidia/driver"}} in spec["volumes"]
-    cm = [o for o in _by_kind(objs, "ConfigMap") if o["metadata"]["name"] == "kubegpu-device-plugin-config"][0]
+    cm = next(o for o in _by_kind(objs, "ConfigMap") if o["metadata"]["name"] == "kubegpu-device-plugin-config")
     assert set(cm["data"]) == {"default", "ts"}
 
 
@@ -112,7 +112,7 @@ def test_scheduler_configuration_extender_entry() -> None:
     managed = {m["name"] for m in ext["managedResources"]}
     assert {"nvidia.com/gpu", "kubegpu.io/gpu-core", "kubegpu.io/gpu-memory", "kubegpu.io/gpu-memory-ratio",
             "kubegpu.io/gpu.shared"} <= managed
-    cm = [o for o in render(Values()) if o["metadata"]["name"] == "kubegpu-scheduler-config"][0]
+    cm = next(o for o in render(Values()) if o["metadata"]["name"] == "kubegpu-scheduler-config")
     assert yaml.safe_load(cm["data"]["scheduler-config.yaml"]) == cfg
 
 
