@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +12,7 @@ import pytest
 
 from kubegpu.inventory.fake import FakeBackend
 from kubegpu.node.daemon import NodeDaemon, NodeOptions
-from kubegpu.node.plan import PlanConfig
-from kubegpu.node.plugin_model import PluginSettings
+from kubegpu.node.options import load_node_options
 from kubegpu_standins.kubelet import StandinKubelet
 
 
@@ -43,18 +41,26 @@ DaemonFactory = Callable[..., tuple[NodeDaemon, FakeBackend]]
 
 @pytest.fixture
 def make_daemon(sockdir: Path) -> Iterator[DaemonFactory]:
+    """``make_daemon(topology, flags={...}, env={...}, settings={...}, **NodeOptions fields)``.
+
+    ``flags`` go through the real config loader; the plugin dir, CDI dir and MIG-minors file
+    are redirected under the test's socket dir."""
     started: list[tuple[NodeDaemon, FakeBackend]] = []
 
-    def factory(topology: str = "dgx1-v100", *, plan: PlanConfig | None = None,
-                settings: PluginSettings | None = None, start: bool = True,
-                **opts: Any) -> tuple[NodeDaemon, FakeBackend]:
+    def factory(topology: str = "dgx1-v100", *, flags: dict[str, Any] | None = None,
+                env: dict[str, str] | None = None, settings: dict[str, Any] | None = None,
+                start: bool = True, **opts: Any) -> tuple[NodeDaemon, FakeBackend]:
         backend = FakeBackend(topology)
-        s = settings or PluginSettings()
-        if s.cdi_dir == PluginSettings().cdi_dir:
-            s = replace(s, cdi_dir=str(sockdir / "cdi"), mig_minors_file=str(sockdir / "mig-minors"))
-        options = NodeOptions(plugin_dir=str(sockdir / "dp"), plan=plan or PlanConfig(), settings=s,
-                              **({"stream_wait_s": 2.0, "resync_s": 0.4} | opts))
-        d = NodeDaemon(backend, lambda: options)
+        fl = {"shared-slots": 0, **(flags or {})}
+        st = {"cdi_dir": str(sockdir / "cdi"), "mig_minors_file": str(sockdir / "mig-minors"),
+              **(settings or {})}
+        kw = {"plugin_dir": str(sockdir / "dp"), "stream_wait_s": 2.0, "resync_s": 0.4, **opts}
+
+        def load() -> NodeOptions:
+            return load_node_options(fl, env or {}, settings=st, **kw)
+
+        d = NodeDaemon(backend, load)
+        d.flags = fl  # type: ignore[attr-defined]  # tests mutate it before reload()
         started.append((d, backend))
         if start:
             d.start()

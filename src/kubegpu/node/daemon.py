@@ -22,7 +22,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +33,6 @@ from kubegpu.node.devspecs import read_mig_minors
 from kubegpu.node.health import HealthMonitor, XidPolicy
 from kubegpu.node.health_state import HealthState
 from kubegpu.node.metrics import NodeMetrics
-from kubegpu.node.plan import PlanConfig, PlanError, build_plans
 from kubegpu.node.plugin_model import PluginSettings, ResourcePlan
 from kubegpu.node.publisher import NodePublisher, NullPublisher
 from kubegpu.node.resolver import AllocationResolver
@@ -48,12 +47,23 @@ class DaemonInitError(RuntimeError):
     """Initialisation failed and ``failOnInitError`` is set: the process should exit non-zero."""
 
 
+def _whole_gpus_only(inv: NodeInventory) -> list[ResourcePlan]:
+    from kubegpu.node.resources import whole_device
+
+    if not inv.gpus:
+        return []
+    return [ResourcePlan(name="nvidia.com/gpu", devices=tuple(whole_device(g) for g in inv.gpus))]
+
+
 @dataclass(frozen=True)
 class NodeOptions:
-    """Everything the daemon needs, already validated (built by the CLI from config + flags + env)."""
+    """Everything the daemon needs, already validated (built from config + flags + env by
+    :func:`kubegpu.node.options.node_options`)."""
 
     plugin_dir: str = DEFAULT_PLUGIN_DIR
-    plan: PlanConfig = field(default_factory=PlanConfig)
+    # The resources to serve for an inventory (``node.resources.expand`` bound to a config);
+    # raises ValueError when the config cannot be served on this node.
+    expand: Callable[[NodeInventory], Sequence[ResourcePlan]] = _whole_gpus_only
     settings: PluginSettings = field(default_factory=PluginSettings)
     fail_on_init_error: bool = True
     xid_policy: XidPolicy = field(default_factory=XidPolicy)
@@ -150,8 +160,8 @@ class NodeDaemon:
         prev = self.state.snapshot() if self.state is not None else {}
         try:
             inv = self.backend.discover()
-            plans = build_plans(inv, opts.plan)
-        except (InventoryError, PlanError) as exc:
+            plans = list(opts.expand(inv))
+        except (InventoryError, ValueError) as exc:
             self._init_failed(f"initialisation failed: {exc}")
             return
         if not plans:

@@ -1,7 +1,7 @@
 """What a device-plugin server serves, in the plugin's own terms.
 
 The inventory engineer's ``node.resources`` expands config + inventory into resources and
-device IDs; :mod:`kubegpu.node.plan` adapts that into these values, so the gRPC servers,
+device IDs straight into these values (``node.resources.expand``), so the gRPC servers,
 the Allocate builder and GetPreferredAllocation never read config files or NVML.
 """
 
