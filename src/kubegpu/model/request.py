@@ -79,10 +79,11 @@ class Refusal:
     code: str = ""
 
     def __str__(self) -> str:
-        where = f"container {self.container!r}"
+        where = f"container {self.container!r}" if self.container != "-" else "pod"
+        tag = f" [{self.code}]" if self.code else ""
         if not self.resource:
-            return f"{where}: {self.rule}"
-        return f"{where}: {self.resource}={self.value!r}: {self.rule}"
+            return f"{where}: {self.rule}{tag}"
+        return f"{where}: {self.resource}={self.value!r}: {self.rule}{tag}"
 
 
 @dataclass(frozen=True, slots=True)
