@@ -31,7 +31,7 @@ def reload_errors(server: WebhookServer) -> float:
     return value or 0.0
 
 
-def wait_for(predicate, timeout_s: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
+def wait_for(predicate, timeout_s: float = 20.0) -> bool:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():

@@ -155,8 +155,12 @@ def _gpu_entries(container: str, section: object, where: str,
                           "unknown-resource")
         canon = R.canonical_name(name)
         if canon in out:
-            raise _refuse(container, name, value,
-                          f"given twice in {where} (as {out[canon][0]!r} and {name!r})", "duplicate")
+            # Name the alias (not the canonical spelling) and list both sorted, so the message
+            # does not depend on the order of the map.
+            (a, a_value), (b, _) = sorted([out[canon], (name, value)],
+                                          key=lambda entry: (entry[0] == canon, entry[0]))
+            raise _refuse(container, a, a_value, f"given twice in {where} (as {min(a, b)!r} and "
+                          f"{max(a, b)!r})", "duplicate")
         out[canon] = (name, value)
     return out
 

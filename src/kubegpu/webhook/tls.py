@@ -27,13 +27,13 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class _Stamp:
-    cert: tuple[int, int, int]
-    key: tuple[int, int, int]
+    cert: tuple[int, int, int, int]
+    key: tuple[int, int, int, int]
 
 
-def _stamp(path: str) -> tuple[int, int, int]:
+def _stamp(path: str) -> tuple[int, int, int, int]:
     st = os.stat(path)
-    return st.st_mtime_ns, st.st_size, st.st_ino
+    return st.st_mtime_ns, st.st_size, st.st_ino, st.st_ctime_ns
 
 
 def _new_context() -> ssl.SSLContext:
