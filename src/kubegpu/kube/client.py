@@ -1,0 +1,56 @@
+"""Building a lightkube client from a kubeconfig file, the in-cluster service account, or the environment.
+
+One precedence rule for every role: an explicit ``--kubeconfig`` wins; otherwise
+the in-cluster service account; otherwise ``$KUBECONFIG`` or ``~/.kube/config``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx2
+from lightkube import AsyncClient, Client
+from lightkube.config.kubeconfig import KubeConfig, SingleConfig
+from lightkube.core.exceptions import ConfigError
+
+FIELD_MANAGER = "kubegpu"
+
+
+class ClientConfigError(RuntimeError):
+    """No usable cluster configuration; the message says where it looked."""
+
+
+def load_config(kubeconfig: str | Path | None = None, context: str | None = None) -> SingleConfig:
+    try:
+        if kubeconfig is not None:
+            path = Path(kubeconfig)
+            if not path.is_file():
+                raise ClientConfigError(f"kubeconfig {str(path)!r} does not exist")
+            cfg = KubeConfig.from_file(path)
+        else:
+            cfg = KubeConfig.from_env()
+        single = cfg.get(context_name=context)
+    except ConfigError as e:
+        raise ClientConfigError(f"cannot load a cluster configuration: {e}") from None
+    except (OSError, ValueError, KeyError) as e:
+        raise ClientConfigError(f"cannot read kubeconfig {kubeconfig!s}: {e}") from None
+    if single is None:
+        raise ClientConfigError("no current context in the kubeconfig")
+    return single
+
+
+def _timeout(seconds: float) -> httpx2.Timeout:
+    return httpx2.Timeout(seconds)
+
+
+def make_client(kubeconfig: str | Path | None = None, *, context: str | None = None,
+                timeout_s: float = 10.0, field_manager: str = FIELD_MANAGER) -> Client:
+    """A synchronous client (node daemon, CLI)."""
+    return Client(load_config(kubeconfig, context), timeout=_timeout(timeout_s), field_manager=field_manager)
+
+
+def make_async_client(kubeconfig: str | Path | None = None, *, context: str | None = None,
+                      timeout_s: float = 10.0, field_manager: str = FIELD_MANAGER) -> AsyncClient:
+    """An asyncio client (the extender serves HTTP and watches in one event loop)."""
+    return AsyncClient(load_config(kubeconfig, context), timeout=_timeout(timeout_s),
+                       field_manager=field_manager)
