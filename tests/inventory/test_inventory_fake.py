@@ -176,3 +176,14 @@ faults: [{at: 1, kind: xid, gpu: GPU-nope, xid: 48}]
 """)
     with pytest.raises(ValueError, match="no GPU or MIG device 'GPU-nope'"):
         FakeBackend(f)
+
+
+def test_open_backend_picks_by_name() -> None:
+    from kubegpu.inventory import open_backend
+    from kubegpu.inventory.nvml import NvmlBackend
+
+    assert isinstance(open_backend("t4x4", node_name="x"), FakeBackend)
+    assert open_backend("t4x4", node_name="x").discover().name == "x"
+    nvml = open_backend("nvml", node_name="x")
+    assert isinstance(nvml, NvmlBackend)
+    nvml.close()
