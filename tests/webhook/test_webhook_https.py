@@ -274,3 +274,25 @@ def test_metrics_count_reviews_by_verdict_and_reason(client: httpx.Client) -> No
     latency = samples[("kubegpu_webhook_review_seconds_count", (("endpoint", "mutate"),))]
     assert latency >= 2
     assert samples[("kubegpu_webhook_cert_not_after_seconds", ())] > 0
+
+
+def test_ephemeral_debug_containers_get_void_and_may_not_choose_gpus(client: httpx.Client) -> None:
+    old = case_pod({"id": "p", "containers": [{"name": "cuda", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]})
+    old["spec"]["ephemeralContainers"] = [{"name": "debug-old", "image": "busybox"}]
+    new = copy.deepcopy(old)
+    new["spec"]["ephemeralContainers"].append({"name": "debug", "image": "cuda", "env": [{"name": "A", "value": "1"}]})
+    review = admission_review(new, "e1", operation="UPDATE")
+    review["request"]["subResource"] = "ephemeralcontainers"
+    review["request"]["oldObject"] = old
+    response = client.post("/mutate", json=review).json()["response"]
+    assert response["allowed"] is True
+    patched = apply_patch(copy.deepcopy(new), response)
+    debug_old, debug = patched["spec"]["ephemeralContainers"]
+    assert "env" not in debug_old  # existing ephemeral containers are immutable: untouched
+    assert debug["env"] == [{"name": "A", "value": "1"}, VOID]
+
+    new["spec"]["ephemeralContainers"][1]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    review["request"]["object"] = new
+    response = client.post("/validate", json=review).json()["response"]
+    assert response["allowed"] is False
+    assert "container 'debug': env NVIDIA_VISIBLE_DEVICES='all'" in response["status"]["message"]

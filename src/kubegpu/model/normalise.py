@@ -252,3 +252,33 @@ def request_summary(parsed: PodRequest) -> list[dict[str, Any]]:
             "canonical": dict(c.limits),
         })
     return out
+
+
+def review_ephemeral(pod: Mapping[str, Any], old_pod: Mapping[str, Any] | None,
+                     policy: AdmissionPolicy = AdmissionPolicy()) -> PodReview:
+    """Judge the ephemeral containers added by an update of ``pods/ephemeralcontainers``
+    (``kubectl debug``): they cannot ask for GPUs, so they get the visibility rules and ``void``.
+    Containers already in ``old_pod`` are immutable and left alone."""
+    parsed = PodRequest((), ())
+    spec = pod.get("spec") if isinstance(pod, Mapping) else None
+    if not isinstance(spec, Mapping):
+        return PodReview(parsed, ())
+    old_spec = old_pod.get("spec") if isinstance(old_pod, Mapping) else None
+    old_items = old_spec.get("ephemeralContainers") if isinstance(old_spec, Mapping) else None
+    existing = {c.get("name") for c in old_items if isinstance(c, Mapping)} if isinstance(old_items, list) \
+        else set()
+    b = _Builder()
+    items = spec.get("ephemeralContainers")
+    for i, c in enumerate(items if isinstance(items, list) else []):
+        if not isinstance(c, Mapping) or c.get("name") in existing or _privileged(c):
+            continue
+        _visibility_refusals(_container_name(c, i), c, b.refusals)
+        if policy.void_env and not _sets_visible_devices(c):
+            void = {"name": VISIBLE_DEVICES, "value": "void"}
+            if isinstance(c.get("env"), list):
+                b.ops.append({"op": "add", "path": f"/spec/ephemeralContainers/{i}/env/-", "value": void})
+            else:
+                b.ops.append({"op": "add", "path": f"/spec/ephemeralContainers/{i}/env", "value": [void]})
+    if b.refusals:
+        return PodReview(parsed, tuple(b.refusals))
+    return PodReview(parsed, (), tuple(b.ops))

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from kubegpu.model.normalise import AdmissionPolicy, review_pod
+from kubegpu.model.normalise import AdmissionPolicy, review_ephemeral, review_pod
 from kubegpu.webhook.review import BadReview, encode_json, read_review, write_response
 
 log = logging.getLogger(__name__)
@@ -78,14 +78,20 @@ def decide(body: bytes, settings: WebhookSettings, *, mutate: bool) -> Verdict:
     """One AdmissionReview body in, the response body and the metric labels out.
     Raises :class:`BadReview` for a body that is not an AdmissionReview."""
     req = read_review(body)
-    if req.object is None or req.kind != "Pod" or req.sub_resource:
+    if req.object is None or req.kind != "Pod":
         return Verdict(write_response(req.uid, allowed=True), "allowed", "not-a-pod")
-    if req.operation != "CREATE":
+    ephemeral = req.sub_resource == "ephemeralcontainers" and req.operation == "UPDATE"
+    if req.sub_resource and not ephemeral:
+        return Verdict(write_response(req.uid, allowed=True), "allowed", "subresource")
+    if req.operation != "CREATE" and not ephemeral:
         return Verdict(write_response(req.uid, allowed=True), "allowed", "operation")
     namespace = req.namespace or _object_namespace(req.object)
     if settings.excluded(namespace):
         return Verdict(write_response(req.uid, allowed=True), "allowed", "excluded")
-    review = review_pod(req.object, settings.policy)
+    if ephemeral:
+        review = review_ephemeral(req.object, req.old_object, settings.policy)
+    else:
+        review = review_pod(req.object, settings.policy)
     if not review.allowed:
         who = _object_name(req.object)
         log.info("pod %s/%s refused: %s", namespace, who, "; ".join(str(r) for r in review.refusals))

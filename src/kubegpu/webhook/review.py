@@ -37,6 +37,7 @@ class AdmissionRequest:
     sub_resource: str
     object: Mapping[str, Any] | None
     dry_run: bool
+    old_object: Mapping[str, Any] | None = None
 
 
 def _str(data: Mapping[str, Any], key: str) -> str:
@@ -74,6 +75,7 @@ def read_review(body: bytes) -> AdmissionRequest:
         sub_resource=_str(req, "subResource"),
         object=obj if isinstance(obj, dict) else None,
         dry_run=req.get("dryRun") is True,
+        old_object=old if isinstance(old := req.get("oldObject"), dict) else None,
     )
 
 
