@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kubegpu.inventory.topology import load_topology, parse_topology
 from kubegpu.model.inventory import NodeInventory
@@ -215,3 +217,36 @@ def test_expansion_is_deterministic() -> None:
     inv = load_topology("dgx-a100").inventory
     c = load_config()
     assert expand(inv, c) == expand(inv, c)
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(["t4x4", "dgx1-v100", "a100-mig", "l4x8"]),
+       strategy=st.sampled_from(["none", "mixed"]),
+       replicas=st.integers(1, 5), count=st.none() | st.integers(1, 2), rename=st.booleans(),
+       slots=st.sampled_from([0, 3]))
+def test_every_device_is_served_once(name: str, strategy: str, replicas: int, count: int | None,
+                                     rename: bool, slots: int) -> None:
+    inv = load_topology(name).inventory
+    entry: dict = {"name": "gpu", "replicas": replicas}
+    if count is not None:
+        entry["devices"] = count
+    c = load_config(file={"flags": {"migStrategy": strategy}, "kubegpu": {"sharedSlots": slots},
+                          "sharing": {"timeSlicing": {"renameByDefault": rename, "resources": [entry]}}})
+    plans = expand(inv, c)
+    served: dict[str, int] = {}
+    for p in plans:
+        ids = [d.id for d in p.devices]
+        assert len(set(ids)) == len(ids), p.name
+        if p.sharing == "slots":
+            assert len(ids) == slots * len({d.gpu_uuid for d in p.devices})
+            continue
+        for d in p.devices:
+            served[d.uuid] = served.get(d.uuid, 0) + 1
+    physical = {g.uuid for g in inv.gpus if strategy == "none" or not g.mig_enabled}
+    physical |= {m.uuid for g in inv.gpus if strategy != "none" and g.mig_enabled for m in g.mig_devices}
+    assert set(served) == physical
+    # A replicated GPU appears `replicas` times, every other device once.
+    assert sorted(set(served.values())) in ([1], [replicas], sorted({1, replicas}))
+    if replicas > 1:
+        whole = sum(1 for g in inv.gpus if strategy == "none" or not g.mig_enabled)
+        assert sum(1 for v in served.values() if v == replicas) == (count or whole)

@@ -196,7 +196,8 @@ def _parse_gpu(v: Any, path: str, position: int) -> Gpu:
             parse(res[R.GPU_MEMORY_RATIO])
         except QuantityError:
             bad = res[R.GPU_MEMORY_RATIO]
-            raise DeviceObjectError(f"{path}.resources.{R.GPU_MEMORY_RATIO}: {bad!r} is not a quantity") from None
+            raise DeviceObjectError(
+                f"{path}.resources.{R.GPU_MEMORY_RATIO}: {bad!r} is not a quantity") from None
     cc = None
     if d.get("computeCapability") is not None:
         text = F.string(d["computeCapability"], f"{path}.computeCapability")
@@ -270,3 +271,7 @@ def inventory_from_device(obj: Mapping[str, Any]) -> NodeInventory:
         cuda_version=F.string(node.get("cudaVersion", ""), "spec.node.cudaVersion"),
     )
 
+
+
+# The readers' name for the inverse (``kubegpu.status`` and the extender use it).
+device_to_inventory = inventory_from_device
