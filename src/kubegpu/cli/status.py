@@ -90,6 +90,9 @@ def status(
         return ClusterView(view.nodes, view.totals, tuple(problems) + view.problems)
 
     console = Console()
+    if not console.is_terminal:
+        # Piped output is read by scripts and people's pagers: never fold rows.
+        console = Console(width=220)
     try:
         if as_json:
             typer.echo(json.dumps(snapshot().to_json()))

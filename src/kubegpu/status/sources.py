@@ -50,6 +50,7 @@ def pod_records(pods: Iterable[Mapping[str, Any]], problems: list[str]) -> list[
 
 def from_api_server(client: Any) -> tuple[list[NodeInventory], list[PodRecord], list[str]]:
     """List ``Device`` objects and pods through a lightkube client."""
+    import httpx2  # lightkube's HTTP client
     from lightkube.core.exceptions import ApiError
 
     from kubegpu.kube.resources import Device, Pod
@@ -61,7 +62,7 @@ def from_api_server(client: Any) -> tuple[list[NodeInventory], list[PodRecord], 
         pods = [p.to_dict() for p in client.list(Pod, namespace="*")]
     except ApiError as exc:
         raise SourceError(f"API server refused the list: {exc.status.message}") from None
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx2.HTTPError) as exc:
         raise SourceError(f"cannot reach the API server: {exc}") from None
     inventories = []
     for d in devices:
