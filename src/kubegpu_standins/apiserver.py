@@ -384,7 +384,7 @@ class Store:
                      if k is kind and (namespace is None or ns == namespace) and matches(o)]
             return self._rv, items
 
-    def create(self, kind: Kind, namespace: str, obj: dict[str, Any]) -> dict[str, Any]:
+    def create(self, kind: Kind, namespace: str, obj: dict[str, Any], keep_uid: bool = False) -> dict[str, Any]:
         meta = obj.setdefault("metadata", {})
         if not isinstance(meta, dict):
             raise ApiStatusError(400, "BadRequest", "metadata must be an object")
@@ -402,7 +402,8 @@ class Store:
                 meta["namespace"] = namespace
             else:
                 meta.pop("namespace", None)
-            meta["uid"] = str(uuid.uuid4())
+            if not (keep_uid and isinstance(meta.get("uid"), str) and meta["uid"]):
+                meta["uid"] = str(uuid.uuid4())
             meta["creationTimestamp"] = _now()
             meta.setdefault("generation", 1)
             if kind.kind == "Pod" and kind.group == "":
@@ -635,13 +636,14 @@ class ApiServer:
         raise KeyError(plural)
 
     def put_object(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Create an object (``kind``/``apiVersion`` pick the resource); status is kept as given."""
+        """Create an object (``kind``/``apiVersion`` pick the resource); status is kept as given, and so
+        is a ``metadata.uid`` (so recorded objects, such as the scheduler fixtures' pods, keep theirs)."""
         api_version = obj.get("apiVersion", "v1")
         group, _, version = api_version.rpartition("/")
         kind = next(k for k in KINDS
                     if k.kind == obj.get("kind") and k.group == group and k.version == version)
         ns = (obj.get("metadata") or {}).get("namespace") or "default"
-        return self.store.create(kind, ns, copy.deepcopy(obj))
+        return self.store.create(kind, ns, copy.deepcopy(obj), keep_uid=True)
 
     def get_object(self, plural: str, name: str, namespace: str = "", group: str = "") -> dict[str, Any]:
         return self.store.get(self.kind(plural, group), namespace, name)

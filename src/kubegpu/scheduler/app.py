@@ -1,0 +1,289 @@
+"""The extender's HTTP surface: ``filter``, ``prioritize`` and ``bind`` as kube-scheduler calls them,
+the DeviceShare debug API, Prometheus metrics and a health check.
+
+Verbs are served under both ``/<verb>`` and ``/scheduler/<verb>`` (the fixture's
+``urlPrefix``). A malformed or oversized body is a 400 with a message; a
+failure inside a verb becomes the reply's ``Error`` field, never a 500 or a
+hang. Filter and prioritize only read the view; bind is the one commit point:
+it chooses the GPUs and holds them before its first ``await``, so concurrent
+binds can never be handed the same capacity, and releases them if the
+annotation write or the Binding fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from lightkube import AsyncClient
+from lightkube.core.exceptions import ApiError
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from kubegpu.kube.resources import Pod
+from kubegpu.kube.writes import abind_pod, apatch_with_precondition, is_conflict, retry_async
+from kubegpu.model import annotations as A
+from kubegpu.model.allocation import AnnotationError, PodAllocation, decode, encode
+from kubegpu.placement import DEFAULT_POLICY, PlacementConflict
+from kubegpu.scheduler import wire
+from kubegpu.scheduler.metrics import ExtenderMetrics
+from kubegpu.scheduler.state import ClusterView, pod_policies
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 32 * 1024 * 1024  # 5,000 full Node objects fit; anything larger is refused
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _json(body: bytes, status: int = 200) -> Response:
+    return Response(body, status_code=status, media_type="application/json")
+
+
+def _bad(message: str) -> Response:
+    return _json(wire.encode({"Error": message}), 400)
+
+
+class Extender:
+    """The extender: the view it reads, the API client it binds with, and its defaults."""
+
+    def __init__(self, view: ClusterView, client: AsyncClient | None, *, node_policy: str = DEFAULT_POLICY,
+                 gpu_policy: str = DEFAULT_POLICY, max_body_bytes: int = MAX_BODY_BYTES,
+                 ready: Callable[[], bool] = lambda: True) -> None:
+        self.view = view
+        self.client = client
+        self.node_policy = node_policy
+        self.gpu_policy = gpu_policy
+        self.max_body_bytes = max_body_bytes
+        self.metrics = ExtenderMetrics(view)
+        self._ready = ready
+        self._bind_locks: dict[str, asyncio.Lock] = {}
+        verbs = (("filter", self.filter), ("prioritize", self.prioritize), ("bind", self.bind))
+        routes = [Route(f"{prefix}/{name}", self._verb(name, fn), methods=["POST"])
+                  for prefix in ("", "/scheduler") for name, fn in verbs]
+        routes += [
+            Route("/apis/v1/plugins/DeviceShare/nodeDeviceSummaries", self.summaries, methods=["GET"]),
+            Route("/apis/v1/plugins/DeviceShare/nodeDeviceSummaries/{node}", self.summary, methods=["GET"]),
+            Route("/metrics", self.prometheus, methods=["GET"]),
+            Route("/healthz", self.healthz, methods=["GET"]),
+        ]
+        self.app = Starlette(routes=routes)
+
+    # ---- plumbing ------------------------------------------------------------------------------
+    def _verb(self, name: str, fn: Callable[[bytes], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        hist = self.metrics.latency.labels(name)
+
+        async def handler(request: Request) -> Response:
+            start = time.perf_counter()
+            try:
+                body = await _read_body(request, self.max_body_bytes)
+                return await fn(body)
+            except BodyTooLarge:
+                self.metrics.bad_requests.labels(name).inc()
+                return _bad(f"request body larger than {self.max_body_bytes} bytes")
+            except wire.WireError as e:
+                self.metrics.bad_requests.labels(name).inc()
+                return _bad(str(e))
+            finally:
+                hist.observe(time.perf_counter() - start)
+
+        return handler
+
+    def policies(self, pod: dict[str, Any]) -> tuple[str, str]:
+        return pod_policies(pod, self.node_policy, self.gpu_policy)
+
+    # ---- verbs ---------------------------------------------------------------------------------
+    async def filter(self, body: bytes) -> Response:
+        args = wire.decode_args(body)
+        assert args.Pod is not None
+        names = wire.node_names(args)
+        try:
+            self.view.expire_assumed()
+            _, gpu_policy = self.policies(args.Pod)
+            out = self.view.filter(args.Pod, names, gpu_policy)
+        except Exception as e:  # a bug must not fail scheduling silently: say it in Error
+            log.exception("filter failed")
+            return _json(wire.encode(wire.ExtenderFilterResult(None, None, {}, {}, f"kubegpu filter: {e}")))
+        for reason, n in out.reasons.items():
+            self.metrics.rejected.labels(reason).inc(n)
+        if args.NodeNames is not None:
+            result = wire.ExtenderFilterResult(None, out.passed, out.failed, out.unresolvable)
+        else:
+            assert args.Nodes is not None
+            keep = set(out.passed)
+            items = [item for item in args.Nodes.items if item["metadata"]["name"] in keep]
+            result = wire.ExtenderFilterResult(wire.NodeList(items, args.Nodes.metadata), None, out.failed,
+                                               out.unresolvable)
+        return _json(wire.encode(result))
+
+    async def prioritize(self, body: bytes) -> Response:
+        args = wire.decode_args(body)
+        assert args.Pod is not None
+        names = wire.node_names(args)
+        try:
+            node_policy, _ = self.policies(args.Pod)
+            scores = self.view.prioritize(args.Pod, names, node_policy)
+        except Exception:
+            log.exception("prioritize failed")  # errors are ignored by the scheduler: score nothing
+            scores = dict.fromkeys(names, 0)
+        return _json(wire.encode([wire.HostPriority(n, s) for n, s in scores.items()]))
+
+    async def bind(self, body: bytes) -> Response:
+        args = wire.decode_binding(body)
+        key = f"{args.PodNamespace}/{args.PodName}"
+        lock = self._bind_locks.setdefault(key, asyncio.Lock())
+        try:
+            async with lock:
+                error = await self._bind(args, key)
+        finally:
+            if not lock.locked() and not lock._waiters:  # type: ignore[attr-defined]
+                self._bind_locks.pop(key, None)
+        if error:
+            log.warning("bind %s to %s failed: %s", key, args.Node, error)
+        return _json(wire.encode(wire.ExtenderBindingResult(error)))
+
+    async def _bind(self, args: wire.ExtenderBindingArgs, key: str) -> str:
+        if self.client is None:
+            return "kubegpu bind: no API client configured"
+        ns, name, node = args.PodNamespace, args.PodName, args.Node
+        try:
+            pod = await retry_async(lambda: self.client.get(Pod, name, namespace=ns))  # type: ignore[union-attr]
+        except ApiError as e:
+            self.metrics.bind_failures.labels("pod-lookup").inc()
+            return f"kubegpu bind: cannot read pod {key}: {e.status.message}"
+        except OSError as e:
+            self.metrics.bind_failures.labels("api-unreachable").inc()
+            return f"kubegpu bind: API server unreachable: {e}"
+        uid = str(pod.metadata.uid or "")
+        if args.PodUID and uid != args.PodUID:
+            self.metrics.bind_failures.labels("uid-changed").inc()
+            return f"kubegpu bind: pod {key} is now UID {uid}, not {args.PodUID} (recreated)"
+        recorded = _recorded(pod)
+        bound_to = pod.spec.nodeName if pod.spec else None
+        if bound_to:
+            if bound_to == node and recorded is not None:  # a retry of a bind that went through
+                self._hold_quietly(key, uid, node, recorded)
+                return ""
+            self.metrics.bind_failures.labels("already-bound").inc()
+            return f"kubegpu bind: pod {key} is already bound to {bound_to}"
+        # Choose and hold before the first await below: no other bind can take the same capacity.
+        held = self.view.held.get(key)
+        if held is not None and held.uid == uid and held.node == node and recorded == held.alloc:
+            alloc = held.alloc  # a retry after the annotation was written but the Binding failed
+            held.binding = True
+        else:
+            if held is not None:
+                self.view.release(key)
+            pod_dict = pod.to_dict()
+            _, gpu_policy = self.policies(pod_dict)
+            choice, why = self.view.choose(pod_dict, node, gpu_policy)
+            if choice is None:
+                self.metrics.bind_failures.labels("no-fit").inc()
+                return f"kubegpu bind: {why}"
+            alloc = choice
+            try:
+                self.view.hold(key, uid, node, alloc, assumed=True)
+            except PlacementConflict as e:  # cannot happen right after choose; refuse rather than over-commit
+                self.metrics.bind_failures.labels("no-fit").inc()
+                return f"kubegpu bind: {e}"
+        try:
+            value = encode(alloc)
+
+            def annotate(current: Any) -> dict[str, Any] | None:
+                if current.metadata.uid != uid:
+                    raise _Abort(f"pod {key} was recreated")
+                if current.spec and current.spec.nodeName:
+                    raise _Abort(f"pod {key} was bound to {current.spec.nodeName} meanwhile")
+                if (current.metadata.annotations or {}).get(A.DEVICE_ALLOCATED) == value:
+                    return None
+                return {"metadata": {"annotations": {A.DEVICE_ALLOCATED: value}}}
+
+            await apatch_with_precondition(self.client, Pod, name, annotate, namespace=ns)
+            try:
+                await retry_async(lambda: abind_pod(self.client, ns, name, uid, node))  # type: ignore[arg-type]
+            except ApiError as e:
+                if not is_conflict(e) or not await self._bound_to(ns, name, node):
+                    raise
+        except _Abort as e:
+            self.view.release(key, uid)
+            self.metrics.bind_failures.labels("pod-changed").inc()
+            return f"kubegpu bind: {e}"
+        except ApiError as e:
+            self.view.release(key, uid)
+            self.metrics.bind_failures.labels("api-error").inc()
+            return f"kubegpu bind: API error {e.status.code}: {e.status.message}"
+        except Exception as e:
+            self.view.release(key, uid)
+            self.metrics.bind_failures.labels("api-unreachable").inc()
+            return f"kubegpu bind: {type(e).__name__}: {e}"
+        h = self.view.held.get(key)
+        if h is not None:
+            h.binding = False  # now waiting for the watch to echo it (or the assume TTL)
+        self.metrics.placed.inc()
+        return ""
+
+    async def _bound_to(self, ns: str, name: str, node: str) -> bool:
+        pod = await self.client.get(Pod, name, namespace=ns)  # type: ignore[union-attr]
+        return bool(pod.spec and pod.spec.nodeName == node)
+
+    def _hold_quietly(self, key: str, uid: str, node: str, alloc: PodAllocation) -> None:
+        try:
+            self.view.hold(key, uid, node, alloc)
+        except PlacementConflict as e:
+            log.error("pod %s: recorded GPUs collide with another pod's: %s", key, e)
+
+    # ---- debug API, metrics, health ------------------------------------------------------------
+    async def summaries(self, request: Request) -> Response:
+        out = {n: s for n in sorted(self.view.nodes) if (s := self.view.summary(n)) is not None}
+        return _json(wire.encode(out))
+
+    async def summary(self, request: Request) -> Response:
+        node = request.path_params["node"]
+        s = self.view.summary(node)
+        if s is None:
+            return JSONResponse({"error": f"node {node} has no GPUs known to kubegpu"}, status_code=404)
+        return _json(wire.encode(s))
+
+    async def prometheus(self, request: Request) -> Response:
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def healthz(self, request: Request) -> Response:
+        if self._ready():
+            return Response("ok", media_type="text/plain")
+        return Response("informers not synced yet", status_code=503, media_type="text/plain")
+
+
+class _Abort(Exception):
+    """The pod changed under the bind in a way a retry cannot fix."""
+
+
+def _recorded(pod: Any) -> PodAllocation | None:
+    value = (pod.metadata.annotations or {}).get(A.DEVICE_ALLOCATED)
+    if not value:
+        return None
+    try:
+        return decode(value)
+    except AnnotationError:
+        return None

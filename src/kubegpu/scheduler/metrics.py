@@ -1,0 +1,64 @@
+"""The extender's Prometheus metrics: verb latency, placements and rejections, per-GPU allocation, fragmentation.
+
+One registry per extender (no global state, so tests can run several). Per-GPU
+allocation and fragmentation are computed when scraped, from the cluster view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from kubegpu.scheduler.state import ClusterView
+
+_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class _ViewCollector(Collector):
+    def __init__(self, view: ClusterView) -> None:
+        self._view = view
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        core = GaugeMetricFamily("kubegpu_gpu_compute_allocated_ratio", "Share of a GPU's compute allocated",
+                                 labels=["node", "gpu"])
+        mem = GaugeMetricFamily("kubegpu_gpu_memory_allocated_ratio", "Share of a GPU's memory allocated",
+                                labels=["node", "gpu"])
+        for node, minor, c, m in self._view.gpu_allocation():
+            core.add_metric([node, str(minor)], c)
+            mem.add_metric([node, str(minor)], m)
+        yield core
+        yield mem
+        frag = GaugeMetricFamily("kubegpu_cluster_fragmentation_milligpu",
+                                 "Free GPU compute the expected workload cannot use (milli-GPU)")
+        frag.add_metric([], self._view.fragmentation())
+        yield frag
+        held = GaugeMetricFamily("kubegpu_pods_accounted", "Pods whose GPU allocation is accounted",
+                                 labels=["state"])
+        assumed = sum(1 for h in self._view.held.values() if h.assumed_at is not None)
+        held.add_metric(["confirmed"], len(self._view.held) - assumed)
+        held.add_metric(["assumed"], assumed)
+        yield held
+        bad = GaugeMetricFamily("kubegpu_allocation_annotations_rejected",
+                                "Allocation annotations that were unreadable or collided", labels=["why"])
+        bad.add_metric(["corrupt"], self._view.corrupt)
+        bad.add_metric(["conflict"], self._view.conflicts)
+        yield bad
+
+
+class ExtenderMetrics:
+    def __init__(self, view: ClusterView) -> None:
+        self.registry = CollectorRegistry()
+        self.latency = Histogram("kubegpu_extender_request_seconds", "Extender verb latency", ["verb"],
+                                 buckets=_BUCKETS, registry=self.registry)
+        self.placed = Counter("kubegpu_pods_placed_total", "Pods bound with their GPUs recorded",
+                              registry=self.registry)
+        self.rejected = Counter("kubegpu_node_rejections_total", "Nodes rejected by filter, by reason",
+                                ["reason"], registry=self.registry)
+        self.bind_failures = Counter("kubegpu_bind_failures_total", "Binds that failed, by reason", ["reason"],
+                                     registry=self.registry)
+        self.bad_requests = Counter("kubegpu_extender_bad_requests_total", "Requests answered 400", ["verb"],
+                                    registry=self.registry)
+        self.registry.register(_ViewCollector(view))

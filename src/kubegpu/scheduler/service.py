@@ -1,0 +1,196 @@
+"""Running the extender: informers for Nodes, Devices and bound Pods feed the view; uvicorn serves the app.
+
+Everything runs in one asyncio loop, so watch events and HTTP verbs never
+interleave inside a verb. The extender answers ``/healthz`` with 503 until the
+three informers have listed once: before that its accounting is incomplete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from lightkube import AsyncClient
+from lightkube import operators as op
+
+from kubegpu.kube.informer import EventType, Informer, WatchEvent
+from kubegpu.kube.resources import Device, Node, Pod
+from kubegpu.node.device_object import DeviceObjectError, inventory_from_device
+from kubegpu.placement import DEFAULT_POLICY
+from kubegpu.scheduler.app import Extender
+from kubegpu.scheduler.state import ClusterView
+
+log = logging.getLogger(__name__)
+
+
+def node_handler(view: ClusterView) -> Any:
+    def on_node(ev: WatchEvent) -> None:
+        name = ev.obj.metadata.name
+        if ev.type is EventType.DELETED:
+            view.remove_node(name)
+        else:
+            view.set_node_labels(name, ev.obj.metadata.labels or {})
+    return on_node
+
+
+def device_handler(view: ClusterView) -> Any:
+    def on_device(ev: WatchEvent) -> None:
+        name = ev.obj.metadata.name
+        if ev.type is EventType.DELETED:
+            view.set_inventory(name, None)
+            return
+        try:
+            inv = inventory_from_device(ev.obj.to_dict() if hasattr(ev.obj, "to_dict") else dict(ev.obj))
+        except DeviceObjectError as e:
+            log.error("node %s: unreadable Device object: %s", name, e)
+            view.set_inventory(name, None, error=str(e))
+            return
+        if inv.name != name:
+            view.set_inventory(name, None, error=f"Device object names node {inv.name!r}")
+            return
+        view.set_inventory(name, inv)
+    return on_device
+
+
+def pod_handler(view: ClusterView) -> Any:
+    def on_pod(ev: WatchEvent) -> None:
+        view.observe_pod(ev.obj.to_dict(), deleted=ev.type is EventType.DELETED)
+    return on_pod
+
+
+@dataclass
+class ExtenderService:
+    """The informers and the extender app around one view and one API client."""
+
+    client: AsyncClient
+    node_policy: str = DEFAULT_POLICY
+    gpu_policy: str = DEFAULT_POLICY
+    resync_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        self.view = ClusterView()
+        self.informers = [
+            Informer(self.client, Node, node_handler(self.view), resync_s=self.resync_s, name="nodes"),
+            Informer(self.client, Device, device_handler(self.view), resync_s=self.resync_s, name="devices"),
+            # Only bound pods hold GPUs; unbound ones are the extender's own assumptions.
+            Informer(self.client, Pod, pod_handler(self.view), fields={"spec.nodeName": op.not_equal("")},
+                     resync_s=self.resync_s, name="pods"),
+        ]
+        self.extender = Extender(self.view, self.client, node_policy=self.node_policy,
+                                 gpu_policy=self.gpu_policy, ready=self.synced)
+
+    def synced(self) -> bool:
+        return all(i.synced.is_set() for i in self.informers)
+
+    async def wait_synced(self, timeout_s: float = 30.0) -> None:
+        await asyncio.wait_for(asyncio.gather(*(i.synced.wait() for i in self.informers)), timeout_s)
+
+    async def serve(self, host: str, port: int, *, tls_cert: str | Path | None = None,
+                    tls_key: str | Path | None = None, started: asyncio.Event | None = None) -> None:
+        """Run the informers and the HTTP server until cancelled."""
+        config = uvicorn.Config(self.extender.app, host=host, port=port, log_level="warning", lifespan="off",
+                                access_log=False, ssl_certfile=str(tls_cert) if tls_cert else None,
+                                ssl_keyfile=str(tls_key) if tls_key else None, timeout_keep_alive=120)
+        server = uvicorn.Server(config)
+        tasks = [asyncio.create_task(i.run(), name=f"informer-{i.name}") for i in self.informers]
+        serve = asyncio.create_task(server.serve(), name="extender-http")
+        try:
+            while not server.started:
+                if serve.done():
+                    await serve  # raises the startup error
+                    return
+                await asyncio.sleep(0.01)
+            self.port = server.servers[0].sockets[0].getsockname()[1]
+            if started is not None:
+                started.set()
+            await serve
+        finally:
+            for i in self.informers:
+                i.stop()
+            for t in tasks:
+                t.cancel()
+            server.should_exit = True
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if not serve.done():
+                await asyncio.wait([serve], timeout=3)
+
+
+class ServiceThread:
+    """The extender in a background thread with its own event loop (tests, the demo, the benchmark)."""
+
+    def __init__(self, kubeconfig: str | Path, *, host: str = "127.0.0.1", port: int = 0,
+                 node_policy: str = DEFAULT_POLICY, gpu_policy: str = DEFAULT_POLICY) -> None:
+        self._kubeconfig = kubeconfig
+        self._host, self._port = host, port
+        self._policies = (node_policy, gpu_policy)
+        self._loop = asyncio.new_event_loop()
+        self._thread: threading.Thread | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.service: ExtenderService | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://{self._host}:{self.port}"
+
+    def start(self, timeout_s: float = 20.0) -> ServiceThread:
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        async def main() -> None:
+            from kubegpu.kube.client import make_async_client
+
+            self.service = ExtenderService(make_async_client(self._kubeconfig), *self._policies)
+            started = asyncio.Event()
+            self._task = asyncio.create_task(self.service.serve(self._host, self._port, started=started))
+            waiter = asyncio.create_task(started.wait())
+            await asyncio.wait([self._task, waiter], return_when=asyncio.FIRST_COMPLETED)
+            if self._task.done():
+                waiter.cancel()
+                failure.append(self._task.exception() or RuntimeError("extender stopped at start"))
+                ready.set()
+                return
+            await self.service.wait_synced()
+            self.port = self.service.port
+            ready.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+        def run() -> None:
+            try:
+                self._loop.run_until_complete(main())
+            except BaseException as e:  # report a start failure to the caller, not to stderr
+                failure.append(e)
+                ready.set()
+
+        self._thread = threading.Thread(target=run, name="kubegpu-extender", daemon=True)
+        self._thread.start()
+        if not ready.wait(timeout_s):
+            raise RuntimeError("the extender did not start in time")
+        if failure:
+            raise RuntimeError(f"the extender failed to start: {failure[0]}") from failure[0]
+        return self
+
+    def call(self, fn: Any) -> Any:
+        """Run ``fn()`` inside the extender's loop (safe access to its view) and return the result."""
+        async def wrapper() -> Any:
+            return fn()
+        return asyncio.run_coroutine_threadsafe(wrapper(), self._loop).result(10)
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._loop.call_soon_threadsafe(self._task.cancel)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> ServiceThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,643 @@
+"""The extender's view of the cluster: every GPU node's free capacity and who holds what.
+
+Accounting is rebuilt, never trusted from memory: it is the set of
+``kubegpu.io/device-allocated`` annotations of live, bound pods (from the pod
+watch) plus the allocations this extender assumed at bind time and has not yet
+seen echoed by the watch. Each pod is held at most once (keyed by namespace/name
+and checked by UID), so an echo, a relist or a restart never counts it twice.
+
+Per node a :class:`~kubegpu.placement.NodeState` answers exact fits and GPU
+choices; one :class:`~kubegpu.placement.ClusterState` (N nodes x G GPU slots)
+mirrors them as arrays so that filter and prioritize over thousands of nodes
+are vectorised. Every change to a node's state is copied into its row.
+
+Pure logic, no I/O: the informers feed events in, the HTTP handlers read out.
+Everything runs in one event loop, so a bind's check-and-hold is atomic.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from kubegpu.model import annotations as A
+from kubegpu.model import resources as R
+from kubegpu.model.allocation import AnnotationError, PodAllocation, decode
+from kubegpu.model.inventory import NodeInventory
+from kubegpu.model.quantity import format_bytes
+from kubegpu.model.request import PodRequest, RequestKind, parse_pod
+from kubegpu.placement import (
+    MILLI,
+    ClusterState,
+    Demand,
+    NodeState,
+    PlacementConflict,
+    ScoreContext,
+    Workload,
+    fit,
+    get_policy,
+    request_demand,
+)
+from kubegpu.placement.frag import FragTerms, node_frag
+
+log = logging.getLogger(__name__)
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+# A request shape mix used for fragmentation-aware scoring before any pod has been seen.
+_DEFAULT_SHAPES: tuple[Demand, ...] = (
+    *(Demand.whole(1),) * 4, *(Demand.share(500),) * 3, *(Demand.share(250),) * 2, Demand.whole(2),
+    Demand.whole(4), Demand.whole(8),
+)
+
+
+@dataclass(slots=True)
+class Held:
+    """One pod's allocation as this extender accounts it."""
+
+    key: str  # namespace/name
+    uid: str
+    node: str
+    alloc: PodAllocation
+    assumed_at: float | None = None  # set while only this extender knows (bind not yet echoed)
+    binding: bool = False  # a bind is in flight: never expire it
+
+
+@dataclass(slots=True)
+class NodeRecord:
+    name: str
+    inventory: NodeInventory | None = None
+    state: NodeState | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    device_error: str = ""
+
+    @property
+    def models(self) -> frozenset[str]:
+        """GPU model names of the node: its GPUs' and its product labels' (GFD's dashed form)."""
+        found = {g.model for g in self.inventory.gpus} if self.inventory else set()
+        for labels in (self.labels, self.inventory.labels if self.inventory else {}):
+            for key in (A.GPU_PRODUCT_LABEL, A.LEGACY_GPU_NAME_LABEL):
+                if labels.get(key):
+                    found.add(labels[key])
+        return frozenset(found)
+
+    def allowed_gpu_models(self, allowed: frozenset[str] | None) -> frozenset[str] | None:
+        """The node's GPU model names a pod's allowed list admits (None = no constraint).
+
+        Names compare without case, spaces and dashes alike (``NVIDIA A100-SXM4-80GB`` is GFD's
+        ``NVIDIA-A100-SXM4-80GB``), and a short name matches whole words of a long one (``A100``).
+        When only a node label matches, every GPU of the node is admitted."""
+        if allowed is None or self.inventory is None:
+            return allowed
+        wanted = [_norm(a) for a in allowed]
+        gpu_models = {g.model for g in self.inventory.gpus}
+        direct = frozenset(m for m in gpu_models if any(_model_match(w, _norm(m)) for w in wanted))
+        if direct:
+            return direct
+        if any(_model_match(w, _norm(m)) for m in self.models for w in wanted):
+            return frozenset(gpu_models)
+        return frozenset()
+
+
+def _norm(name: str) -> str:
+    return "-".join(name.lower().replace("_", "-").split()).replace("--", "-")
+
+
+def _model_match(wanted: str, model: str) -> bool:
+    return wanted == model or f"-{wanted}-" in f"-{model}-"
+
+
+@dataclass(frozen=True, slots=True)
+class FilterOutcome:
+    passed: list[str]
+    failed: dict[str, str]
+    unresolvable: dict[str, str]
+    reasons: Counter[str]  # short reason category -> nodes, for metrics
+
+
+def requires_nvlink(pod: Mapping[str, Any]) -> bool:
+    meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+    ann = meta.get("annotations") if isinstance(meta, Mapping) else None
+    return isinstance(ann, Mapping) and str(ann.get(REQUIRE_NVLINK, "")).lower() in ("true", "1", "yes")
+
+
+REQUIRE_NVLINK = "kubegpu.io/require-nvlink"
+
+
+def pod_policies(pod: Mapping[str, Any], node_default: str, gpu_default: str) -> tuple[str, str]:
+    """The node- and GPU-level policies for a pod: its annotations, else the cluster defaults.
+    Unknown names fall back to the defaults (the webhook refuses them at admission)."""
+    meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+    ann = meta.get("annotations") if isinstance(meta, Mapping) else None
+    node_p, gpu_p = node_default, gpu_default
+    if isinstance(ann, Mapping):
+        for key, current in ((A.NODE_POLICY, "node"), (A.GPU_POLICY, "gpu")):
+            value = ann.get(key)
+            if isinstance(value, str) and value:
+                try:
+                    get_policy(value)
+                except KeyError:
+                    log.warning("pod %s: unknown %s policy %r ignored", meta.get("name"), current, value)
+                    continue
+                if current == "node":
+                    node_p = value
+                else:
+                    gpu_p = value
+    return node_p, gpu_p
+
+
+def _demand_of_alloc(alloc: PodAllocation) -> list[Demand]:
+    out = []
+    for c in alloc.containers:
+        if not c.grants or any(g.mig_uuid for g in c.grants):
+            continue
+        g = c.grants[0]
+        if all(x.core >= 100 and x.memory_ratio >= 100 for x in c.grants):
+            out.append(Demand.whole(len(c.grants)))
+        else:
+            out.append(Demand.share(g.core * 10, len(c.grants), gpu_memory=g.memory_bytes))
+    return out
+
+
+class ClusterView:
+    """Nodes, their GPU states and the held allocations; the arrays behind filter and prioritize."""
+
+    def __init__(self, *, assume_ttl_s: float = 120.0, clock: Any = time.monotonic) -> None:
+        self.nodes: dict[str, NodeRecord] = {}
+        self.held: dict[str, Held] = {}
+        self.by_node: dict[str, set[str]] = {}
+        self.assume_ttl_s = assume_ttl_s
+        self._clock = clock
+        self.conflicts = 0  # annotations that could not be held (double allocation seen in the cluster)
+        self.corrupt = 0  # annotations that could not be read
+        self._cluster: ClusterState | None = None
+        self._row: dict[str, int] = {}
+        self._slots = 8
+        self._model_masks: dict[frozenset[str], np.ndarray] = {}
+        self._ctx: ScoreContext | None = None
+        self._workload_dirty = True
+
+    # ---- nodes ---------------------------------------------------------------------------------
+    def _record(self, name: str) -> NodeRecord:
+        rec = self.nodes.get(name)
+        if rec is None:
+            rec = self.nodes[name] = NodeRecord(name)
+        return rec
+
+    def set_node_labels(self, name: str, labels: Mapping[str, str] | None) -> None:
+        rec = self._record(name)
+        new = dict(labels or {})
+        if new != rec.labels:
+            rec.labels = new
+            self._model_masks.clear()
+
+    def remove_node(self, name: str) -> None:
+        rec = self.nodes.get(name)
+        if rec is not None:
+            rec.labels = {}
+            self._model_masks.clear()
+
+    def set_inventory(self, name: str, inventory: NodeInventory | None, error: str = "") -> None:
+        """A node's GPUs from its Device object (None when it is gone or unreadable)."""
+        rec = self._record(name)
+        rec.device_error = error
+        if inventory == rec.inventory and rec.state is not None:
+            return
+        rec.inventory = inventory
+        rec.state = None
+        if inventory is not None:
+            pods = [(self.held[k].alloc, 0, 0) for k in sorted(self.by_node.get(name, ()))]
+            rec.state, problems = NodeState.rebuild(inventory, pods)
+            for p in problems:
+                self.conflicts += 1
+                log.error("node %s: a recorded allocation does not fit its GPUs: %s", name, p)
+        self._invalidate()
+
+    def _invalidate(self) -> None:
+        self._cluster = None
+        self._model_masks.clear()
+        self._ctx = None
+
+    # ---- arrays --------------------------------------------------------------------------------
+    @property
+    def cluster(self) -> ClusterState:
+        if self._cluster is None:
+            self._rebuild_arrays()
+        assert self._cluster is not None
+        return self._cluster
+
+    def row(self, name: str) -> int | None:
+        self.cluster  # noqa: B018 - make sure the rows are current
+        return self._row.get(name)
+
+    def _rebuild_arrays(self) -> None:
+        recs = [r for r in self.nodes.values() if r.state is not None]
+        g = max([1, *(len(r.state.gpus) for r in recs if r.state)])
+        st = ClusterState.empty(len(recs), g)
+        models = sorted({gpu.model for r in recs if r.inventory for gpu in r.inventory.gpus})
+        index = {m: i for i, m in enumerate(models)}
+        st.names = [r.name for r in recs]
+        st.model_names = tuple(models)
+        st._model_index = index
+        st.links = np.zeros((len(recs), g, g), np.int32)
+        for i, r in enumerate(recs):
+            assert r.state is not None and r.inventory is not None
+            st.node_model[i] = index.get(r.inventory.model, -1) if r.inventory.gpus else -1
+            self._copy_row(st, i, r.state)
+        self._cluster = st
+        self._row = {r.name: i for i, r in enumerate(recs)}
+        self._ctx = None
+
+    @staticmethod
+    def _copy_row(st: ClusterState, i: int, ns: NodeState) -> None:
+        a = ns.arrays
+        k = a.n_slots
+        st.cpu_cap[i], st.cpu_free[i] = a.cpu_cap[0], a.cpu_free[0]
+        st.mem_cap[i], st.mem_free[i] = a.mem_cap[0], a.mem_free[0]
+        st.gpu_ok[i, :k] = a.gpu_ok[0]
+        st.core_free[i, :k] = a.core_free[0]
+        st.gmem_cap[i, :k] = a.gmem_cap[0]
+        st.gmem_free[i, :k] = a.gmem_free[0]
+        if a.links is not None and st.links is not None:
+            st.links[i, :k, :k] = a.links[0]
+        if a.tags.shape[0] and st.tags.shape[0]:
+            st.tags[i] = a.tags[0]
+
+    def _sync(self, node: str) -> None:
+        rec = self.nodes.get(node)
+        if self._cluster is None or rec is None or rec.state is None:
+            return
+        i = self._row.get(node)
+        if i is None:
+            self._invalidate()
+            return
+        self._copy_row(self._cluster, i, rec.state)
+
+    def model_mask(self, models: frozenset[str] | None) -> np.ndarray:
+        """(N,) bool over the array rows: nodes whose GPU model (or product label) is allowed."""
+        cluster = self.cluster
+        if models is None:
+            return np.ones(cluster.n_nodes, bool)
+        mask = self._model_masks.get(models)
+        if mask is None:
+            mask = np.array([bool(self.nodes[n].allowed_gpu_models(models)) for n in cluster.names], bool)
+            self._model_masks[models] = mask
+        return mask
+
+    # ---- accounting ----------------------------------------------------------------------------
+    def hold(self, key: str, uid: str, node: str, alloc: PodAllocation, *, assumed: bool = False) -> None:
+        """Account a pod's allocation on a node (replacing what was held for it). Raises
+        PlacementConflict when it does not fit; then nothing changes."""
+        old = self.held.get(key)
+        if old is not None and old.uid == uid and old.node == node and old.alloc == alloc:
+            if not assumed:
+                old.assumed_at = None
+                old.binding = False
+            return
+        rec = self.nodes.get(node)
+        if old is not None:
+            self.release(key)
+        if rec is not None and rec.state is not None:
+            try:
+                rec.state.apply_allocation(alloc)
+            except PlacementConflict:
+                if old is not None:  # put back what was there
+                    self.hold(key, old.uid, old.node, old.alloc, assumed=old.assumed_at is not None)
+                raise
+            self._sync(node)
+        self.held[key] = Held(key, uid, node, alloc, self._clock() if assumed else None, binding=assumed)
+        self.by_node.setdefault(node, set()).add(key)
+        self._workload_dirty = True
+
+    def release(self, key: str, uid: str | None = None) -> Held | None:
+        h = self.held.get(key)
+        if h is None or (uid is not None and h.uid != uid):
+            return None
+        del self.held[key]
+        self.by_node.get(h.node, set()).discard(key)
+        rec = self.nodes.get(h.node)
+        if rec is not None and rec.state is not None:
+            rec.state.release_allocation(h.alloc)
+            self._sync(h.node)
+        self._workload_dirty = True
+        return h
+
+    def expire_assumed(self) -> list[str]:
+        """Drop assumptions whose bind finished but never showed in the watch within the TTL."""
+        now = self._clock()
+        gone = [k for k, h in self.held.items()
+                if h.assumed_at is not None and not h.binding and now - h.assumed_at > self.assume_ttl_s]
+        for k in gone:
+            log.warning("pod %s: assumed allocation expired (bind never seen in the watch); released", k)
+            self.release(k)
+        return gone
+
+    def observe_pod(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
+        """A pod from the watch (a dict shaped like a v1.Pod)."""
+        meta = pod.get("metadata") or {}
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        uid = str(meta.get("uid") or "")
+        phase = (pod.get("status") or {}).get("phase")
+        if deleted or phase in TERMINAL_PHASES:
+            self.release(key, uid or None)
+            return
+        node = (pod.get("spec") or {}).get("nodeName") or ""
+        value = (meta.get("annotations") or {}).get(A.DEVICE_ALLOCATED)
+        current = self.held.get(key)
+        if not node or not value:
+            # Not bound yet (or no GPUs recorded): keep an in-flight assumption, drop anything else.
+            if current is not None and current.assumed_at is None and current.uid == uid:
+                self.release(key)
+            return
+        try:
+            alloc = decode(value)
+        except AnnotationError as e:
+            self.corrupt += 1
+            log.error("pod %s: unreadable %s annotation (%s); not accounted", key, A.DEVICE_ALLOCATED, e)
+            return
+        try:
+            self.hold(key, uid, node, alloc)
+        except PlacementConflict as e:
+            self.conflicts += 1
+            log.error("pod %s on %s: recorded GPUs collide with another pod's: %s", key, node, e)
+
+    # ---- filter --------------------------------------------------------------------------------
+    def filter(self, pod: Mapping[str, Any], names: Sequence[str], gpu_policy: str) -> FilterOutcome:
+        request = parse_pod(pod)
+        passed: list[str] = []
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        reasons: Counter[str] = Counter()
+        if not request.ok:
+            why = "request refused: " + "; ".join(str(r) for r in request.refusals)
+            for n in names:
+                unresolvable[n] = why
+            reasons["refused"] += len(names)
+            return FilterOutcome(passed, failed, unresolvable, reasons)
+        if not request.wants_gpu:
+            return FilterOutcome(list(names), failed, unresolvable, reasons)
+        cluster = self.cluster
+        rows_known: list[int] = []
+        names_known: list[str] = []
+        for n in names:
+            i = self._row.get(n)
+            if i is None:
+                rec = self.nodes.get(n)
+                if rec is not None and rec.device_error:
+                    failed[n] = f"node {n}: its Device object is unreadable: {rec.device_error}"
+                else:
+                    failed[n] = f"node {n}: no GPUs known (no kubegpu Device object; is `kubegpu node` running?)"
+                reasons["no-device-object"] += 1
+            else:
+                rows_known.append(i)
+                names_known.append(n)
+        if not rows_known:
+            return FilterOutcome(passed, failed, unresolvable, reasons)
+        rows = np.asarray(rows_known, np.int64)
+        models = request.allowed_models
+        ok = self.model_mask(models)[rows]
+        for i in np.flatnonzero(~ok):
+            n = names_known[i]
+            present = ", ".join(sorted(self.nodes[n].models)) or "none"
+            failed[n] = f"node {n}: GPU model {present} not in the allowed {', '.join(sorted(models or ()))}"
+            reasons["gpu-model"] += 1
+        simple = _simple_demand(request)
+        nvlink = requires_nvlink(pod)
+        if simple is not None and not nvlink:
+            demand = simple
+            cand = cluster.gpu_candidates(demand)[rows]
+            enough = cand.sum(axis=1) >= demand.count
+            good = ok & enough
+            passed.extend(names_known[i] for i in np.flatnonzero(good))
+            bad = np.flatnonzero(ok & ~enough)
+            if len(bad):
+                texts = _insufficient(cluster, rows[bad], demand)
+                for i, text in zip(bad, texts, strict=True):
+                    failed[names_known[i]] = text
+                reasons["insufficient-gpu"] += len(bad)
+            return FilterOutcome(passed, failed, unresolvable, reasons)
+        # Exact path (several GPU containers, MIG, replicas, NVLink): placement's fit per node.
+        for i in np.flatnonzero(ok):
+            n = names_known[i]
+            rec = self.nodes[n]
+            assert rec.state is not None
+            result = fit(rec.state, _for_node(request, rec), gpu_policy=gpu_policy)
+            if result.ok and nvlink and result.choice is not None and not _all_linked(rec, result.choice):
+                failed[n] = f"node {n}: no free set of GPUs is fully NVLink-connected for this pod"
+                reasons["nvlink"] += 1
+            elif result.ok:
+                passed.append(n)
+            else:
+                failed[n] = result.reason
+                reasons["insufficient-gpu"] += 1
+        return FilterOutcome(passed, failed, unresolvable, reasons)
+
+    # ---- prioritize ----------------------------------------------------------------------------
+    def workload(self) -> Workload:
+        demands = [d for h in self.held.values() for d in _demand_of_alloc(h.alloc)]
+        return Workload.from_demands(demands if len(demands) >= 10 else [*demands, *_DEFAULT_SHAPES])
+
+    def score_context(self) -> ScoreContext:
+        if self._ctx is None or self._workload_dirty:
+            self._ctx = ScoreContext(workload=self.workload())
+            self._workload_dirty = False
+        return self._ctx
+
+    def prioritize(self, pod: Mapping[str, Any], names: Sequence[str], node_policy: str) -> dict[str, int]:
+        """Scores 0..10 (the extender scale) for the given nodes; nodes that do not fit get 0."""
+        request = parse_pod(pod)
+        out = dict.fromkeys(names, 0)
+        if not request.ok or not request.wants_gpu:
+            return out
+        demand = _scoring_demand(request)
+        cluster = self.cluster
+        pairs = [(n, self._row[n]) for n in names if n in self._row]
+        if not pairs or demand is None:
+            for n, _ in pairs:
+                out[n] = 5
+            return out
+        rows = np.asarray([i for _, i in pairs], np.int64)
+        cand = cluster.gpu_candidates(demand)[rows]
+        feasible = (cand.sum(axis=1) >= demand.count) & self.model_mask(request.allowed_models)[rows]
+        keep = np.flatnonzero(feasible)
+        if not len(keep):
+            return out
+        policy = get_policy(node_policy)
+        raw = np.asarray(policy.node_scores(cluster, demand, rows[keep], cand[keep], self.score_context()),
+                         np.float64)
+        lo, hi = float(raw.min()), float(raw.max())
+        scaled = np.full(len(raw), 10) if hi - lo < 1e-12 else np.rint(1 + 9 * (raw - lo) / (hi - lo))
+        for j, s in zip(keep, scaled, strict=True):
+            out[pairs[j][0]] = int(s)
+        return out
+
+    # ---- bind ----------------------------------------------------------------------------------
+    def choose(self, pod: Mapping[str, Any], node: str, gpu_policy: str) -> tuple[PodAllocation | None, str]:
+        """The exact GPUs for a pod on a node, or why not. Does not hold anything."""
+        rec = self.nodes.get(node)
+        if rec is None or rec.state is None:
+            return None, f"node {node}: no GPUs known (no kubegpu Device object)"
+        request = parse_pod(pod)
+        if not request.ok:
+            return None, "request refused: " + "; ".join(str(r) for r in request.refusals)
+        if request.allowed_models is not None and not rec.allowed_gpu_models(request.allowed_models):
+            return None, f"node {node}: GPU model not in the allowed {', '.join(sorted(request.allowed_models))}"
+        result = fit(rec.state, _for_node(request, rec), gpu_policy=gpu_policy)
+        if not result.ok or result.choice is None:
+            return None, result.reason
+        if requires_nvlink(pod) and not _all_linked(rec, result.choice):
+            return None, f"node {node}: no free set of GPUs is fully NVLink-connected for this pod"
+        return result.choice.to_allocation(), result.reason
+
+    # ---- views ---------------------------------------------------------------------------------
+    def fragmentation(self) -> float:
+        """Cluster fragmentation (milli-GPU of free compute the target workload cannot use)."""
+        cluster = self.cluster
+        if cluster.n_nodes == 0:
+            return 0.0
+        terms = FragTerms.build(cluster, self.workload())
+        return float(node_frag(cluster, terms).sum())
+
+    def summary(self, node: str) -> dict[str, Any] | None:
+        """The seed's node device summary (``allocateSet``, ``deviceTotal``/``Free``/``Used`` and details)."""
+        rec = self.nodes.get(node)
+        if rec is None or rec.state is None or rec.inventory is None:
+            return None
+        state = rec.state
+        detail: dict[str, dict[str, dict[str, str]]] = {"total": {}, "free": {}, "used": {}}
+        sums = {k: [0, 0, 0] for k in detail}
+        for gpu in state.gpus:
+            usable = gpu.healthy and not gpu.mig_enabled
+            cap = (100, gpu.memory_bytes) if gpu.healthy else (0, 0)
+            free = (state.core_free(gpu.uuid), state.memory_free(gpu.uuid)) if usable else cap
+            used = (cap[0] - free[0], cap[1] - free[1])
+            for k, (core, mem) in (("total", cap), ("free", free), ("used", used)):
+                ratio = _pct_of(mem, gpu.memory_bytes)
+                detail[k][str(gpu.minor)] = _res(core, mem, ratio)
+                sums[k][0] += core
+                sums[k][1] += mem
+                sums[k][2] += ratio
+        allocate: dict[str, dict[str, dict[str, str]]] = {}
+        for key in sorted(self.by_node.get(node, ())):
+            h = self.held[key]
+            per: dict[str, dict[str, str]] = {}
+            for g in h.alloc.grants():
+                per[str(g.minor)] = _res(g.core, g.memory_bytes, g.memory_ratio)
+            allocate[key] = per
+        return {
+            "allocateSet": {"gpu": allocate},
+            "deviceFree": _res(*sums["free"]),
+            "deviceFreeDetail": {"gpu": detail["free"]},
+            "deviceTotal": _res(*sums["total"]),
+            "deviceTotalDetail": {"gpu": detail["total"]},
+            "deviceUsed": _res(*sums["used"]),
+            "deviceUsedDetail": {"gpu": detail["used"]},
+        }
+
+    def gpu_allocation(self) -> Iterable[tuple[str, int, float, float]]:
+        """(node, minor, compute used 0..1, memory used 0..1) per healthy GPU."""
+        for name, rec in self.nodes.items():
+            if rec.state is None:
+                continue
+            for gpu in rec.state.gpus:
+                if not gpu.healthy or gpu.mig_enabled or gpu.memory_bytes <= 0:
+                    continue
+                yield (name, gpu.minor, 1 - rec.state.core_free(gpu.uuid) / 100,
+                       1 - rec.state.memory_free(gpu.uuid) / gpu.memory_bytes)
+
+
+def _for_node(request: PodRequest, rec: NodeRecord) -> PodRequest:
+    """The request with its allowed models spelled as this node's GPUs name them (placement compares
+    names exactly)."""
+    if request.allowed_models is None:
+        return request
+    return replace(request, allowed_models=rec.allowed_gpu_models(request.allowed_models))
+
+
+def _res(core: int, mem: int, ratio: int) -> dict[str, str]:
+    return {R.GPU_CORE: str(core), R.GPU_MEMORY: format_bytes(mem), R.GPU_MEMORY_RATIO: str(ratio)}
+
+
+def _pct_of(part: int, whole: int) -> int:
+    return 0 if whole <= 0 else round(100 * part / whole)
+
+
+def _simple_demand(request: PodRequest) -> Demand | None:
+    """The array demand when the pod is one app container asking for whole GPUs or a share
+    (the common case, vectorised); None sends the pod through the exact per-node fit."""
+    gpu = request.gpu_containers
+    if len(gpu) != 1 or gpu[0].init:
+        return None
+    req = gpu[0].request
+    assert req is not None
+    if req.kind not in (RequestKind.WHOLE, RequestKind.SHARE):
+        return None
+    return request_demand(req, request.allowed_models)
+
+
+def _scoring_demand(request: PodRequest) -> Demand | None:
+    """The demand prioritize scores with: the largest whole/share container's."""
+    best = None
+    for c in request.gpu_containers:
+        req = c.request
+        if req is None or c.init or req.kind not in (RequestKind.WHOLE, RequestKind.SHARE):
+            continue
+        d = request_demand(req, request.allowed_models)
+        if best is None or d.count * d.milli > best.count * best.milli:
+            best = d
+    return best
+
+
+def _insufficient(cluster: ClusterState, rows: np.ndarray, demand: Demand) -> list[str]:
+    """Readable reasons for nodes that cannot take ``demand``, from the arrays (one pass)."""
+    ok = cluster.gpu_ok[rows]
+    core = np.where(ok, cluster.core_free[rows], -1)
+    mem = cluster.gmem_free[rows]
+    need = cluster.gpu_memory_need(demand)[rows]
+    cand = cluster.gpu_candidates(demand)[rows]
+    n_cand = cand.sum(axis=1)
+    n_ok = ok.sum(axis=1)
+    best = core.argmax(axis=1)
+    names = cluster.names
+    out = []
+    for k in range(len(rows)):
+        name = names[rows[k]]
+        j = int(best[k])
+        if n_ok[k] == 0:
+            out.append(f"node {name}: no healthy GPU available to share (all unhealthy or MIG-enabled)")
+        elif demand.exclusive:
+            out.append(f"node {name}: {demand.count} whole GPU(s) requested, {int(n_cand[k])} of "
+                       f"{int(n_ok[k])} free (GPU {j}: {int(core[k, j]) // 10} % compute free)")
+        elif demand.count > 1 and n_cand[k] > 0:
+            out.append(f"node {name}: {demand.count} GPUs with {demand.milli // 10} % compute each requested, "
+                       f"only {int(n_cand[k])} have room")
+        elif core[k, j] < demand.milli:
+            out.append(f"node {name}: GPU {j}: {int(core[k, j]) // 10} % compute free, "
+                       f"{demand.milli // 10} % requested")
+        else:
+            roomy = np.flatnonzero(core[k] >= demand.milli)
+            jm = int(roomy[np.argmax(mem[k, roomy])]) if len(roomy) else j
+            out.append(f"node {name}: GPU {jm}: {mem[k, jm] / 2**30:.1f} GiB memory free, "
+                       f"{need[k, jm] / 2**30:.1f} GiB requested")
+    return out
+
+
+def _all_linked(rec: NodeRecord, choice: Any) -> bool:
+    """Every pair of GPUs a container got is joined by NVLink (single-GPU containers trivially are)."""
+    assert rec.inventory is not None
+    by_uuid = {g.uuid: g for g in rec.inventory.gpus}
+    for c in choice.containers:
+        uuids = [g.uuid for g in c.grants if g.mig_uuid is None]
+        for a in range(len(uuids)):
+            for b in range(a + 1, len(uuids)):
+                if by_uuid[uuids[a]].links.get(uuids[b], 0) <= 0:
+                    return False
+    return True
+
+
+__all__ = ["MILLI", "REQUIRE_NVLINK", "ClusterView", "FilterOutcome", "Held", "NodeRecord", "pod_policies"]

@@ -1,0 +1,91 @@
+"""The scheduler-extender v1 wire format (``k8s.io/kube-scheduler/extender/v1``), decoded and encoded with msgspec.
+
+The Go types carry no JSON tags, so the keys are the capitalised field names.
+Nested Kubernetes objects (the Pod, the Nodes) stay plain dicts in their own
+lowerCamel JSON. Decoding never raises anything but :class:`WireError`, whose
+message is what the HTTP 400 answer says.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class WireError(ValueError):
+    """A request body that is not a valid extender message."""
+
+
+class NodeList(msgspec.Struct, omit_defaults=False):
+    items: list[dict[str, Any]] = []
+    metadata: dict[str, Any] = {}
+
+
+class ExtenderArgs(msgspec.Struct):
+    Pod: dict[str, Any] | None = None
+    Nodes: NodeList | None = None
+    NodeNames: list[str] | None = None
+
+
+class ExtenderBindingArgs(msgspec.Struct):
+    PodName: str = ""
+    PodNamespace: str = ""
+    PodUID: str = ""
+    Node: str = ""
+
+
+class ExtenderFilterResult(msgspec.Struct):
+    Nodes: NodeList | None
+    NodeNames: list[str] | None
+    FailedNodes: dict[str, str]
+    FailedAndUnresolvableNodes: dict[str, str]
+    Error: str = ""
+
+
+class HostPriority(msgspec.Struct):
+    Host: str
+    Score: int
+
+
+class ExtenderBindingResult(msgspec.Struct):
+    Error: str = ""
+
+
+_args = msgspec.json.Decoder(ExtenderArgs)
+_bind = msgspec.json.Decoder(ExtenderBindingArgs)
+encode = msgspec.json.Encoder().encode
+
+
+def decode_args(body: bytes) -> ExtenderArgs:
+    try:
+        args = _args.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise WireError(f"not an ExtenderArgs JSON object: {e}") from None
+    if args.Pod is None:
+        raise WireError("ExtenderArgs without a Pod")
+    if args.NodeNames is None and args.Nodes is None:
+        raise WireError("ExtenderArgs with neither NodeNames nor Nodes")
+    if args.Nodes is not None:
+        for i, item in enumerate(args.Nodes.items):
+            if not isinstance((item.get("metadata") or {}).get("name"), str):
+                raise WireError(f"Nodes.items[{i}] has no metadata.name")
+    return args
+
+
+def node_names(args: ExtenderArgs) -> list[str]:
+    if args.NodeNames is not None:
+        return args.NodeNames
+    assert args.Nodes is not None
+    return [item["metadata"]["name"] for item in args.Nodes.items]
+
+
+def decode_binding(body: bytes) -> ExtenderBindingArgs:
+    try:
+        args = _bind.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise WireError(f"not an ExtenderBindingArgs JSON object: {e}") from None
+    missing = [k for k in ("PodName", "PodNamespace", "Node") if not getattr(args, k)]
+    if missing:
+        raise WireError(f"ExtenderBindingArgs without {', '.join(missing)}")
+    return args

@@ -1,0 +1,90 @@
+"""Helpers for the extender tests: the fixture's three nodes with Device objects in the stand-in API server,
+and the extender itself on a real loopback port."""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import yaml
+
+from kubegpu.inventory.fake import FakeBackend
+from kubegpu.model.inventory import NodeInventory
+from kubegpu.node.device_object import device_object
+from kubegpu.scheduler.service import ServiceThread
+from kubegpu_standins.apiserver import ApiServer
+
+FIXTURES = Path("/work/shared/fixtures/kube-scheduler-v1.24")
+
+
+def fixture_inventories() -> list[NodeInventory]:
+    a = FakeBackend("dgx-a100", node_name="gpu-node-a").discover()
+    b = FakeBackend("dgx-h100", node_name="gpu-node-b").discover()
+    one = FakeBackend("dgx-a100", node_name="gpu-node-c").discover()
+    c = replace(one, gpus=(replace(one.gpus[0], links={}),))
+    return [a, b, c]
+
+
+def fixture_nodes() -> list[dict]:
+    data = json.loads((FIXTURES / "nodecache-true" / "nodes.json").read_text())
+    out = []
+    for node in data["items"] if isinstance(data, dict) else data:
+        node = copy.deepcopy(node)
+        for k in ("resourceVersion", "uid", "managedFields", "creationTimestamp"):
+            node["metadata"].pop(k, None)
+        node["apiVersion"], node["kind"] = "v1", "Node"
+        out.append(node)
+    return out
+
+
+def fixture_pod(name: str) -> dict:
+    """A fixture pod as the API server holds it (with the recorded UID, so recorded binds match)."""
+    body = json.loads((FIXTURES / "nodecache-true" / "raw" / _raw_name(name)).read_bytes())
+    pod = copy.deepcopy(body["Pod"])
+    for k in ("resourceVersion", "managedFields", "creationTimestamp"):
+        pod["metadata"].pop(k, None)
+    pod["apiVersion"], pod["kind"] = "v1", "Pod"
+    return pod
+
+
+def _raw_name(pod: str) -> str:
+    for f in sorted((FIXTURES / "nodecache-true" / "raw").glob("*-filter-*.request.body")):
+        if f.name.split("-filter-")[1] == f"{pod}.request.body":
+            return f.name
+    raise KeyError(pod)
+
+
+def pod_yaml(name: str) -> dict:
+    return yaml.safe_load((FIXTURES / "pods" / f"{name}.yaml").read_text())
+
+
+class Cluster:
+    def __init__(self, api: ApiServer, ext: ServiceThread) -> None:
+        self.api, self.ext = api, ext
+        self.http = httpx.Client(base_url=ext.url, timeout=10)
+
+    def post(self, path: str, body: bytes | dict) -> httpx.Response:
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        return self.http.post(path, content=content, headers={"Content-Type": "application/json"})
+
+    @property
+    def view(self):
+        assert self.ext.service is not None
+        return self.ext.service.view
+
+
+def start_cluster(tmp_path: Path, inventories: list[NodeInventory] | None = None,
+                  nodes: list[dict] | None = None, **policies: str) -> tuple[ApiServer, ServiceThread]:
+    api = ApiServer(history=5000).start()
+    for node in nodes if nodes is not None else fixture_nodes():
+        api.put_object(node)
+    for inv in inventories if inventories is not None else fixture_inventories():
+        api.put_object(device_object(inv))
+    kc = api.write_kubeconfig(tmp_path / "kubeconfig")
+    ext = ServiceThread(kc, **policies).start()
+    return api, ext
+
+
