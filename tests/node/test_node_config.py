@@ -132,6 +132,18 @@ def test_sharing_devices_forms_and_rename() -> None:
     assert c.sharing.mps.fail_requests_greater_than_one
 
 
+def test_mps_wins_over_time_slicing_and_fails_requests_above_one_by_default() -> None:
+    both = load_config(file={"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 4}]},
+                                         "mps": {"resources": [{"name": "gpu", "replicas": 2}]}}})
+    assert both.sharing.strategy == "mps" and both.sharing.active.resources[0].replicas == 2
+    assert both.sharing.replication("nvidia.com/gpu").replicas == 2  # type: ignore[union-attr]
+    assert both.sharing.mps.fail_requests_greater_than_one is True
+    assert both.sharing.time_slicing.fail_requests_greater_than_one is False
+    explicit = load_config(file={"sharing": {"mps": {"failRequestsGreaterThanOne": False,
+                                                     "resources": [{"name": "gpu", "replicas": 2}]}}})
+    assert explicit.sharing.mps.fail_requests_greater_than_one is False
+
+
 def test_resource_patterns_and_kubegpu_section() -> None:
     c = load_config(file={"resources": {"gpus": [{"pattern": "*A100*", "name": "a100"}],
                                         "migs": [{"pattern": "1g.*", "name": "example.com/small"}]},
@@ -211,7 +223,9 @@ def test_durations() -> None:
         ({"file": {"sharing": {"timeSlicing": {"resources": [{"replicas": 2}]}}}},
          "config.sharing.timeSlicing.resources[0].name: no resource name specified"),
         ({"file": {"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 0}]}}}},
-         "config.sharing.timeSlicing.resources[0].replicas: number of replicas must be > 0"),
+         "config.sharing.timeSlicing.resources[0].replicas: number of replicas must be >= 2"),
+        ({"file": {"sharing": {"mps": {"resources": [{"name": "gpu", "replicas": 1}]}}}},
+         "config.sharing.mps.resources[0].replicas: number of replicas must be >= 2, got 1"),
         ({"file": {"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2, "devices": "some"}]}}}},
          "devices set as 'some' but the only valid string input is 'all'"),
         ({"file": {"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2, "devices": 0}]}}}},
@@ -223,9 +237,6 @@ def test_durations() -> None:
          "config.sharing.timeSlicing.strategy: unknown time-slicing strategy 'packed'"),
         ({"file": {"sharing": {"timeSlicing": {"resources": [{"name": "g p u", "replicas": 2}]}}}},
          "config.sharing.timeSlicing.resources[0].name: 'g p u' is not a valid extended resource name"),
-        ({"file": {"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2}]},
-                               "mps": {"resources": [{"name": "gpu", "replicas": 2}]}}}},
-         "config.sharing: timeSlicing and mps cannot both be configured"),
         ({"file": {"resources": {"gpus": [{"pattern": "", "name": "gpu"}]}}},
          "config.resources.gpus[0].pattern"),
         ({"flags": {"resource-config": "gpu:sharedgpu"}}, "--resource-config: 'gpu:sharedgpu' is not <resource>"),

@@ -143,7 +143,8 @@ def test_families() -> None:
 
 
 def test_label_value_sanitising_and_bad_versions() -> None:
-    assert label_value("NVIDIA GeForce RTX 4090 (rev/a)") == "NVIDIA-GeForce-RTX-4090--rev-a"
+    assert label_value("NVIDIA GeForce RTX 4090 (rev/a)") == "NVIDIA-GeForce-RTX-4090-reva"
+    assert label_value("  Tesla   V100-SXM2-16GB ") == "Tesla-V100-SXM2-16GB"
     assert is_valid_label_value(label_value("x" * 100 + " "))
     inv = replace(load_topology("t4x4").inventory, driver_version="garbage", cuda_version="")
     labels = gpu_labels(inv, load_config())

@@ -156,16 +156,18 @@ class Sharing:
 
     @property
     def strategy(self) -> str:
-        """``none``, ``time-slicing`` or ``mps`` (NVIDIA: MPS wins when both are set; we refuse both)."""
-        if self.mps.resources:
+        """``none``, ``time-slicing`` or ``mps``: NVIDIA's rule, a section with a resource of more
+        than one replica is active, and MPS wins when both are."""
+        if any(r.replicas > 1 for r in self.mps.resources):
             return "mps"
-        if self.time_slicing.resources:
+        if any(r.replicas > 1 for r in self.time_slicing.resources):
             return "time-slicing"
         return "none"
 
     @property
     def active(self) -> ReplicaSharing:
-        return self.mps if self.strategy == "mps" else self.time_slicing
+        """The section whose resources are replicated (NVIDIA: MPS when configured)."""
+        return self.mps if self.mps.resources else self.time_slicing
 
     def replication(self, name: str) -> ReplicatedResource | None:
         """The replication entry for a (fully qualified) base resource name, if any."""
@@ -478,10 +480,10 @@ def _replica_devices(value: Any, where: str) -> ReplicaDevices:
     raise ConfigError(f"{where}: {value!r} is not 'all', a count or a list of devices")
 
 
-def _replica_sharing(value: Any, where: str, with_strategy: bool) -> ReplicaSharing:
+def _replica_sharing(value: Any, where: str, mps: bool) -> ReplicaSharing:
     keys = ["renameByDefault", "failRequestsGreaterThanOne", "resources"]
-    if with_strategy:
-        keys.append("strategy")
+    if not mps:
+        keys.append("strategy")  # time-slicing's (only "" is defined)
     v = _mapping(value, where, keys)
     if not v:
         return ReplicaSharing()
@@ -501,8 +503,9 @@ def _replica_sharing(value: Any, where: str, with_strategy: bool) -> ReplicaShar
         replicas = item["replicas"]
         if isinstance(replicas, bool) or not isinstance(replicas, int):
             raise ConfigError(f"{w}.replicas: {replicas!r} is not an integer")
-        if replicas <= 0:
-            raise ConfigError(f"{w}.replicas: number of replicas must be > 0, got {replicas}")
+        if replicas < 2:
+            raise ConfigError(f"{w}.replicas: number of replicas must be >= 2, got {replicas} "
+                              "(to stop sharing, remove the sharing section)")
         name = resource_name(item["name"], f"{w}.name")
         rename = resource_name(item["rename"], f"{w}.rename") if item.get("rename") else ""
         resources.append(ReplicatedResource(name=name, replicas=replicas, rename=rename,
@@ -512,7 +515,9 @@ def _replica_sharing(value: Any, where: str, with_strategy: bool) -> ReplicaShar
         raise ConfigError(f"{where}.resources: a resource is listed twice")
     return ReplicaSharing(
         rename_by_default=_parse_bool(v.get("renameByDefault", False), f"{where}.renameByDefault"),
-        fail_requests_greater_than_one=_parse_bool(v.get("failRequestsGreaterThanOne", False),
+        # NVIDIA defaults this to true for MPS (a second replica would not add compute) and
+        # false for time-slicing.
+        fail_requests_greater_than_one=_parse_bool(v.get("failRequestsGreaterThanOne", mps),
                                                    f"{where}.failRequestsGreaterThanOne"),
         resources=tuple(resources),
     )
@@ -648,11 +653,9 @@ def load_config(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] |
                           migs=_patterns(resources_doc.get("migs"), "config.resources.migs"))
     sharing_doc = _mapping(doc.get("sharing"), "config.sharing", ("timeSlicing", "mps"))
     sharing = Sharing(
-        time_slicing=_replica_sharing(sharing_doc.get("timeSlicing"), "config.sharing.timeSlicing", True),
-        mps=_replica_sharing(sharing_doc.get("mps"), "config.sharing.mps", False),
+        time_slicing=_replica_sharing(sharing_doc.get("timeSlicing"), "config.sharing.timeSlicing", mps=False),
+        mps=_replica_sharing(sharing_doc.get("mps"), "config.sharing.mps", mps=True),
     )
-    if sharing.time_slicing.resources and sharing.mps.resources:
-        raise ConfigError("config.sharing: timeSlicing and mps cannot both be configured")
     short = parse_resource_config(values["kubegpu.resourceConfig"],
                                   chosen.get("kubegpu.resourceConfig", ("", "--resource-config"))[1])
     if short:

@@ -6,7 +6,7 @@ when kubegpu replaces NVIDIA's plugin. The rules are GFD's (``internal/lm`` of
 k8s-device-plugin):
 
 - ``nvidia.com/gpu.{product,count,memory,replicas,sharing-strategy,family,compute.major,
-  compute.minor}`` for whole GPUs; ``product`` has spaces turned into ``-`` and ``-SHARED``
+  compute.minor}`` for whole GPUs; ``product`` is sanitised as GFD does (spaces -> ``-``) and ``-SHARED``
   appended when the resource is replicated without a rename; ``replicas`` is 0 for GPUs whose
   MIG mode takes them out of the whole-GPU pool;
 - ``nvidia.com/cuda.driver-version.{major,minor,revision,full}``,
@@ -39,7 +39,7 @@ PREFIX: Final = "nvidia.com/"
 GPU: Final = "nvidia.com/gpu"
 _MIB: Final = 2**20
 _LABEL_VALUE_RE: Final = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_INVALID_CHARS_RE: Final = re.compile(r"[^-A-Za-z0-9_.]")
+_DROPPED_CHARS_RE: Final = re.compile(r"[^-A-Za-z0-9_. ]")
 
 _MIG_ATTRIBUTES: Final = ("multiprocessors", "slices.gi", "slices.ci", "engines.copy", "engines.decoder",
                           "engines.encoder", "engines.jpeg", "engines.ofa")
@@ -64,8 +64,10 @@ def arch_family(major: int, minor: int) -> str:
 
 
 def label_value(text: str) -> str:
-    """A valid label value from free text: spaces and other invalid characters become ``-``."""
-    value = _INVALID_CHARS_RE.sub("-", text.replace(" ", "-"))[:63]
+    """GFD's sanitise(): drop characters outside ``[A-Za-z0-9-_. ]``, join words with ``-``;
+    then cut to a valid label value (63 characters, alphanumeric at both ends)."""
+    words = _DROPPED_CHARS_RE.sub("", text).split()
+    value = "-".join(words)[:63]
     return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", value)
 
 
@@ -99,7 +101,7 @@ class _Resource:
     def base(self, count: int, *parts: str) -> dict[str, str]:
         replicas, renamed = self._replicas()
         shared = replicas > 1
-        product = "-".join(p.replace(" ", "-") for p in parts if p)
+        product = "-".join(label_value(p) for p in parts if p)
         if shared and not renamed:
             product += "-SHARED"
         strategy = self.config.sharing.strategy if self.config is not None and shared else "none"
@@ -186,7 +188,8 @@ def _mig_strategy_labels(inv: NodeInventory, config: Config) -> dict[str, str]:
             counts[m.profile] = counts.get(m.profile, 0) + 1
     for profile in sorted(first):
         g, m = first[profile]
-        labels.update(_mig_labels(f"nvidia.com/mig-{profile.replace('+', '.')}", g, m, counts[profile], config))
+        resource = f"nvidia.com/mig-{profile.replace('+', '.')}"
+        labels.update(_mig_labels(resource, g, m, counts[profile], config))
     return labels
 
 
