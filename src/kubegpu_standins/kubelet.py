@@ -34,6 +34,7 @@ import logging
 import os
 import random
 import re
+import socket
 import stat
 import threading
 import time
@@ -173,10 +174,14 @@ class StandinKubelet:
         self._server = server
 
     def stop(self) -> None:
-        """Stop serving and close every plugin stream (like a kubelet stop: files stay behind)."""
+        """Stop serving and close every plugin stream (like a kubelet stop: files stay behind).
+
+        gRPC removes its socket file on stop; the real kubelet leaves ``kubelet.sock`` behind,
+        so a dead socket file is put back in its place (connecting to it is refused)."""
         if self._server is not None:
-            self._server.stop(grace=None)
+            self._server.stop(grace=None).wait(timeout=5)
             self._server = None
+            self._leave_stale_socket()
         with self._cond:
             states = list(self.resources.values())
         for st in states:
@@ -184,6 +189,17 @@ class StandinKubelet:
         for t in self._threads:
             t.join(timeout=2)
         self._threads = [t for t in self._threads if t.is_alive()]
+
+    def _leave_stale_socket(self) -> None:
+        if self.socket_path.exists():
+            return
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.bind(str(self.socket_path))  # bound, never listening: connections are refused
+        except OSError:
+            pass
+        finally:
+            s.close()
 
     def restart(self) -> None:
         """A kubelet restart: streams end, plugin sockets are deleted, ``kubelet.sock`` is re-created.
@@ -294,8 +310,9 @@ class StandinKubelet:
             st.channel = channel
             st.stop_time = None
         if old_channel is not None:
-            # Re-registration replaces the endpoint: the old client is disconnected.
-            old_channel.close()
+            # Re-registration replaces the endpoint: the old client is disconnected (closed off
+            # this thread: grpcio's close() can block for ~200 ms).
+            threading.Thread(target=old_channel.close, daemon=True).start()
         stream = stub.ListAndWatch(pb.Empty())
         with self._cond:
             st.stream = stream
@@ -347,7 +364,7 @@ class StandinKubelet:
         if stream is not None:
             stream.cancel()
         if channel is not None:
-            channel.close()
+            threading.Thread(target=channel.close, daemon=True).start()
 
     def drop_stream(self, resource: str) -> None:
         """End the resource's ListAndWatch stream from the kubelet side (the plugin must re-register)."""

@@ -36,7 +36,7 @@ from kubegpu.node.metrics import NodeMetrics
 from kubegpu.node.plugin_model import PluginSettings, ResourcePlan
 from kubegpu.node.publisher import NodePublisher, NullPublisher
 from kubegpu.node.resolver import AllocationResolver
-from kubegpu.node.server import KUBELET_SOCKET, PluginServer, RegistrationError, device_health
+from kubegpu.node.server import KUBELET_SOCKET, PluginServer, RegistrationError, SocketGone, device_health
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,7 @@ class _RegState:
     attempts: int = 0
     next_try: float = 0.0
     registered_at: float | None = None
+    kubelet_inode: int | None = None  # the kubelet.sock we last registered with
     stream_ended_at: float | None = None
 
 
@@ -312,7 +313,9 @@ class NodeDaemon:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(timeout=self.options.resync_s / 4)
+            now = time.monotonic()
+            due = [st.next_try - now for st in self.reg.values() if st.needs]
+            self._wake.wait(timeout=max(0.01, min([self.options.resync_s / 4, *due])))
             self._wake.clear()
             if self._stop.is_set():
                 break
@@ -341,7 +344,8 @@ class NodeDaemon:
                 s.stop(grace_s=0)
                 s.start()
                 st.needs, st.attempts, st.next_try = True, 0, now
-            if kubelet_new:
+            if kubelet_new and (inode is None or st.kubelet_inode != inode):
+                # Not yet registered with this kubelet instance (its socket inode).
                 st.needs, st.attempts, st.next_try = True, 0, now
             if (st.stream_ended_at is not None and s.active_streams == 0
                     and now - st.stream_ended_at >= 0.2
@@ -367,17 +371,33 @@ class NodeDaemon:
         st = self.reg[s.resource]
         started = time.monotonic()
         try:
-            s.register(timeout_s=self.options.register_timeout_s)
+            try:
+                s.register(timeout_s=self.options.register_timeout_s)
+            except SocketGone:
+                log.info("%s: plugin socket %s is gone: serving again", s.resource, s.socket_path)
+                s.stop(grace_s=0)
+                s.start()
+                started = time.monotonic()
+                s.register(timeout_s=self.options.register_timeout_s)
         except RegistrationError as exc:
             st.attempts += 1
-            delay = min(10.0, 0.2 * 2 ** min(st.attempts, 6))
+            delay = min(10.0, 0.1 * 2 ** min(st.attempts, 7))
             st.next_try = time.monotonic() + delay
             st.needs = True
             log.warning("%s: %s; retrying in %.1fs", s.resource, exc, delay)
             return
         st.needs, st.attempts = False, 0
+        st.kubelet_inode = self._inode(self.plugin_dir / self.options.kubelet_socket)
         # A stream opened during Register (current kubelets dial back before answering) counts.
         st.registered_at = started
+        if not s.socket_intact():
+            # A restarting kubelet cleaned its dir while we registered: the endpoint it got is
+            # gone. Serve again and register again at once rather than wait for the watch.
+            log.info("%s: plugin socket vanished during Register: serving and registering again", s.resource)
+            s.stop(grace_s=0)
+            s.start()
+            st.needs, st.next_try = True, time.monotonic()
+            self._wake.set()
 
     # ----- introspection (CLI, tests) --------------------------------------------------------
 

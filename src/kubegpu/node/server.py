@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -40,8 +41,17 @@ UNHEALTHY = "Unhealthy"
 KUBELET_SOCKET = "kubelet.sock"
 
 
+def close_later(channel: grpc.Channel) -> None:
+    """Close a channel off the caller's thread: grpcio's close() can block for ~200 ms."""
+    threading.Thread(target=channel.close, name="grpc-channel-close", daemon=True).start()
+
+
 class RegistrationError(RuntimeError):
     """Register failed (kubelet absent, refused, or timed out); the message says which."""
+
+
+class SocketGone(RegistrationError):
+    """Our own socket was deleted (a kubelet restart): serve again before registering."""
 
 
 class _Servicer(pb_grpc.DevicePluginServicer):
@@ -176,17 +186,34 @@ class PluginServer:
         path = self.dir / self.kubelet_socket
         if not path.exists():
             raise RegistrationError(f"kubelet socket {path} does not exist")
+        # A stale socket left by a stopped kubelet refuses at once; without this check gRPC
+        # would sit in its reconnect backoff and delay the registration with the new kubelet.
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.settimeout(timeout_s)
+            probe.connect(str(path))
+        except OSError as exc:
+            raise RegistrationError(f"kubelet socket {path} is not accepting connections ({exc})") from None
+        finally:
+            probe.close()
+        # The kubelet cleans its dir before it listens: once it accepts, a plugin socket that is
+        # still ours survived the clean. Registering a socket it already deleted would leave the
+        # kubelet dialing a dead endpoint (10 s, then nothing on a v1.24 kubelet).
+        if not self.socket_intact():
+            raise SocketGone(f"plugin socket {self.socket_path} was removed")
         req = pb.RegisterRequest(version=API_VERSION, endpoint=self.plan.socket_name,
                                  resource_name=self.resource, options=self.options())
-        with grpc.insecure_channel(f"unix://{path}", options=[("grpc.default_authority", "localhost")]) as ch:
-            try:
-                grpc.channel_ready_future(ch).result(timeout=timeout_s)
-                pb_grpc.RegistrationStub(ch).Register(req, timeout=timeout_s)
-            except grpc.FutureTimeoutError:
-                raise RegistrationError(f"kubelet at {path} did not answer within {timeout_s:.0f}s") from None
-            except grpc.RpcError as exc:
-                raise RegistrationError(f"kubelet refused registration of {self.resource}: "
-                                        f"{exc.details()}") from None  # type: ignore[attr-defined]
+        ch = grpc.insecure_channel(f"unix://{path}", options=[("grpc.default_authority", "localhost")])
+        try:
+            grpc.channel_ready_future(ch).result(timeout=timeout_s)
+            pb_grpc.RegistrationStub(ch).Register(req, timeout=timeout_s)
+        except grpc.FutureTimeoutError:
+            raise RegistrationError(f"kubelet at {path} did not answer within {timeout_s:.0f}s") from None
+        except grpc.RpcError as exc:
+            raise RegistrationError(f"kubelet refused registration of {self.resource}: "
+                                    f"{exc.details()}") from None  # type: ignore[attr-defined]
+        finally:
+            close_later(ch)
         if self.metrics is not None:
             self.metrics.registrations.labels(resource=self.resource).inc()
         log.info("registered %s with the kubelet (endpoint %s)", self.resource, self.plan.socket_name)
