@@ -104,6 +104,17 @@ class ClusterState:
     links: np.ndarray | None = None  # (N, G, G) int32 pair scores from topology.LINK_SCORES; None = flat
     tags: np.ndarray = field(default_factory=lambda: np.zeros((0, TAG_COLUMNS), np.int32))
     _model_index: dict[str, int] = field(default_factory=dict)
+    # Bumped on every change of a node, so derived caches know which rows to refresh. Code that
+    # writes the arrays directly must call touch(node).
+    version: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def __post_init__(self) -> None:
+        if self.version.shape != self.cpu_cap.shape:
+            self.version = np.zeros(self.cpu_cap.shape, np.int64)
+
+    def touch(self, node: int) -> None:
+        """Record that a node's arrays changed."""
+        self.version[node] += 1
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
@@ -199,6 +210,7 @@ class ClusterState:
             None if self.links is None else self.links.copy(),
             self.tags.copy(),
             dict(self._model_index),
+            self.version.copy(),
         )
 
     # ---- shape --------------------------------------------------------------------------------
@@ -236,9 +248,7 @@ class ClusterState:
             return np.zeros(self.core_free.shape, bool)
         if demand.exclusive:
             return self.gpu_ok & (self.core_free >= MILLI) & (self.gmem_free >= self.gmem_cap)
-        return (
-            self.gpu_ok & (self.core_free >= demand.milli) & (self.gmem_free >= self.gpu_memory_need(demand))
-        )
+        return self.gpu_ok & (self.core_free >= demand.milli) & (self.gmem_free >= self.gpu_memory_need(demand))
 
     def feasible(self, demand: Demand, candidates: np.ndarray | None = None) -> np.ndarray:
         """(N,) bool: nodes where the whole demand fits (CPU, memory, model, enough GPUs)."""
@@ -264,6 +274,7 @@ class ClusterState:
         need = self.gpu_memory_need(demand)[node]
         self.cpu_free[node] -= demand.cpu_milli
         self.mem_free[node] -= demand.memory_bytes
+        self.version[node] += 1
         tag = demand_tag(demand)
         if tag >= 0:
             self.tags[node, tag] += 1
@@ -280,6 +291,7 @@ class ClusterState:
         need = self.gpu_memory_need(demand)[node]
         self.cpu_free[node] = min(self.cpu_cap[node], self.cpu_free[node] + demand.cpu_milli)
         self.mem_free[node] = min(self.mem_cap[node], self.mem_free[node] + demand.memory_bytes)
+        self.version[node] += 1
         tag = demand_tag(demand)
         if tag >= 0 and self.tags[node, tag] > 0:
             self.tags[node, tag] -= 1

@@ -25,12 +25,17 @@ class Placement:
     score: float
 
 
-def pick_best(scores: np.ndarray, rng: np.random.Generator | None) -> int:
-    """Index of the highest score; ties at random with ``rng`` (as kube-scheduler does), else lowest."""
+def pick_best(scores: np.ndarray, rng: np.random.Generator | None = None, rank: np.ndarray | None = None) -> int:
+    """Index of the highest score. Ties: at random with ``rng`` (as stock kube-scheduler does),
+    else the lowest ``rank`` (same length as ``scores``), else the lowest index."""
     top = np.flatnonzero(scores == scores.max())
-    if len(top) == 1 or rng is None:
+    if len(top) == 1:
         return int(top[0])
-    return int(top[rng.integers(len(top))])
+    if rng is not None:
+        return int(top[rng.integers(len(top))])
+    if rank is not None:
+        return int(top[np.argmin(rank[top])])
+    return int(top[0])
 
 
 def score_nodes(
@@ -43,9 +48,7 @@ def score_nodes(
     rows = np.flatnonzero(feasible)
     if len(rows) == 0:
         return rows, np.zeros(0)
-    return rows, np.asarray(
-        get_policy(policy).node_scores(cluster, demand, rows, cand[rows], ctx), np.float64
-    )
+    return rows, np.asarray(get_policy(policy).node_scores(cluster, demand, rows, cand[rows], ctx), np.float64)
 
 
 def choose_gpus(
@@ -101,7 +104,8 @@ def place(
     rows, scores = score_nodes(cluster, demand, npol, ctx)
     if len(rows) == 0:
         return None
-    i = pick_best(scores, ctx.rng)
+    rank = None if ctx.node_rank is None else ctx.node_rank[rows]
+    i = pick_best(scores, ctx.rng if ctx.random_ties else None, rank)
     node = int(rows[i])
     gpus = choose_gpus(cluster, node, demand, gpu_policy if gpu_policy is not None else npol.gpu_default, ctx)
     return Placement(node, gpus, float(scores[i]))

@@ -137,6 +137,7 @@ class NodeState:
         a = self.arrays
         a.cpu_free[0] = min(a.cpu_cap[0], a.cpu_free[0] + cpu_milli)
         a.mem_free[0] = min(a.mem_cap[0], a.mem_free[0] + memory_bytes)
+        a.touch(0)
         for g in alloc.grants():
             if g.mig_uuid is not None:
                 if g.mig_uuid in self._mig:
@@ -154,6 +155,7 @@ class NodeState:
             raise PlacementConflict(f"{self.name}: CPU or memory no longer free")
         a.cpu_free[0] -= cpu_milli
         a.mem_free[0] -= memory_bytes
+        a.touch(0)
         for g in alloc.grants():
             if g.mig_uuid is not None:
                 if g.mig_uuid not in self.mig_free:
@@ -189,9 +191,7 @@ class NodeState:
 
 
 def _held(choice: PodChoice) -> PodAllocation:
-    return PodAllocation(
-        tuple(ContainerAllocation(c.container, c.grants) for c in choice.containers if not c.init)
-    )
+    return PodAllocation(tuple(ContainerAllocation(c.container, c.grants) for c in choice.containers if not c.init))
 
 
 _MIG_G = re.compile(r"(?:\d+c\.)?(\d+)g\.")
@@ -202,9 +202,7 @@ def request_demand(req: GpuRequest, models: frozenset[str] | None = None) -> Dem
     if req.kind is RequestKind.WHOLE or (req.kind is RequestKind.SHARE and req.exclusive):
         return Demand.whole(req.count, models=models)
     if req.kind is RequestKind.SHARE:
-        return Demand(
-            req.count, req.core * 10, req.memory_bytes or 0, req.memory_ratio or 0, False, 0, 0, models
-        )
+        return Demand(req.count, req.core * 10, req.memory_bytes or 0, req.memory_ratio or 0, False, 0, 0, models)
     return Demand(models=models)
 
 
@@ -259,9 +257,7 @@ def fit(
                 return Fit(False, f"{state.name}: container {c.name!r}: {exc}")
         chosen.append(choice)
     pod = PodChoice(state.name, tuple(chosen))
-    where = ", ".join(
-        f"{c.container}: GPU " + ",".join(str(g.minor) for g in c.grants) for c in chosen if c.grants
-    )
+    where = ", ".join(f"{c.container}: GPU " + ",".join(str(g.minor) for g in c.grants) for c in chosen if c.grants)
     return Fit(True, f"{state.name}: fits ({where or 'no specific GPU'})", pod)
 
 
@@ -278,9 +274,7 @@ def _fit_container(
     if req.kind is RequestKind.MIG:
         return _fit_mig(state, req, allowed)
     if req.kind is RequestKind.REPLICA:
-        usable = [
-            g for g, ok in zip(state.gpus, allowed, strict=True) if ok and g.healthy and not g.mig_enabled
-        ]
+        usable = [g for g, ok in zip(state.gpus, allowed, strict=True) if ok and g.healthy and not g.mig_enabled]
         if not usable:
             return None, "no healthy GPU for replicas"
         return (), "replicas are counted by the kubelet"
@@ -350,9 +344,7 @@ def _why_not(state: NodeState, demand: Demand, allowed: list[bool]) -> str:
     return f"needs {what}: {detail}"
 
 
-def _fit_mig(
-    state: NodeState, req: GpuRequest, allowed: list[bool]
-) -> tuple[tuple[DeviceGrant, ...] | None, str]:
+def _fit_mig(state: NodeState, req: GpuRequest, allowed: list[bool]) -> tuple[tuple[DeviceGrant, ...] | None, str]:
     ok_parents = {g.uuid for g, ok in zip(state.gpus, allowed, strict=True) if ok}
     free = sorted(
         (

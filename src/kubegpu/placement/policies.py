@@ -21,7 +21,7 @@ from typing import ClassVar, Final
 import numpy as np
 
 from kubegpu.placement.cluster import MILLI, ClusterState, Demand, demand_tag
-from kubegpu.placement.frag import FragTerms, frag_delta_per_gpu, frag_delta_per_node
+from kubegpu.placement.frag import FragCache, FragTerms, frag_delta_per_gpu, frag_delta_per_node
 from kubegpu.placement.workload import Workload
 
 # Normalisers of the FGD simulator (largest node in the Alibaba trace): 128 cores, 8 GPUs.
@@ -34,15 +34,22 @@ MAX_SCORE: Final = 100
 class ScoreContext:
     """What a scoring call may consult besides the cluster: the target workload and a random source.
 
-    ``rng`` breaks ties (and drives ``random``); without one, ties go to the
-    lowest index so the result is deterministic. The context caches derived
-    arrays for one cluster shape; make one per cluster, never share it globally.
+    ``rng`` drives the ``random`` policy, and breaks ties only when
+    ``random_ties`` is set (as stock kube-scheduler does). Otherwise ties go
+    to the node with the lowest ``node_rank`` (default: the lowest index), so
+    results are deterministic; the FGD paper's simulator breaks ties by node
+    name after prefixing names with a random permutation, which a random
+    ``node_rank`` reproduces. The context caches derived arrays for one
+    cluster shape; make one per cluster, never share it globally.
     """
 
     workload: Workload | None = None
     rng: np.random.Generator | None = None
+    random_ties: bool = False
+    node_rank: np.ndarray | None = None
     use_memory: bool = False
     _terms: dict[tuple[int, bool], FragTerms] = field(default_factory=dict)
+    _caches: dict[tuple[int, bool], FragCache] = field(default_factory=dict)
 
     def frag_terms(self, cluster: ClusterState, use_memory: bool | None = None) -> FragTerms:
         """The workload's fragment terms for this cluster (cached per cluster object)."""
@@ -55,6 +62,17 @@ class ScoreContext:
             terms = FragTerms.build(cluster, self.workload, use_memory=mem)
             self._terms[key] = terms
         return terms
+
+    def frag_cache(self, cluster: ClusterState, use_memory: bool | None = None) -> FragCache:
+        """Per-node fragment sums of this cluster, refreshed where nodes changed (see ClusterState.version)."""
+        mem = self.use_memory if use_memory is None else use_memory
+        terms = self.frag_terms(cluster, mem)
+        key = (id(cluster.version), mem)
+        cache = self._caches.get(key)
+        if cache is None or cache.terms is not terms or cache.version.shape != cluster.version.shape:
+            cache = FragCache(cluster, terms)
+            self._caches[key] = cache
+        return cache
 
 
 class Policy:
@@ -88,7 +106,7 @@ def _free(cluster: ClusterState, node: int | np.ndarray) -> np.ndarray:
 
 def bestfit_choice(left: np.ndarray, candidates: np.ndarray, k: int) -> np.ndarray:
     """(n, k) GPU indexes: the k candidates with the least free compute, lowest index first on ties."""
-    key = np.where(candidates, left, np.iinfo(np.int64).max)
+    key = np.where(candidates, left.astype(np.int64), np.iinfo(np.int64).max)
     return np.argsort(key, axis=1, kind="stable")[:, :k]
 
 
@@ -188,9 +206,7 @@ class PackingPolicy(Policy):
         free_on_used = np.maximum(MAX_SCORE // 2 - used_free, MAX_SCORE // 3)
         ratio = (chosen_left * 100 // MILLI).sum(axis=1)
         shared = np.maximum(MAX_SCORE - ratio // 10, MAX_SCORE // 2)
-        return np.where(
-            fully_free == n_gpus, idle_node, np.where(used_free > 0, free_on_used, shared)
-        ).astype(float)
+        return np.where(fully_free == n_gpus, idle_node, np.where(used_free > 0, free_on_used, shared)).astype(float)
 
 
 class ClusteringPolicy(Policy):
@@ -247,13 +263,14 @@ class FgdPolicy(Policy):
             # No target workload known (a fresh extender): best fit is the sensible fallback.
             return BestFitPolicy().node_scores(cluster, demand, rows, candidates, ctx)
         terms = ctx.frag_terms(cluster, self.use_memory)
+        cache = ctx.frag_cache(cluster, self.use_memory)
         if demand.count == 1 and not demand.exclusive:
-            delta = frag_delta_per_gpu(cluster, terms, rows, demand, candidates)
+            delta = frag_delta_per_gpu(cluster, terms, rows, demand, candidates, cache)
             score = self._score(delta)
             score[~candidates] = -np.inf
             return score.max(axis=1)
         choice = bestfit_choice(_free(cluster, rows), candidates, demand.count) if demand.count else None
-        return self._score(frag_delta_per_node(cluster, terms, rows, demand, choice))
+        return self._score(frag_delta_per_node(cluster, terms, rows, demand, choice, cache))
 
     def gpu_scores(
         self, cluster: ClusterState, node: int, demand: Demand, candidates: np.ndarray, ctx: ScoreContext
@@ -271,7 +288,9 @@ class FgdPolicy(Policy):
             demand.models,
         )
         rows = np.array([node])
-        delta = frag_delta_per_gpu(cluster, terms, rows, single, candidates[None, :])[0]
+        delta = frag_delta_per_gpu(
+            cluster, terms, rows, single, candidates[None, :], ctx.frag_cache(cluster, self.use_memory)
+        )[0]
         return self._score(delta)
 
 
@@ -317,9 +336,7 @@ class KubegpuPolicy(FgdPolicy):
     use_memory = True
     tolerance: ClassVar[float] = 1.0  # milli-GPU of fragment treated as a tie
 
-    def _with_fit(
-        self, cluster: ClusterState, rows: np.ndarray, demand: Demand, score: np.ndarray
-    ) -> np.ndarray:
+    def _with_fit(self, cluster: ClusterState, rows: np.ndarray, demand: Demand, score: np.ndarray) -> np.ndarray:
         gpu_left = _free(cluster, rows).sum(axis=1) - demand.gpu_milli_total
         cpu_left = cluster.cpu_free[rows] - demand.cpu_milli
         fit = 0.5 * gpu_left / MAX_SPEC_GPU + 0.5 * cpu_left / MAX_SPEC_CPU  # 0..1, lower is tighter
@@ -333,9 +350,7 @@ class KubegpuPolicy(FgdPolicy):
         candidates: np.ndarray,
         ctx: ScoreContext,
     ) -> np.ndarray:
-        return self._with_fit(
-            cluster, rows, demand, super().node_scores(cluster, demand, rows, candidates, ctx)
-        )
+        return self._with_fit(cluster, rows, demand, super().node_scores(cluster, demand, rows, candidates, ctx))
 
 
 _POLICIES: Final[dict[str, Callable[[], Policy]]] = {

@@ -75,9 +75,7 @@ def set_score(gpus: Sequence[Gpu], uuids: Sequence[str]) -> int:
     return sum(pair_score(a, b) for a, b in combinations(chosen, 2))
 
 
-def choose_gpu_set(
-    gpus: Sequence[Gpu], available: Sequence[str], must_include: Sequence[str], size: int
-) -> list[str]:
+def choose_gpu_set(gpus: Sequence[Gpu], available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
     """The best ``size`` GPUs (UUIDs, in index order) among ``available``, containing ``must_include``.
 
     ``gpus`` is the node's inventory (for indexes and links). Unknown or
@@ -133,9 +131,7 @@ def best_set(
     return _greedy(scores, fixed, free, need)
 
 
-def _greedy(
-    scores: Sequence[Sequence[int]], fixed: tuple[int, ...], free: list[int], need: int
-) -> tuple[int, ...]:
+def _greedy(scores: Sequence[Sequence[int]], fixed: tuple[int, ...], free: list[int], need: int) -> tuple[int, ...]:
     """Grow the set one GPU at a time: most links into the set, then fewest to the rest, then index."""
     chosen = list(fixed)
     left = list(free)

@@ -37,9 +37,7 @@ class Workload:
     freq: np.ndarray  # (T,) float64
 
     @classmethod
-    def from_demands(
-        cls, demands: Iterable[Demand], coverage: float = 0.95, with_memory: bool = False
-    ) -> Workload:
+    def from_demands(cls, demands: Iterable[Demand], coverage: float = 0.95, with_memory: bool = False) -> Workload:
         """The most frequent shapes covering ``coverage`` of the demands, renormalised.
 
         Ties in frequency are ordered by (CPU, per-GPU compute, count, models),

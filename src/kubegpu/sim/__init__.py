@@ -1,0 +1,1 @@
+"""The capacity planner: replays a GPU cluster trace through kubegpu's placement policies."""
