@@ -98,6 +98,26 @@ def test_config_file_named_by_flag_or_env(tmp_path: Path) -> None:
     assert load_config(flags={"config-file": str(f)}, env={"CONFIG_FILE": "/nope"}).flags.mig_strategy == "mixed"
 
 
+def test_nvidia_aliases_and_second_variables() -> None:
+    by_alias = load_config(flags={"nvidia-ctk-path": "/opt/ctk", "container-driver-root": "/drv",
+                                  "driver-root": "/run/nvidia/driver"})
+    assert by_alias.flags.plugin.nvidia_ctk_path == "/opt/ctk"
+    assert by_alias.flags.plugin.container_driver_root == "/drv"
+    assert by_alias.flags.nvidia_driver_root == "/run/nvidia/driver" and by_alias.flags.dev_root == "/run/nvidia/driver"
+    env = load_config(env={"NVIDIA_CTK_PATH": "/old", "NVIDIA_CDI_HOOK_PATH": "/new",
+                           "CONTAINER_DRIVER_ROOT": "/c", "IMEX_CHANNEL_IDS": "0,3", "IMEX_REQUIRED": "true",
+                           "GFD_USE_NODE_FEATURE_API": "true", "CDI_FEATURE_FLAGS": "a,b"})
+    assert env.flags.plugin.nvidia_ctk_path == "/new"  # NVIDIA reads NVIDIA_CDI_HOOK_PATH first
+    assert env.flags.plugin.container_driver_root == "/c"
+    assert env.imex.channel_ids == (0, 3) and env.imex.required
+    assert env.flags.use_node_feature_api and env.flags.plugin.cdi_feature_flags == ("a", "b")
+    assert load_config(file={"imex": {"channelIDs": [1], "required": True}}).imex.channel_ids == (1,)
+    with pytest.raises(ConfigError, match="--nvidia-cdi-hook-path and --nvidia-ctk-path are the same setting"):
+        load_config(flags={"nvidia-cdi-hook-path": "/a", "nvidia-ctk-path": "/b"})
+    with pytest.raises(ConfigError, match="IMEX_CHANNEL_IDS: 'x' is not a channel number"):
+        load_config(env={"IMEX_CHANNEL_IDS": "1,x"})
+
+
 def test_env_and_flag_value_forms() -> None:
     c = load_config(env={"FAIL_ON_INIT_ERROR": "false", "DEVICE_LIST_STRATEGY": "volume-mounts,cdi-annotations",
                          "PASS_DEVICE_SPECS": "1", "KUBEGPU_HEALTH_RECOVERY_INTERVAL": "1m30s"})
@@ -277,8 +297,8 @@ def test_short_form_parser_alone() -> None:
 
 
 def test_every_option_has_flag_env_and_help() -> None:
-    flags = [o.flag for o in OPTIONS]
-    envs = [o.env for o in OPTIONS]
+    flags = [n for o in OPTIONS for n in (o.flag, *o.aliases)]
+    envs = [e for o in OPTIONS for e in o.envs]
     assert len(set(flags)) == len(flags) and len(set(envs)) == len(envs)
     for required in ("MIG_STRATEGY", "FAIL_ON_INIT_ERROR", "NVIDIA_DRIVER_ROOT", "PASS_DEVICE_SPECS",
                      "DEVICE_LIST_STRATEGY", "DEVICE_ID_STRATEGY", "MPS_ROOT", "CDI_ANNOTATION_PREFIX",
@@ -289,6 +309,6 @@ def test_every_option_has_flag_env_and_help() -> None:
     assert all(r[3] for r in rows)
     # Every default loads back through its own flag.
     for o in OPTIONS:
-        shown = next(r[2] for r in rows if r[0] == f"--{o.flag}")
+        shown = next(r[2] for r in rows if r[0].split(", ")[0] == f"--{o.flag}")
         if shown:
             load_config(flags={o.flag: shown})

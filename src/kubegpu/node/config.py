@@ -33,7 +33,7 @@ NVIDIA_DOMAIN: Final = "nvidia.com"
 MIG_STRATEGIES: Final = ("none", "single", "mixed")
 DEVICE_LIST_STRATEGIES: Final = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
 DEVICE_ID_STRATEGIES: Final = ("uuid", "index")
-DISCOVERY_STRATEGIES: Final = ("auto", "nvml", "tegra")
+DISCOVERY_STRATEGIES: Final = ("auto", "nvml", "tegra", "vfio")
 REPLICA_CHOICES: Final = ("distributed", "packed")
 SHARING_STRATEGIES: Final = ("none", "time-slicing", "mps")
 
@@ -63,6 +63,7 @@ class PluginFlags:
     cdi_annotation_prefix: str = "cdi.k8s.io/"
     nvidia_ctk_path: str = "/usr/bin/nvidia-ctk"
     container_driver_root: str = "/driver-root"
+    cdi_feature_flags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +87,7 @@ class Flags:
     mps_root: str = "/run/nvidia/mps"
     nvidia_driver_root: str = "/"
     nvidia_dev_root: str = ""  # "" = the driver root, as NVIDIA defaults it
+    gdrcopy_enabled: bool = False
     gds_enabled: bool = False
     mofed_enabled: bool = False
     use_node_feature_api: bool = False
@@ -247,12 +249,18 @@ class Option:
     key: str  # dotted path in the file, e.g. flags.plugin.deviceIDStrategy
     flag: str  # command-line name without dashes, e.g. device-id-strategy
     env: str
-    kind: Literal["str", "bool", "int", "duration", "choice", "choices", "list"]
+    kind: Literal["str", "bool", "int", "ints", "duration", "choice", "choices", "list"]
     default: Any
     help: str = ""
     choices: tuple[str, ...] = ()
     minimum: int = 0
     maximum: int = 1 << 30
+    aliases: tuple[str, ...] = ()  # other flag names for the same setting
+    more_env: tuple[str, ...] = ()  # other variables, read in order after ``env``
+
+    @property
+    def envs(self) -> tuple[str, ...]:
+        return (self.env, *self.more_env)
 
 
 OPTIONS: Final[tuple[Option, ...]] = (
@@ -266,15 +274,18 @@ OPTIONS: Final[tuple[Option, ...]] = (
     Option("flags.mpsRoot", "mps-root", "MPS_ROOT", "str", "/run/nvidia/mps",
            "the host path where the MPS control daemon keeps its pipes and shm"),
     Option("flags.nvidiaDriverRoot", "nvidia-driver-root", "NVIDIA_DRIVER_ROOT", "str", "/",
-           "the root of the NVIDIA driver installation ('/' or '/run/nvidia/driver')"),
+           "the root of the NVIDIA driver installation ('/' or '/run/nvidia/driver')",
+           aliases=("driver-root",)),
     Option("flags.nvidiaDevRoot", "nvidia-dev-root", "NVIDIA_DEV_ROOT", "str", "",
-           "the root of the NVIDIA device nodes (default: the driver root)"),
+           "the root of the NVIDIA device nodes (default: the driver root)", aliases=("dev-root",)),
+    Option("flags.gdrcopyEnabled", "gdrcopy-enabled", "GDRCOPY_ENABLED", "bool", False,
+           "start containers with NVIDIA_GDRCOPY=enabled"),
     Option("flags.gdsEnabled", "gds-enabled", "GDS_ENABLED", "bool", False,
            "start containers with NVIDIA_GDS=enabled"),
     Option("flags.mofedEnabled", "mofed-enabled", "MOFED_ENABLED", "bool", False,
            "start containers with NVIDIA_MOFED=enabled"),
     Option("flags.useNodeFeatureAPI", "use-node-feature-api", "USE_NODE_FEATURE_API", "bool", False,
-           "publish labels through the NodeFeature API"),
+           "publish labels through the NodeFeature API", more_env=("GFD_USE_NODE_FEATURE_API",)),
     Option("flags.deviceDiscoveryStrategy", "device-discovery-strategy", "DEVICE_DISCOVERY_STRATEGY",
            "choice", "auto", "how GPUs are discovered", DISCOVERY_STRATEGIES),
     Option("flags.plugin.passDeviceSpecs", "pass-device-specs", "PASS_DEVICE_SPECS", "bool", False,
@@ -285,10 +296,18 @@ OPTIONS: Final[tuple[Option, ...]] = (
            "how devices are named to the runtime", DEVICE_ID_STRATEGIES),
     Option("flags.plugin.cdiAnnotationPrefix", "cdi-annotation-prefix", "CDI_ANNOTATION_PREFIX", "str",
            "cdi.k8s.io/", "the prefix of CDI container annotation keys"),
-    Option("flags.plugin.nvidiaCTKPath", "nvidia-ctk-path", "NVIDIA_CTK_PATH", "str", "/usr/bin/nvidia-ctk",
-           "the nvidia-ctk path written in the generated CDI spec"),
-    Option("flags.plugin.containerDriverRoot", "container-driver-root", "CONTAINER_DRIVER_ROOT", "str",
-           "/driver-root", "where the driver root is mounted in this container (for CDI specs)"),
+    Option("flags.plugin.nvidiaCTKPath", "nvidia-cdi-hook-path", "NVIDIA_CDI_HOOK_PATH", "str",
+           "/usr/bin/nvidia-ctk", "the NVIDIA CDI hook (nvidia-ctk) path written in the generated CDI spec",
+           aliases=("nvidia-ctk-path",), more_env=("NVIDIA_CTK_PATH",)),
+    Option("flags.plugin.containerDriverRoot", "driver-root-ctr-path", "DRIVER_ROOT_CTR_PATH", "str",
+           "/driver-root", "where the driver root is mounted in this container (for CDI specs)",
+           aliases=("container-driver-root",), more_env=("CONTAINER_DRIVER_ROOT",)),
+    Option("flags.plugin.cdiFeatureFlags", "cdi-feature-flags", "CDI_FEATURE_FLAGS", "list", (),
+           "feature flags for CDI spec generation (comma list)"),
+    Option("imex.channelIDs", "imex-channel-ids", "IMEX_CHANNEL_IDS", "ints", (),
+           "IMEX channels to inject (comma list of numbers)"),
+    Option("imex.required", "imex-required", "IMEX_REQUIRED", "bool", False,
+           "the IMEX channels are required"),
     Option("flags.gfd.oneshot", "oneshot", "GFD_ONESHOT", "bool", False, "label once and exit"),
     Option("flags.gfd.noTimestamp", "no-timestamp", "GFD_NO_TIMESTAMP", "bool", False,
            "do not add the timestamp label"),
@@ -317,7 +336,7 @@ OPTIONS: Final[tuple[Option, ...]] = (
 )
 
 OPTIONS_BY_KEY: Final = {o.key: o for o in OPTIONS}
-OPTIONS_BY_FLAG: Final = {o.flag: o for o in OPTIONS}
+OPTIONS_BY_FLAG: Final = {name: o for o in OPTIONS for name in (o.flag, *o.aliases)}
 CONFIG_FILE_FLAG: Final = "config-file"
 CONFIG_FILE_ENV: Final = "CONFIG_FILE"
 
@@ -385,6 +404,19 @@ def _parse_value(opt: Option, value: Any, where: str) -> Any:
         if not opt.minimum <= value <= opt.maximum:
             raise ConfigError(f"{where}: {value} is not between {opt.minimum} and {opt.maximum}")
         return value
+    if opt.kind == "ints":
+        raw = value.split(",") if isinstance(value, str) else value
+        if not isinstance(raw, list | tuple):
+            raise ConfigError(f"{where}: {value!r} is not a list of numbers")
+        out = []
+        for item in raw:
+            text = item.strip() if isinstance(item, str) else item
+            if isinstance(text, str) and text.isdigit():
+                text = int(text)
+            if isinstance(text, bool) or not isinstance(text, int) or text < 0:
+                raise ConfigError(f"{where}: {item!r} is not a channel number")
+            out.append(text)
+        return tuple(out)
     if opt.kind in ("choices", "list"):
         try:
             items = _split(value)
@@ -617,6 +649,10 @@ def load_config(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] |
     for name in flags:
         if name not in OPTIONS_BY_FLAG and name != CONFIG_FILE_FLAG:
             raise ConfigError(f"--{name}: unknown flag")
+    for opt in OPTIONS:
+        given = [n for n in (opt.flag, *opt.aliases) if flags.get(n) is not None]
+        if len(given) > 1:
+            raise ConfigError(f"--{given[0]} and --{given[1]} are the same setting; give one")
     source = ""
     if file is None:
         file = flags.get(CONFIG_FILE_FLAG) or env.get(CONFIG_FILE_ENV) or None
@@ -633,17 +669,21 @@ def load_config(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] |
 
     # Layer the scalar options: file, then env, then flags.
     chosen: dict[str, tuple[Any, str]] = {}
-    for section in ("flags", "kubegpu"):
+    for section in ("flags", "kubegpu", "imex"):
         value = doc.get(section)
         if value is not None:
             if not isinstance(value, Mapping):
                 raise ConfigError(f"config.{section}: expected a mapping, got {type(value).__name__}")
             _walk(value, section, chosen)
     for opt in OPTIONS:
-        if opt.env in env and env[opt.env] != "":
-            chosen[opt.key] = (env[opt.env], opt.env)
-        if opt.flag in flags and flags[opt.flag] is not None:
-            chosen[opt.key] = (flags[opt.flag], f"--{opt.flag}")
+        for name in opt.envs:  # the first one set wins, as urfave/cli reads EnvVars
+            if env.get(name, "") != "":
+                chosen[opt.key] = (env[name], name)
+                break
+        for name in (opt.flag, *opt.aliases):
+            if flags.get(name) is not None:
+                chosen[opt.key] = (flags[name], f"--{name}")
+                break
     values = {o.key: o.default for o in OPTIONS}
     for key, (raw, where) in chosen.items():
         values[key] = _parse_value(OPTIONS_BY_KEY[key], raw, where)
@@ -670,13 +710,7 @@ def load_config(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] |
         sharing = Sharing(time_slicing=ReplicaSharing(ts.rename_by_default, ts.fail_requests_greater_than_one,
                                                       ts.resources + short), mps=sharing.mps)
 
-    imex_doc = _mapping(doc.get("imex"), "config.imex", ("channelIDs", "required"))
-    channel_ids = imex_doc.get("channelIDs") or []
-    if not isinstance(channel_ids, list) or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0
-                                                    for c in channel_ids):
-        raise ConfigError(f"config.imex.channelIDs: {channel_ids!r} is not a list of channel numbers")
-    imex = Imex(channel_ids=tuple(channel_ids),
-                required=_parse_bool(imex_doc.get("required", False), "config.imex.required"))
+    imex = Imex(channel_ids=tuple(values["imex.channelIDs"]), required=values["imex.required"])
 
     v = values
     return Config(
@@ -688,6 +722,7 @@ def load_config(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] |
             mps_root=v["flags.mpsRoot"],
             nvidia_driver_root=v["flags.nvidiaDriverRoot"],
             nvidia_dev_root=v["flags.nvidiaDevRoot"],
+            gdrcopy_enabled=v["flags.gdrcopyEnabled"],
             gds_enabled=v["flags.gdsEnabled"],
             mofed_enabled=v["flags.mofedEnabled"],
             use_node_feature_api=v["flags.useNodeFeatureAPI"],
@@ -699,6 +734,7 @@ def load_config(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] |
                 cdi_annotation_prefix=v["flags.plugin.cdiAnnotationPrefix"],
                 nvidia_ctk_path=v["flags.plugin.nvidiaCTKPath"],
                 container_driver_root=v["flags.plugin.containerDriverRoot"],
+                cdi_feature_flags=tuple(v["flags.plugin.cdiFeatureFlags"]),
             ),
             gfd=GfdFlags(
                 oneshot=v["flags.gfd.oneshot"],
@@ -730,13 +766,14 @@ def flag_help() -> list[tuple[str, str, str, str]]:
     def show(o: Option) -> str:
         d = o.default
         if isinstance(d, tuple):
-            return ",".join(d)
+            return ",".join(str(x) for x in d)
         if isinstance(d, bool):
             return str(d).lower()
         if o.kind == "duration":
             return f"{d:g}s"
         return str(d)
-    rows = [(f"--{o.flag}", o.env, show(o), o.help) for o in OPTIONS]
+    rows = [(", ".join(f"--{n}" for n in (o.flag, *o.aliases)), ", ".join(o.envs), show(o), o.help)
+            for o in OPTIONS]
     rows.append((f"--{CONFIG_FILE_FLAG}", CONFIG_FILE_ENV, "",
                  "the config file (NVIDIA's format plus a kubegpu: section)"))
     return rows
