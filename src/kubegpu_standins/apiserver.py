@@ -34,8 +34,9 @@ cluster. This server keeps the behaviour those calls depend on, as the real one 
   into ``ApiError``); malformed JSON is a 400, bodies over 3 MiB a 413.
 
 For tests it also offers direct helpers (``put_object``, ``get_object``, ``objects``),
-``compact()`` (forget the history so old versions answer 410), ``drop_watches()`` (end every
-open watch stream, as an API server restart does) and a count of requests per verb.
+``inject_failure()`` (answer the next requests of a verb with an error status), ``compact()``
+(forget the history so old versions answer 410), ``drop_watches()`` (end every open watch
+stream, as an API server restart does) and a count of requests per verb.
 """
 
 from __future__ import annotations
@@ -351,6 +352,7 @@ class Store:
         self._compacted = 0  # the newest version no longer replayable
         self._watchers: set[_Watcher] = set()
         self.requests: Counter[str] = Counter()
+        self.faults: dict[str, list[int]] = {}  # "POST pods/binding" -> status codes to answer next
 
     @property
     def resource_version(self) -> int:
@@ -654,6 +656,10 @@ class ApiServer:
     def compact(self) -> None:
         self.store.compact()
 
+    def inject_failure(self, verb: str, *codes: int) -> None:
+        """Answer the next requests of ``verb`` (e.g. ``"POST pods/binding"``) with these status codes."""
+        self.store.faults.setdefault(verb, []).extend(codes)
+
     def drop_watches(self) -> int:
         return self.store.drop_watches()
 
@@ -710,7 +716,11 @@ class ApiServer:
     async def _handle(self, request: Request) -> Response:
         kind, namespace, name, sub = self._route(request)
         method, q = request.method, request.query_params
-        self.store.requests[f"{method} {kind.plural}{'/' + sub if sub else ''}"] += 1
+        verb = f"{method} {kind.plural}{'/' + sub if sub else ''}"
+        self.store.requests[verb] += 1
+        if self.store.faults.get(verb):
+            code = self.store.faults[verb].pop(0)
+            raise ApiStatusError(code, "InternalError" if code >= 500 else "Injected", f"injected failure ({verb})")
         ns = namespace or ""
         if method == "GET" and name is None:
             matches = _and(field_matcher(q.get("fieldSelector")), label_matcher(q.get("labelSelector")))

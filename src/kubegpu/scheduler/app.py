@@ -238,9 +238,7 @@ class Extender:
             self.view.release(key, uid)
             self.metrics.bind_failures.labels("api-unreachable").inc()
             return f"kubegpu bind: {type(e).__name__}: {e}"
-        h = self.view.held.get(key)
-        if h is not None:
-            h.binding = False  # now waiting for the watch to echo it (or the assume TTL)
+        self.view.mark_bound(key)
         self.metrics.placed.inc()
         return ""
 

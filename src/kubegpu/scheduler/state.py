@@ -327,6 +327,13 @@ class ClusterView:
         self._workload_dirty = True
         return h
 
+    def mark_bound(self, key: str) -> None:
+        """The bind of an assumed pod went through: wait up to the TTL for the watch to echo it."""
+        h = self.held.get(key)
+        if h is not None and h.assumed_at is not None:
+            h.binding = False
+            h.assumed_at = self._clock()
+
     def expire_assumed(self) -> list[str]:
         """Drop assumptions whose bind finished but never showed in the watch within the TTL."""
         now = self._clock()

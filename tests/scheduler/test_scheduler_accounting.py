@@ -1,0 +1,157 @@
+"""Accounting under concurrency, failures and restarts: no GPU is ever given twice or past 100 %."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from collections import defaultdict
+from pathlib import Path
+
+import httpx
+from sched_harness import Cluster
+from test_scheduler_behaviour import bind, pod, share
+
+from kubegpu.inventory.fake import FakeBackend
+from kubegpu.model.allocation import PodAllocation, decode, encode
+from kubegpu.model.annotations import DEVICE_ALLOCATED
+from kubegpu.placement import fit
+from kubegpu.scheduler.service import ServiceThread
+from kubegpu.scheduler.state import ClusterView
+
+
+def _concurrent_binds(cluster: Cluster, pods: list[dict], node: str) -> list[str]:
+    uids = [cluster.api.put_object(p)["metadata"]["uid"] for p in pods]
+
+    def one(i: int) -> str:
+        with httpx.Client(base_url=cluster.ext.url, timeout=20) as c:
+            r = c.post("/bind", json={"PodName": pods[i]["metadata"]["name"], "PodNamespace": "default",
+                                      "PodUID": uids[i], "Node": node})
+            return r.json().get("Error", "")
+
+    with cf.ThreadPoolExecutor(len(pods)) as pool:
+        return list(pool.map(one, range(len(pods))))
+
+
+def _allocations(cluster: Cluster) -> dict[str, PodAllocation]:
+    out = {}
+    for p in cluster.api.objects("pods"):
+        value = (p["metadata"].get("annotations") or {}).get(DEVICE_ALLOCATED)
+        if value and p["spec"].get("nodeName"):
+            out[p["metadata"]["name"]] = decode(value)
+    return out
+
+
+def test_concurrent_whole_gpu_binds_never_share_a_gpu(cluster: Cluster) -> None:
+    errors = _concurrent_binds(cluster, [pod(f"w{i}", {"nvidia.com/gpu": "1"}) for i in range(12)], "gpu-node-a")
+    assert errors.count("") == 8
+    assert all("whole GPU" in e or "in use" in e or "GPU" in e for e in errors if e)
+    uuids = [g.uuid for a in _allocations(cluster).values() for g in a.grants()]
+    assert len(uuids) == 8 == len(set(uuids))
+    # Pods whose bind failed hold nothing; nor are they bound.
+    assert len(cluster.ext.call(lambda: list(cluster.view.held))) == 8
+
+
+def test_concurrent_share_binds_never_exceed_a_gpu(cluster: Cluster) -> None:
+    pods = [pod(f"s{i}", share(30, ratio=10)) for i in range(10)]
+    errors = _concurrent_binds(cluster, pods, "gpu-node-c")
+    assert errors.count("") == 3  # 3 x 30 % fit one GPU, a fourth would be 120 %
+    core = defaultdict(int)
+    for a in _allocations(cluster).values():
+        for g in a.grants():
+            core[g.uuid] += g.core
+    assert list(core.values()) == [90]
+
+
+def test_failed_binding_releases_the_assumption_and_retry_is_idempotent(cluster: Cluster) -> None:
+    cluster.api.inject_failure("POST pods/binding", 409)  # not a "bound to this node" conflict
+    err = bind(cluster, pod("f", {"nvidia.com/gpu": "8"}), "gpu-node-b")
+    assert "API error 409" in err
+    assert cluster.ext.call(lambda: "default/f" not in cluster.view.held)
+    # The scheduler retries: the annotation already written is reused, and the bind goes through.
+    uid = cluster.api.get_object("pods", "f", "default")["metadata"]["uid"]
+    r = cluster.post("/bind", {"PodName": "f", "PodNamespace": "default", "PodUID": uid, "Node": "gpu-node-b"})
+    assert r.json() == {"Error": ""}
+    assert cluster.api.get_object("pods", "f", "default")["spec"]["nodeName"] == "gpu-node-b"
+    # A transient 500 on the Binding is retried inside the bind.
+    cluster.api.inject_failure("POST pods/binding", 500)
+    assert bind(cluster, pod("g", {"nvidia.com/gpu": "1"}), "gpu-node-a") == ""
+    # Unknown pod, recreated pod, pod bound elsewhere: clear errors, nothing held.
+    r = cluster.post("/bind", {"PodName": "ghost", "PodNamespace": "default", "PodUID": "", "Node": "gpu-node-a"})
+    assert "cannot read pod default/ghost" in r.json()["Error"]
+    r = cluster.post("/bind", {"PodName": "g", "PodNamespace": "default", "PodUID": "old", "Node": "gpu-node-a"})
+    assert "recreated" in r.json()["Error"]
+    elsewhere = pod("e", {"nvidia.com/gpu": "1"})
+    elsewhere["spec"]["nodeName"] = "gpu-node-b"
+    assert "already bound to gpu-node-b" in bind(cluster, elsewhere, "gpu-node-a")
+    assert cluster.ext.call(lambda: sorted(cluster.view.held)) == ["default/f", "default/g"]
+
+
+def test_restart_rebuilds_the_same_accounting(cluster: Cluster, tmp_path: Path) -> None:
+    assert bind(cluster, pod("a", {"nvidia.com/gpu": "3"}), "gpu-node-a") == ""
+    assert bind(cluster, pod("b", share(25, mem="8Gi")), "gpu-node-a") == ""
+    assert bind(cluster, pod("c", [{"nvidia.com/gpu": "1"}, share(50, ratio=50)]), "gpu-node-b") == ""
+    # The watch echo arrives; then a pod finishes and is released.
+    assert bind(cluster, pod("done", {"nvidia.com/gpu": "1"}), "gpu-node-c") == ""
+    done = cluster.api.get_object("pods", "done", "default")
+    cluster.api.store.update(cluster.api.kind("pods"), "default", "done",
+                             lambda p: {**p, "status": {"phase": "Succeeded"}}, "status")
+    url = "/apis/v1/plugins/DeviceShare/nodeDeviceSummaries"
+    for _ in range(100):
+        before = cluster.http.get(url).json()
+        if before["gpu-node-c"]["deviceUsed"]["kubegpu.io/gpu-core"] == "0" and all(
+                h.assumed_at is None for h in cluster.ext.call(lambda: list(cluster.view.held.values()))):
+            break
+        import time
+        time.sleep(0.05)
+    assert done["metadata"]["uid"]
+    assert before["gpu-node-c"]["deviceUsed"]["kubegpu.io/gpu-core"] == "0"
+    cluster.ext.stop()
+    fresh = ServiceThread(tmp_path / "kubeconfig").start()
+    try:
+        after = httpx.get(fresh.url + url).json()
+        assert after == before
+        assert fresh.call(lambda: sorted(fresh.service.view.held)) == ["default/a", "default/b", "default/c"]
+    finally:
+        fresh.stop()
+
+
+def test_view_expires_assumptions_never_echoed() -> None:
+    now = [0.0]
+    view = ClusterView(assume_ttl_s=10, clock=lambda: now[0])
+    inv = FakeBackend("t4x4", node_name="n").discover()
+    view.set_inventory("n", inv)
+    alloc, _ = view.choose(pod("p", {"nvidia.com/gpu": "4"}), "n", "kubegpu")
+    assert alloc is not None
+    view.hold("default/p", "u1", "n", alloc, assumed=True)
+    now[0] = 100
+    assert view.expire_assumed() == []  # a bind in flight never expires
+    view.mark_bound("default/p")
+    now[0] = 105
+    assert view.expire_assumed() == []
+    now[0] = 111
+    assert view.expire_assumed() == ["default/p"]
+    assert view.filter(pod("q", {"nvidia.com/gpu": "4"}), ["n"], "kubegpu").passed == ["n"]
+
+
+def test_view_counts_each_pod_once_and_reports_collisions() -> None:
+    view = ClusterView()
+    inv = FakeBackend("t4x4", node_name="n").discover()
+    view.set_inventory("n", inv)
+    alloc = fit(view.nodes["n"].state, __import__("kubegpu.model", fromlist=["parse_pod"]).parse_pod(
+        pod("p", {"nvidia.com/gpu": "2"}))).choice.to_allocation()
+    bound = {"metadata": {"name": "p", "namespace": "default", "uid": "u1",
+                          "annotations": {DEVICE_ALLOCATED: encode(alloc)}},
+             "spec": {"nodeName": "n"}, "status": {"phase": "Running"}}
+    for _ in range(3):
+        view.observe_pod(bound)  # relists and echoes
+    assert view.nodes["n"].state.core_free(inv.gpus[0].uuid) + view.nodes["n"].state.core_free(
+        inv.gpus[1].uuid) == 0
+    assert sum(view.nodes["n"].state.core_free(g.uuid) for g in inv.gpus) == 200
+    twin = {**bound, "metadata": {**bound["metadata"], "name": "twin", "uid": "u2"}}
+    view.observe_pod(twin)
+    assert view.conflicts == 1 and "default/twin" not in view.held
+    corrupt = {**bound, "metadata": {**bound["metadata"], "name": "bad", "uid": "u3",
+                                     "annotations": {DEVICE_ALLOCATED: "{nope"}}}
+    view.observe_pod(corrupt)
+    assert view.corrupt == 1
+    view.observe_pod(bound, deleted=True)
+    assert sum(view.nodes["n"].state.core_free(g.uuid) for g in inv.gpus) == 400
