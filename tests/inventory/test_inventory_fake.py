@@ -187,3 +187,16 @@ def test_open_backend_picks_by_name() -> None:
     nvml = open_backend("nvml", node_name="x")
     assert isinstance(nvml, NvmlBackend)
     nvml.close()
+
+
+def test_shipped_demo_topology_replays_its_faults() -> None:
+    now = [0.0]
+    b = FakeBackend("t4x4-faults", clock=lambda: now[0])
+    uuids = [g.uuid for g in b.discover().gpus]
+    assert b.wait_event(0) is None
+    now[0] = 45.0
+    events = [b.wait_event(0) for _ in range(3)]
+    assert [(e.uuid, e.xid) for e in events if e] == [(uuids[1], 48), (uuids[2], 13), (uuids[3], 79)]
+    assert not b.probe(uuids[3])
+    now[0] = 71.0
+    assert b.probe(uuids[3])
