@@ -40,6 +40,9 @@ class FakeBackend:
 
     def __init__(self, topology: Topology | str | Path, node_name: str | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        """``topology``: a shipped name, a file path, or a parsed Topology. ``node_name`` names the
+        node; from a name or path it also seeds the derived UUIDs (distinct nodes, distinct GPUs),
+        for a parsed Topology it only renames. ``clock`` is the time base of scheduled faults."""
         if not isinstance(topology, Topology):
             topology = load_topology(topology, node_name=node_name)
         elif node_name is not None and node_name != topology.inventory.name:
