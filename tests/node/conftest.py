@@ -49,7 +49,7 @@ def make_daemon(sockdir: Path) -> Iterator[DaemonFactory]:
 
     def factory(topology: str = "dgx1-v100", *, flags: dict[str, Any] | None = None,
                 env: dict[str, str] | None = None, settings: dict[str, Any] | None = None,
-                start: bool = True, **opts: Any) -> tuple[NodeDaemon, FakeBackend]:
+                start: bool = True, resolver: Any = None, **opts: Any) -> tuple[NodeDaemon, FakeBackend]:
         backend = FakeBackend(topology)
         fl = {"shared-slots": 0, **(flags or {})}
         st = {"cdi_dir": str(sockdir / "cdi"), "mig_minors_file": str(sockdir / "mig-minors"),
@@ -59,7 +59,7 @@ def make_daemon(sockdir: Path) -> Iterator[DaemonFactory]:
         def load() -> NodeOptions:
             return load_node_options(fl, env or {}, settings=st, **kw)
 
-        d = NodeDaemon(backend, load)
+        d = NodeDaemon(backend, load, resolver=resolver)
         d.flags = fl  # type: ignore[attr-defined]  # tests mutate it before reload()
         started.append((d, backend))
         if start:
