@@ -1,0 +1,87 @@
+"""The node daemon's :class:`~kubegpu.node.publisher.NodePublisher` for a cluster: labels, Device, capacity.
+
+On start and on every health change the daemon hands over its inventory; this writes
+what the rest of the cluster reads: the GFD node labels (only GFD's own keys are
+ever removed), the cluster-scoped ``Device`` object (created, or replaced with the
+version read, owned by the Node so it goes when the Node goes) and the
+``kubegpu.io/*`` node capacity. A transient API error is logged and retried on the
+next call (and on the daemon's periodic republish), never raised into the daemon.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kubegpu.model.inventory import NodeInventory
+from kubegpu.node.config import Config
+from kubegpu.node.device_object import device_object
+from kubegpu.node.labels import gpu_labels, label_changes
+
+log = logging.getLogger(__name__)
+
+
+class KubeNodePublisher:
+    def __init__(self, client: Any, node_name: str, config: Config,
+                 patch_capacity: Callable[[Any, str, NodeInventory], None] | None = None) -> None:
+        self.client = client
+        self.node_name = node_name
+        self.config = config
+        self.patch_capacity = patch_capacity
+        self.published = 0
+        self.failures = 0
+
+    def publish(self, inventory: NodeInventory, resources: Mapping[str, int]) -> None:
+        import httpx2  # lightkube's HTTP client
+        from lightkube.core.exceptions import ApiError
+
+        try:
+            uid = self._labels(inventory)
+            self._device(inventory, uid)
+            if self.patch_capacity is not None:
+                self.patch_capacity(self.client, self.node_name, inventory)
+            self.published += 1
+        except (ApiError, httpx2.HTTPError, OSError) as exc:
+            self.failures += 1
+            log.warning("node %s: publishing to the API server failed (will retry): %s", self.node_name, exc)
+
+    def _labels(self, inventory: NodeInventory) -> str | None:
+        from lightkube.types import PatchType
+
+        from kubegpu.kube.resources import Node
+
+        node = self.client.get(Node, self.node_name)
+        current = dict(node.metadata.labels or {})
+        patch = label_changes(current, gpu_labels(inventory, self.config))
+        if patch:
+            self.client.patch(Node, self.node_name, {"metadata": {"labels": patch}}, patch_type=PatchType.MERGE)
+            log.info("node %s: labels %s", self.node_name, ", ".join(sorted(patch)))
+        return node.metadata.uid
+
+    def _device(self, inventory: NodeInventory, node_uid: str | None) -> None:
+        from lightkube.core.exceptions import ApiError
+
+        from kubegpu.kube.resources import Device
+        from kubegpu.kube.writes import is_conflict, is_not_found
+
+        body = device_object(inventory, node_uid)
+        for _ in range(3):
+            try:
+                current = self.client.get(Device, self.node_name)
+            except ApiError as exc:
+                if not is_not_found(exc):
+                    raise
+                self.client.create(Device(body))
+                return
+            body["metadata"]["resourceVersion"] = current.metadata.resourceVersion
+            try:
+                self.client.replace(Device(body))
+                return
+            except ApiError as exc:
+                if not is_conflict(exc):
+                    raise
+        log.warning("node %s: Device object kept conflicting; next publish retries", self.node_name)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,129 @@
+"""The pod side of a stand-in kubelet: registers its Node, reports device-plugin capacity, admits bound pods.
+
+The device-manager half (gRPC to the plugins) is :class:`kubegpu_standins.kubelet.StandinKubelet`;
+this half does what the kubelet does with the API server: it creates its ``Node``
+(Ready, with CPU and memory), copies each registered resource's capacity and
+allocatable into ``status`` as the device manager reports them, and admits the pods
+bound to it: for each init container then app container, for each device-plugin
+resource in its limits, one ``allocate`` (GetPreferredAllocation + Allocate). A failed
+Allocate fails the pod with ``UnexpectedAdmissionError``, as the kubelet does; a
+success sets the pod Running and keeps each container's environment for inspection.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubegpu.model.quantity import QuantityError, parse_int
+from kubegpu_standins.kubelet import AllocationFailed, StandinKubelet
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class ContainerRun:
+    """What a container was started with."""
+
+    pod: str  # namespace/name
+    container: str
+    envs: dict[str, str]
+    devices: dict[str, list[str]]  # resource -> device IDs allocated
+
+
+@dataclass(slots=True)
+class StandinNode:
+    name: str
+    client: Any  # a lightkube Client
+    kubelet: StandinKubelet
+    cpu: str = "64"
+    memory: str = "512Gi"
+    labels: dict[str, str] = field(default_factory=dict)
+    runs: dict[tuple[str, str], ContainerRun] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+
+    def register(self) -> None:
+        """Create the Node object, Ready, as the kubelet does on start."""
+        from lightkube.models.meta_v1 import ObjectMeta
+
+        from kubegpu.kube.resources import Node
+
+        labels = {"kubernetes.io/hostname": self.name, "kubernetes.io/os": "linux", **self.labels}
+        node = Node(metadata=ObjectMeta(name=self.name, labels=labels))
+        self.client.create(node)
+        self._patch_status({
+            "capacity": {"cpu": self.cpu, "memory": self.memory, "pods": "110"},
+            "allocatable": {"cpu": self.cpu, "memory": self.memory, "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "message": "kubelet is posting ready status"}],
+        })
+
+    def sync_device_status(self) -> None:
+        """Copy the device manager's capacity/allocatable per resource into the Node status."""
+        resources = list(self.kubelet.resources)
+        if not resources:
+            return
+        self._patch_status({
+            "capacity": {r: str(self.kubelet.capacity(r)) for r in resources},
+            "allocatable": {r: str(self.kubelet.allocatable(r)) for r in resources},
+        })
+
+    def _patch_status(self, status: Mapping[str, Any]) -> None:
+        from lightkube.types import PatchType
+
+        from kubegpu.kube.resources import Node
+
+        self.client.patch(Node, self.name, {"status": dict(status)}, patch_type=PatchType.MERGE, subresource="status")
+
+    def admit_pending(self) -> list[str]:
+        """Admit every pod bound here and still Pending; returns the pods admitted or failed."""
+        from kubegpu.kube.resources import Pod
+
+        done = []
+        for pod in self.client.list(Pod, namespace="*", fields={"spec.nodeName": self.name}):
+            p = pod.to_dict()
+            if p.get("status", {}).get("phase") != "Pending":
+                continue
+            done.append(self.admit(p))
+        return done
+
+    def admit(self, pod: Mapping[str, Any]) -> str:
+        meta = pod["metadata"]
+        key = f"{meta.get('namespace', 'default')}/{meta['name']}"
+        registered = set(self.kubelet.resources)
+        spec = pod.get("spec") or {}
+        runs = []
+        try:
+            for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+                envs: dict[str, str] = {}
+                devices: dict[str, list[str]] = {}
+                for resource, qty in ((c.get("resources") or {}).get("limits") or {}).items():
+                    if resource not in registered:
+                        continue
+                    try:
+                        n = parse_int(qty)
+                    except QuantityError:
+                        raise AllocationFailed(f"{resource}: {qty!r} is not a whole number") from None
+                    got = self.kubelet.allocate(resource, n)
+                    envs.update(got.response.envs)
+                    devices[resource] = list(got.device_ids)
+                runs.append(ContainerRun(key, c["name"], envs, devices))
+        except AllocationFailed as exc:
+            self.failed[key] = str(exc)
+            self._pod_status(meta, {"phase": "Failed", "reason": "UnexpectedAdmissionError",
+                                    "message": f"Allocate failed due to {exc}, which is unexpected"})
+            return key
+        for run in runs:
+            self.runs[(key, run.container)] = run
+        self._pod_status(meta, {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]})
+        return key
+
+    def _pod_status(self, meta: Mapping[str, Any], status: Mapping[str, Any]) -> None:
+        from lightkube.types import PatchType
+
+        from kubegpu.kube.resources import Pod
+
+        self.client.patch(Pod, meta["name"], {"status": dict(status)}, namespace=meta.get("namespace", "default"),
+                          patch_type=PatchType.MERGE, subresource="status")
