@@ -32,7 +32,7 @@ def test_every_object_validates_against_the_kubernetes_openapi_schema(mode: str)
             continue
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
         checked += 1
-    assert checked >= (20 if mode == "full" else 7)
+    assert checked >= (20 if mode == "full" else 6)
 
 
 def test_checked_in_default_install_is_fresh() -> None:

@@ -12,6 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from kubegpu.install.render import device_crd
 from kubegpu.inventory.topology import load_topology, shipped_topologies
 from kubegpu.node.device_object import (
     API_VERSION,
@@ -24,7 +25,7 @@ from kubegpu.node.device_object import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD = yaml.safe_load((ROOT / "deploy" / "crd-device.yaml").read_text())
+CRD = device_crd()
 SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 SEED = Path("/work/shared/seed-examples/device-object.yaml")
 
