@@ -77,9 +77,9 @@ class Values(_Struct):
     mig_strategy: Literal["none", "single", "mixed"] | None = None
     fail_on_init_error: bool | None = None
     device_list_strategy: str | None = None
-    device_id_strategy: Literal["uuid", "index"] | None = None
+    device_id_strategy: Literal["uuid", "index"] | None = msgspec.field(default=None, name="deviceIDStrategy")
     nvidia_driver_root: str = "/"
-    compat_with_cpu_manager: bool | None = None
+    compat_with_cpu_manager: bool | None = msgspec.field(default=None, name="compatWithCPUManager")
     runtime_class_name: str | None = None
     config: DevicePluginConfig = msgspec.field(default_factory=DevicePluginConfig)
     resources: dict[str, Any] = msgspec.field(default_factory=dict)
