@@ -137,7 +137,7 @@ def test_unrecorded_whole_gpu_pods_are_served_as_asked(handoff: HandoffResolver)
     handoff.wait_s = 0.1
     assert handoff.resolve(R.NVIDIA_GPU, ["GPU-1"]) is None
     assert handoff.resolve("nvidia.com/mig-1g.10gb", ["MIG-1"]) is None
-    with pytest.raises(AllocationRefused, match="recorded kubegpu.io/gpu.shared"):
+    with pytest.raises(AllocationRefused, match=r"recorded kubegpu\.io/gpu\.shared"):
         handoff.resolve(R.GPU_SLOTS, ["GPU-1::0"])
 
 
