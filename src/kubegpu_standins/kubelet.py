@@ -151,6 +151,7 @@ class StandinKubelet:
         self.resources: dict[str, ResourceState] = {}
         self.in_use: dict[str, set[str]] = {}
         self.restarts = 0
+        self.started_at: float | None = None
         self._cond = threading.Condition()
         self._server: grpc.Server | None = None
         self._threads: list[threading.Thread] = []
@@ -171,6 +172,7 @@ class StandinKubelet:
         pb_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
         server.add_insecure_port(f"unix://{self.socket_path}")
         server.start()
+        self.started_at = time.monotonic()  # kubelet.sock is listening from here on
         self._server = server
 
     def stop(self) -> None:

@@ -56,38 +56,48 @@ def _index_key(index: str) -> tuple[int, ...]:
         return (1 << 30,)
 
 
+def replica_totals(all_devices: Sequence[AdvertisedDevice]) -> dict[str, int]:
+    """GPU/MIG UUID -> how many replicas (or slots) it has; computed once per served resource."""
+    return dict(Counter(d.uuid for d in all_devices))
+
+
 def replicas(all_devices: Sequence[AdvertisedDevice], available: Sequence[str], must_include: Sequence[str],
              size: int, known: Mapping[str, AdvertisedDevice], policy: str = "distributed",
-             distinct: bool = True) -> list[str]:
+             distinct: bool = True, totals: Mapping[str, int] | None = None) -> list[str]:
     """Replica / slot IDs: ``distributed`` (least-shared GPU first) or ``packed`` (most-shared first).
 
     "Shared" is how many of a GPU's replicas are not among the candidates (in use elsewhere).
     With ``distinct`` one container's IDs go to different GPUs while different GPUs remain."""
-    avail_set = set(available) | set(must_include)
-    total = Counter(d.uuid for d in all_devices)
-    free: dict[str, list[str]] = {}
-    order: dict[str, tuple[int, ...]] = {}
-    for i in available:
-        if i in must_include:
-            continue
-        d = known[i]
-        free.setdefault(d.uuid, []).append(i)
-        order[d.uuid] = _index_key(d.index)
-    in_use = {u: total[u] - sum(1 for d in all_devices if d.uuid == u and d.id in avail_set) for u in free}
+    if totals is None:
+        totals = replica_totals(all_devices)
     chosen = list(dict.fromkeys(must_include))
-    taken_gpus = Counter(known[i].uuid for i in chosen)
+    must = set(chosen)
+    free: dict[str, list[tuple[int, str]]] = {}
+    candidates_of: Counter[str] = Counter()
+    for i in available:
+        d = known[i]
+        candidates_of[d.uuid] += 1
+        if i not in must:
+            free.setdefault(d.uuid, []).append((d.replica or 0, i))
+    for i in must:
+        if i not in available:
+            candidates_of[known[i].uuid] += 1
+    in_use = {u: totals.get(u, 0) - candidates_of[u] for u in free}
+    order = {u: _index_key(known[ids[0][1]].index) for u, ids in free.items()}
     for ids in free.values():
-        ids.sort(key=lambda i: (known[i].replica or 0, i))
-    while len(chosen) < size and any(free.values()):
-        candidates = [u for u, ids in free.items() if ids]
-        sign = 1 if policy != "packed" else -1
+        ids.sort(reverse=True)  # lowest replica number last: pop() takes it
+    taken = Counter(known[i].uuid for i in chosen)
+    sign = -1 if policy == "packed" else 1
+    while len(chosen) < size and free:
 
-        def rank(u: str, sign: int = sign) -> tuple[int, int, tuple[int, ...]]:
+        def rank(u: str) -> tuple[int, int, tuple[int, ...]]:
             # Distinct GPUs for one container first (if asked), then the policy, then the lowest index.
-            spread = taken_gpus[u] if distinct else 0
-            return (spread, sign * (in_use[u] + taken_gpus[u]), order[u])
+            spread = taken[u] if distinct else 0
+            return (spread, sign * (in_use[u] + taken[u]), order[u])
 
-        best = min(candidates, key=rank)
-        chosen.append(free[best].pop(0))
-        taken_gpus[best] += 1
+        best = min(free, key=rank)
+        chosen.append(free[best].pop()[1])
+        taken[best] += 1
+        if not free[best]:
+            del free[best]
     return chosen

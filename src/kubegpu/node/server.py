@@ -112,6 +112,8 @@ class PluginServer:
         for d in plan.devices:
             self.by_uuid.setdefault(d.uuid, d)
         self._server: grpc.Server | None = None
+        self._totals = pref.replica_totals(plan.devices)
+        self._whole_cache: dict[tuple[frozenset[str], tuple[str, ...], int], list[str]] = {}
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._streams = 0
@@ -293,11 +295,20 @@ class PluginServer:
                 avail = set(available) | set(must_include)
                 return [i for i in hint if i in avail][:size]
         if not self.plan.shared:
-            return pref.whole_gpus(self.inventory.gpus, available, must_include, size, self.known)
+            # The choice is a pure function of the sets (the inventory is fixed for this server):
+            # memoise it, since the kubelet asks the same questions over and over.
+            key = (frozenset(available), tuple(must_include), size)
+            hit = self._whole_cache.get(key)
+            if hit is None:
+                hit = pref.whole_gpus(self.inventory.gpus, available, must_include, size, self.known)
+                if len(self._whole_cache) >= 4096:
+                    self._whole_cache.clear()
+                self._whole_cache[key] = hit
+            return list(hit)
         policy = self.settings.replica_policy
         distinct = self.plan.sharing == "slots" or policy != "packed"
         return pref.replicas(self.plan.devices, available, must_include, size, self.known, policy,
-                             distinct=distinct)
+                             distinct=distinct, totals=self._totals)
 
     def _resolver_applies(self) -> bool:
         return self.resource in (R.GPU_SLOTS, R.NVIDIA_GPU)

@@ -1,0 +1,221 @@
+"""Node daemon benchmark: device-plugin RPC latency, health propagation, re-registration, memory.
+
+``kubegpu node --standalone`` runs as its own process on the 8-GPU DGX-1 topology with
+``kubegpu.io/gpu.shared`` at 100 slots per GPU, registered with the in-process stand-in
+kubelet over real unix sockets. Measured from the kubelet side:
+
+- ``allocate_p99_ms``: Allocate round trips (1-2 whole GPUs, and 1-2 slots);
+- ``preferred_p99_ms``: GetPreferredAllocation for whole GPUs (random free sets, sizes 1/2/4);
+- ``preferred_p99_ms_slots``: the same over the 800 slot IDs (sizes 1-4, some slots in use);
+- ``reregister_ms``: kubelet.sock re-created (kubelet restart) -> Register received (median of
+  the restarts; ``reregister_max_ms`` is the worst);
+- ``rss_mb``: the daemon's resident memory after the load.
+
+``health_propagation_ms`` (injected Xid -> Unhealthy seen on the ListAndWatch stream) needs
+the fake backend's injection call, so it runs an in-process daemon on the same topology.
+The last line is one JSON object. Targets: allocate p99 <= 2 ms, preferred p99 <= 5 ms
+(slots <= 20 ms), health <= 1000 ms, re-register <= 1000 ms, RSS <= 80 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from kubegpu.node.proto import deviceplugin_pb2 as pb
+from kubegpu.node.proto import deviceplugin_pb2_grpc as pb_grpc
+from kubegpu_standins.kubelet import StandinKubelet
+
+GPU = "nvidia.com/gpu"
+SLOTS = "kubegpu.io/gpu.shared"
+TOPOLOGY = "dgx1-v100"
+
+
+def p(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def timed(fn: Any, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+def rpc_latencies(kubelet: StandinKubelet, n: int, rng: random.Random) -> dict[str, list[float]]:
+    """Client-side round trips; every request is built before the clock starts."""
+    gpu_ids = sorted(kubelet.healthy(GPU))
+    slot_ids = sorted(kubelet.healthy(SLOTS))
+    stub_gpu = pb_grpc.DevicePluginStub(kubelet.resources[GPU].channel)
+    stub_slots = pb_grpc.DevicePluginStub(kubelet.resources[SLOTS].channel)
+    by_gpu: dict[str, list[str]] = {}
+    for i in slot_ids:
+        by_gpu.setdefault(i.split("::")[0], []).append(i)
+
+    def pref_gpu() -> pb.PreferredAllocationRequest:
+        size = rng.choice((1, 2, 4))
+        avail = rng.sample(gpu_ids, rng.randint(size, len(gpu_ids)))
+        return pb.PreferredAllocationRequest(container_requests=[
+            pb.ContainerPreferredAllocationRequest(available_deviceIDs=avail, allocation_size=size)])
+
+    def pref_slots() -> pb.PreferredAllocationRequest:
+        avail = [i for i in slot_ids if rng.random() > 0.3]  # about 30 % of the slots in use
+        rng.shuffle(avail)
+        return pb.PreferredAllocationRequest(container_requests=[
+            pb.ContainerPreferredAllocationRequest(available_deviceIDs=avail, allocation_size=rng.randint(1, 4))])
+
+    def alloc() -> tuple[Any, pb.AllocateRequest]:
+        if rng.random() < 0.5:
+            ids, stub = rng.sample(gpu_ids, rng.randint(1, 2)), stub_gpu
+        else:
+            ids = [rng.choice(by_gpu[g]) for g in rng.sample(sorted(by_gpu), rng.randint(1, 2))]
+            stub = stub_slots
+        return stub, pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
+
+    def run(calls: list[tuple[Any, Any]]) -> list[float]:
+        out = []
+        for method, req in calls:
+            t0 = time.perf_counter()
+            method(req, timeout=5)
+            out.append((time.perf_counter() - t0) * 1000)
+        return out
+
+    def series(k: int) -> dict[str, list[float]]:
+        allocs = [alloc() for _ in range(k)]
+        return {
+            "preferred": run([(stub_gpu.GetPreferredAllocation, pref_gpu()) for _ in range(k)]),
+            "preferred_slots": run([(stub_slots.GetPreferredAllocation, pref_slots()) for _ in range(k)]),
+            "allocate": run([(stub.Allocate, req) for stub, req in allocs]),
+        }
+
+    series(30)  # warm up connections and code paths
+    return series(n)
+
+
+def reregister(kubelet: StandinKubelet, rounds: int) -> list[float]:
+    out = []
+    for _ in range(rounds):
+        before = kubelet.register_count(GPU)
+        kubelet.restart()
+        start = kubelet.started_at
+        assert start is not None
+        if not kubelet.wait_for(lambda b=before: kubelet.register_count(GPU) > b, 10):
+            raise RuntimeError("the daemon did not register again within 10 s")
+        reg = [c for c in kubelet.calls if c.rpc.endswith("/Register") and c.resource == GPU and c.error is None]
+        out.append((reg[-1].t - start) * 1000)
+        kubelet.wait_registered(SLOTS, 10, count=kubelet.resources[SLOTS].registrations)
+        time.sleep(0.2)
+    return out
+
+
+def health_propagation(rounds: int) -> list[float]:
+    from kubegpu.inventory.fake import FakeBackend
+    from kubegpu.node.daemon import NodeDaemon
+    from kubegpu.node.options import load_node_options
+
+    tmp = Path(tempfile.mkdtemp(prefix="kgb-", dir="/tmp"))
+    kubelet = StandinKubelet(tmp / "dp")
+    kubelet.start()
+    backend = FakeBackend(TOPOLOGY)
+    options = load_node_options({"shared-slots": "100", "health-recovery-interval": "200ms"}, {},
+                                plugin_dir=str(tmp / "dp"), settings={"cdi_dir": str(tmp / "cdi")})
+    daemon = NodeDaemon(backend, lambda: options)
+    daemon.start()
+    out = []
+    try:
+        if not kubelet.wait_registered(SLOTS, 10):
+            raise RuntimeError("in-process daemon did not register")
+        uuids = [g.uuid for g in daemon.inventory.gpus]
+        for r in range(rounds):
+            i = r % 8
+            kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 8, 10)
+            t0 = time.monotonic()
+            backend.inject_xid(i, 48)
+            if not kubelet.wait_for(lambda u=uuids[i]: u in kubelet.unhealthy(GPU), 5):
+                raise RuntimeError("Xid not propagated within 5 s")
+            seen = next(c.t for c in reversed(kubelet.calls)
+                        if c.event == "send" and c.resource == GPU
+                        and any(d["ID"] == uuids[i] and d["health"] == "Unhealthy" for d in c.response["devices"]))
+            out.append((seen - t0) * 1000)
+    finally:
+        daemon.stop()
+        backend.close()
+        kubelet.stop()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--n", type=int, default=1000, help="RPCs per latency series")
+    ap.add_argument("--restarts", type=int, default=10)
+    ap.add_argument("--health-rounds", type=int, default=16)
+    ns = ap.parse_args()
+    rng = random.Random(7)
+
+    tmp = Path(tempfile.mkdtemp(prefix="kgb-", dir="/tmp"))
+    kubelet = StandinKubelet(tmp / "dp")
+    kubelet.start()
+    log = (tmp / "node.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from kubegpu.cli.main import app; app()", "node", "--standalone",
+         "--inventory", TOPOLOGY, "--device-plugin-dir", str(tmp / "dp"), "--shared-slots", "100",
+         "--cdi-spec-dir", str(tmp / "cdi"), "--metrics-address", "0", "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=log, env=dict(os.environ))
+    result: dict[str, Any] = {}
+    try:
+        if not (kubelet.wait_registered(GPU, 30) and kubelet.wait_registered(SLOTS, 30)):
+            raise RuntimeError("daemon did not register: " + (tmp / "node.log").read_text()[-2000:])
+        lat = rpc_latencies(kubelet, ns.n, rng)
+        rr = reregister(kubelet, ns.restarts)
+        lat2 = rpc_latencies(kubelet, ns.n // 4, rng)  # after the restarts, still serving
+        rss = rss_mb(proc.pid)
+        hp = health_propagation(ns.health_rounds)
+        result = {
+            "topology": TOPOLOGY,
+            "allocate_p50_ms": round(p(lat["allocate"], 0.5), 3),
+            "allocate_p99_ms": round(p(lat["allocate"], 0.99), 3),
+            "preferred_p50_ms": round(p(lat["preferred"], 0.5), 3),
+            "preferred_p99_ms": round(p(lat["preferred"], 0.99), 3),
+            "preferred_p50_ms_slots": round(p(lat["preferred_slots"], 0.5), 3),
+            "preferred_p99_ms_slots": round(p(lat["preferred_slots"], 0.99), 3),
+            "allocate_p99_ms_after_restarts": round(p(lat2["allocate"], 0.99), 3),
+            "health_propagation_ms": round(statistics.median(hp), 1),
+            "health_propagation_max_ms": round(max(hp), 1),
+            "reregister_ms": round(statistics.median(rr), 1),
+            "reregister_max_ms": round(max(rr), 1),
+            "rss_mb": round(rss, 1),
+            "n": ns.n,
+            "targets": {"allocate_p99_ms": 2, "preferred_p99_ms": 5, "preferred_p99_ms_slots": 20,
+                        "health_propagation_ms": 1000, "reregister_ms": 1000, "rss_mb": 80},
+        }
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        kubelet.stop()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
