@@ -121,3 +121,52 @@ def test_dry_run_json(sockdir: Path) -> None:
     plans = {p["resource"]: p for p in json.loads(out.stdout)}
     assert len(plans["nvidia.com/sharedgpu"]["devices"]) == 32
     assert len(plans["kubegpu.io/gpu.shared"]["devices"]) == 80
+
+
+def test_full_mode_publishes_and_serves(kubelet: StandinKubelet, sockdir: Path) -> None:
+    """Without --standalone: credentials from a kubeconfig, the node's labels, Device object and share
+    capacity are published, and the plugins serve the kubelet as in standalone mode."""
+    from kubegpu_standins.apiserver import ApiServer
+
+    api = ApiServer().start()
+    try:
+        api.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-node-1"},
+                        "status": {"capacity": {"cpu": "64"}, "allocatable": {"cpu": "64"}}})
+        kubeconfig = api.write_kubeconfig(sockdir / "kubeconfig")
+        log = sockdir / "node.log"
+        proc = _spawn(["--kubeconfig", str(kubeconfig), "--inventory", "t4x4", "--node-name", "gpu-node-1",
+                       "--device-plugin-dir", str(kubelet.dir), "--shared-slots", "10",
+                       "--cdi-spec-dir", str(sockdir / "cdi"), "--metrics-address", "0", "--run-for", "60"], log)
+        try:
+            assert kubelet.wait_registered("kubegpu.io/gpu.shared", timeout_s=20), log.read_text()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    dev = api.get_object("devices", "gpu-node-1", group="kubegpu.io")
+                    break
+                except Exception:
+                    time.sleep(0.1)
+            else:
+                raise AssertionError("no Device object: " + log.read_text()[-2000:])
+            assert len(dev["spec"]["devices"]) == 4
+            assert all(g["health"] is True for g in dev["spec"]["devices"])
+            node = api.get_object("nodes", "gpu-node-1")
+            assert node["metadata"]["labels"]["nvidia.com/gpu.count"] == "4"
+            assert node["status"]["capacity"]["kubegpu.io/gpu-core"] == "400"
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=15) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(5)
+    finally:
+        api.stop()
+
+
+def test_full_mode_without_credentials_fails(sockdir: Path) -> None:
+    log = sockdir / "node.log"
+    env = {"KUBECONFIG": str(sockdir / "missing-kubeconfig"), "KUBERNETES_SERVICE_HOST": ""}
+    proc = _spawn(["--inventory", "t4x4", "--device-plugin-dir", str(sockdir / "dp"), "--metrics-address", "0"],
+                  log, env=env)
+    assert proc.wait(timeout=30) == 1
+    assert "Kubernetes credentials" in log.read_text() or "kubeconfig" in log.read_text().lower()

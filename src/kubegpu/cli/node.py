@@ -4,9 +4,9 @@ Takes NVIDIA's device-plugin flags, environment variables and config file unchan
 ``--<flag> value`` from ``kubegpu.node.config``; precedence flag > env > file), plus:
 
 - ``--standalone``: no API server (drop-in for NVIDIA's plugin); otherwise a kubeconfig or
-  in-cluster credentials are required and the node state is published through
-  ``kubegpu.node.kube_publisher.make_publisher(client, node)`` and Allocate is matched to
-  the scheduler's choice through ``kubegpu.node.handoff.make_resolver(client, node)``;
+  in-cluster credentials are required, the node state (labels, Device object, share
+  capacity) is published by ``kubegpu.node.kube_publisher.KubeNodePublisher`` and Allocate
+  is matched to the scheduler's choice by ``kubegpu.node.handoff.make_resolver``;
 - ``--inventory <shipped name or file>``: GPUs from a topology file (fake backend) instead of NVML;
 - ``--dry-run``: print the resources that would be served and exit.
 
@@ -87,7 +87,8 @@ def _backend(inventory: str | None, node_name: str | None) -> Any:
     return NvmlBackend(node_name=node_name)
 
 
-def _cluster_seams(kubeconfig: str | None, node_name: str) -> tuple[Any, Any]:
+def _cluster_seams(kubeconfig: str | None, node_name: str, flags: Mapping[str, Any],
+                   env: Mapping[str, str]) -> tuple[Any, Any]:
     """(publisher, resolver) for full mode; raises RuntimeError without credentials."""
     try:
         from kubegpu.kube.client import make_client
@@ -98,19 +99,14 @@ def _cluster_seams(kubeconfig: str | None, node_name: str) -> tuple[Any, Any]:
     except Exception as exc:
         raise RuntimeError(f"no Kubernetes credentials ({exc}); give --kubeconfig, run in-cluster, "
                            "or use --standalone") from None
-    publisher = resolver = None
-    try:
-        from kubegpu.node.kube_publisher import make_publisher  # type: ignore[import-not-found]
+    from kubegpu.node.capacity import publish_capacity
+    from kubegpu.node.config import load_config
+    from kubegpu.node.handoff import make_resolver
+    from kubegpu.node.kube_publisher import KubeNodePublisher
 
-        publisher = make_publisher(client, node_name)
-    except ImportError:
-        log.warning("no kubegpu.node.kube_publisher: node labels, Device object and capacity are not published")
-    try:
-        from kubegpu.node.handoff import make_resolver  # type: ignore[import-not-found]
-
-        resolver = make_resolver(client, node_name)
-    except ImportError:
-        log.warning("no kubegpu.node.handoff: Allocate is served without the scheduler's recorded choice")
+    publisher = KubeNodePublisher(client, node_name, load_config(flags=flags, env=env),
+                                  patch_capacity=lambda c, _node, inv: publish_capacity(c, inv))
+    resolver = make_resolver(client, node_name)
     return publisher, resolver
 
 
@@ -240,7 +236,7 @@ def node_command(
     publisher = resolver = None
     if not standalone:
         try:
-            publisher, resolver = _cluster_seams(kubeconfig, node_name or backend.discover().name)
+            publisher, resolver = _cluster_seams(kubeconfig, node_name or backend.discover().name, flags, env)
         except Exception as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(EXIT_INIT) from None

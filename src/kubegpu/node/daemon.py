@@ -73,6 +73,7 @@ class NodeOptions:
     stream_wait_s: float = 5.0
     resync_s: float = 1.0
     register_timeout_s: float = 5.0
+    republish_s: float = 60.0  # the publisher is also called this often (API writes retried)
     write_cdi_spec: bool | None = None  # None: when a CDI strategy is on
 
 
@@ -132,6 +133,7 @@ class NodeDaemon:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._kubelet_changed = False
+        self._last_publish = time.monotonic()
         self._kubelet_inode: int | None = None
         self._thread: threading.Thread | None = None
         self._watch: _DirWatch | None = None
@@ -290,6 +292,7 @@ class NodeDaemon:
             self.metrics.devices.labels(resource=s.resource, health="Unhealthy").set(len(s.plan.devices) - ok)
 
     def _publish(self) -> None:
+        self._last_publish = time.monotonic()
         if self.inventory is None or self.state is None:
             return
         health = self.state.snapshot()
@@ -329,6 +332,8 @@ class NodeDaemon:
         """Bring every plugin to 'served on its own socket and registered with the current kubelet'."""
         now = time.monotonic()
         opts = self.options
+        if opts.republish_s > 0 and now - self._last_publish >= opts.republish_s:
+            self._publish()
         kpath = self.plugin_dir / opts.kubelet_socket
         inode = self._inode(kpath)
         kubelet_new = self._kubelet_changed or (inode is not None and inode != self._kubelet_inode)
