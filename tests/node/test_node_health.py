@@ -107,3 +107,45 @@ def test_xid_policy_matches_nvidia(env: dict[str, str], ignored: list[int], acte
     assert [x for x in acted if p.is_ignored(x)] == []
     off = env.get("DP_DISABLE_HEALTHCHECKS") in ("all", "xids") and "DP_ENABLE_HEALTHCHECKS" not in env
     assert p.checks_off == off
+
+
+class RecordingPublisher:
+    def __init__(self) -> None:
+        self.calls: list[tuple[dict[str, bool], dict[str, int]]] = []
+
+    def publish(self, inventory: Any, resources: Any) -> None:
+        self.calls.append(({g.uuid: g.healthy for g in inventory.gpus}, dict(resources)))
+
+    def close(self) -> None:
+        pass
+
+
+def test_publisher_sees_start_and_every_health_change(kubelet: StandinKubelet, sockdir: Any) -> None:
+    from kubegpu.inventory.fake import FakeBackend
+    from kubegpu.node.daemon import NodeDaemon
+    from kubegpu.node.options import load_node_options
+
+    backend = FakeBackend("t4x4")
+    opts = load_node_options({"shared-slots": "2", "health-recovery-interval": "0s"}, {},
+                             plugin_dir=str(kubelet.dir), settings={"cdi_dir": str(sockdir / "cdi")})
+    pub = RecordingPublisher()
+    d = NodeDaemon(backend, lambda: opts, publisher=pub)
+    d.start()
+    try:
+        assert kubelet.wait_registered(GPU, timeout_s=5)
+        assert pub.calls[0][1] == {GPU: 4, "kubegpu.io/gpu.shared": 8}
+        assert all(pub.calls[0][0].values())
+        g = d.inventory.gpus[2].uuid
+        backend.inject_xid(2, 62)
+        assert kubelet.wait_for(lambda: g in kubelet.unhealthy(GPU), 2)
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline and not any(not c[0][g] for c in pub.calls):
+            time.sleep(0.02)
+        last = pub.calls[-1]
+        assert last[0][g] is False and last[1] == {GPU: 3, "kubegpu.io/gpu.shared": 6}
+        # Every ListAndWatch message is the full list, healthy and unhealthy together.
+        sends = [c for c in kubelet.calls if c.event == "send" and c.resource == GPU]
+        assert len(sends[-1].response["devices"]) == 4
+    finally:
+        d.stop()
+        backend.close()
