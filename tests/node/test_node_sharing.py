@@ -113,3 +113,17 @@ def test_grpc_error_type_for_refusals(kubelet: StandinKubelet, make_daemon: Any)
     with pytest.raises(grpc.RpcError) as e:
         kubelet.allocate_ids("nvidia.com/gpu", ["x"])
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_mig_single_serves_mig_devices_as_gpus(kubelet: StandinKubelet, make_daemon: Any, sockdir: Path) -> None:
+    topo = sockdir / "a100-single.yaml"
+    mig = ", ".join(f"{{profile: 1g.10gb, gi: {gi}, ci: 0}}" for gi in (7, 8, 9, 10, 11, 12, 13))
+    topo.write_text("name: a100-single\ngpu: {model: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, "
+                    "computeCapability: '8.0', migCapable: true}\n"
+                    f"gpus:\n  - {{numa: 0, mig: [{mig}]}}\n  - {{numa: 1, mig: [{mig}]}}\n")
+    make_daemon(str(topo), flags={"mig-strategy": "single"})
+    assert kubelet.wait_registered("nvidia.com/gpu", timeout_s=5)
+    assert kubelet.capacity("nvidia.com/gpu") == 14
+    assert all(i.startswith("MIG-") for i in kubelet.healthy("nvidia.com/gpu"))
+    got = kubelet.allocate("nvidia.com/gpu", 2)
+    assert got.response.envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(got.device_ids)

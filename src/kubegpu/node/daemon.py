@@ -68,7 +68,7 @@ class NodeOptions:
     fail_on_init_error: bool = True
     xid_policy: XidPolicy = field(default_factory=XidPolicy)
     recovery_interval_s: float = 30.0
-    health_wait_s: float = 0.5
+    health_wait_s: float = 0.25
     kubelet_socket: str = KUBELET_SOCKET
     stream_wait_s: float = 5.0
     resync_s: float = 1.0
@@ -228,8 +228,12 @@ class NodeDaemon:
         if self.monitor is not None:
             self.monitor.stop()
             self.monitor = None
-        for s in self.servers:
-            s.stop()
+        # Stop the servers side by side: each waits for its streams to end.
+        threads = [threading.Thread(target=s.stop, name=f"stop-{s.resource}") for s in self.servers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=10)
         self.servers = []
 
     def stop(self) -> None:

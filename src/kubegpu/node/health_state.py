@@ -35,6 +35,7 @@ class HealthState:
                 self._healthy[m.uuid] = m.healthy and g.healthy
                 self._parent[m.uuid] = g.uuid
         self._version = 0
+        self._wakes = 0
         self._closed = False
         self._listeners: list[Listener] = []
 
@@ -115,13 +116,16 @@ class HealthState:
     def wait_changed(self, since: int, timeout_s: float) -> int:
         """Block until the version differs from ``since`` (or timeout / close); return the version."""
         with self._cond:
+            wakes = self._wakes
             if self._version == since and not self._closed:
-                self._cond.wait_for(lambda: self._version != since or self._closed, timeout=timeout_s)
+                self._cond.wait_for(lambda: self._version != since or self._closed or self._wakes != wakes,
+                                    timeout=timeout_s)
             return self._version
 
     def wake(self) -> None:
         """Wake waiting streams without a change (a server is stopping and they should look)."""
         with self._cond:
+            self._wakes += 1
             self._cond.notify_all()
 
     def close(self) -> None:
