@@ -249,3 +249,26 @@ def test_standin_v124_ignores_options_not_in_register_request(sockdir: Path) -> 
             cur.stop()
     finally:
         k.stop()
+
+
+def test_register_without_a_stream_is_retried(sockdir: Path, make_daemon: Any) -> None:
+    """A v1.24 kubelet answers Register before dialing back and may never dial (its dial failed
+    silently): the plugin must not take Register as proof and registers again."""
+
+    class DeafOnce(StandinKubelet):
+        ignored = 0
+
+        def _connect(self, request: Any, options: Any) -> Any:
+            if self.ignored == 0:
+                self.ignored += 1
+                return None  # as a dial that timed out: no ListAndWatch, no error to the plugin
+            return super()._connect(request, options)
+
+    k = DeafOnce(sockdir / "dp", mode="v1.24")
+    k.start()
+    try:
+        make_daemon("t4x4", stream_wait_s=0.5)
+        assert k.wait_registered(GPU, timeout_s=5), k.rpc_sequence()
+        assert k.register_count(GPU) == 2 and k.ignored == 1
+    finally:
+        k.stop()
