@@ -191,6 +191,20 @@ def test_v124_recorded_sequence_is_reproduced(sockdir: Path, make_daemon: Any) -
         app_req = gpa[5]["container_requests"][0]
         assert app_req["allocation_size"] == 2 and len(app_req["must_include_deviceIDs"]) == 1
         assert len(app_req["available_deviceIDs"]) == 4
+
+        # The restart phase: the kubelet restarts with gpu1 still running; the plugin comes back on
+        # its own (the recording's driver needed two Register attempts; ours needs one).
+        mark = len(k.calls)
+        k.restart()
+        assert k.wait_for(lambda: k.register_count(GPU) == 2 and k.allocatable(GPU) == 4, 10)
+        after = k.allocate(GPU, 2)
+        k.pre_start(after)
+        recorded = [c for c in _recorded("run2", 52)[len(_recorded("run2", 44)):] if c != "Register"]
+        ours = [c for c in k.rpc_sequence(GPU)[mark - len(k.calls):] if c != "Register"]
+        assert ours == recorded, (ours, recorded)
+        gpa = [c.request for c in k.calls if c.rpc.endswith("/GetPreferredAllocation")][-1]
+        avail = gpa["container_requests"][0]["available_deviceIDs"]
+        assert len(avail) == 3 and gpu1.device_ids[0] not in avail  # still held (the checkpoint)
     finally:
         k.stop()
 
