@@ -25,6 +25,10 @@ Typical use::
 
 Every RPC it makes or serves is appended to :attr:`StandinKubelet.calls` (method path,
 request and response as dicts), in order, so tests can compare sequences with the recording.
+
+``allocate(..., pod="ns/name", container="c")`` also records who holds which devices, and
+:meth:`StandinKubelet.serve_pod_resources` serves them over the PodResources v1 API (one
+``ContainerDevices`` per device, app containers only, as the recorded kubelet lists them).
 """
 
 from __future__ import annotations
@@ -139,6 +143,35 @@ class _Registration(pb_grpc.RegistrationServicer):
         return self._k._on_register(request, context)
 
 
+class _PodResources:
+    """PodResourcesLister over the stand-in's recorded holdings."""
+
+    def __init__(self, kubelet: StandinKubelet) -> None:
+        self._k = kubelet
+
+    def List(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._k.pod_resources()
+
+    def GetAllocatableResources(self, request: Any, context: grpc.ServicerContext) -> Any:
+        from kubegpu.node.proto import podresources_pb2 as pr
+
+        out = pr.AllocatableResourcesResponse()
+        with self._k._cond:
+            for name, st in sorted(self._k.resources.items()):
+                for i in sorted(st.healthy):
+                    out.devices.add(resource_name=name, device_ids=[i])
+        return out
+
+    def Get(self, request: Any, context: grpc.ServicerContext) -> Any:
+        from kubegpu.node.proto import podresources_pb2 as pr
+
+        for p in self._k.pod_resources().pod_resources:
+            if p.name == request.pod_name and p.namespace == request.pod_namespace:
+                return pr.GetPodResourcesResponse(pod_resources=p)
+        context.abort(grpc.StatusCode.NOT_FOUND, f"pod {request.pod_namespace}/{request.pod_name} not found")
+        raise AssertionError("unreachable")
+
+
 class StandinKubelet:
     """The kubelet's device manager, in process. Thread-safe; every wait is bounded."""
 
@@ -152,6 +185,10 @@ class StandinKubelet:
         self.in_use: dict[str, set[str]] = {}
         self.restarts = 0
         self.started_at: float | None = None
+        # pod ("namespace/name") -> container -> [(resource, device IDs)], for PodResources.
+        self.holdings: dict[str, dict[str, list[tuple[str, tuple[str, ...]]]]] = {}
+        self._extra_servers: list[grpc.Server] = []
+        self._podres_paths: list[str] = []
         self._cond = threading.Condition()
         self._server: grpc.Server | None = None
         self._threads: list[threading.Thread] = []
@@ -174,6 +211,8 @@ class StandinKubelet:
         server.start()
         self.started_at = time.monotonic()  # kubelet.sock is listening from here on
         self._server = server
+        for path in self._podres_paths:
+            self.serve_pod_resources(path)
 
     def stop(self) -> None:
         """Stop serving and close every plugin stream (like a kubelet stop: files stay behind).
@@ -184,6 +223,9 @@ class StandinKubelet:
             self._server.stop(grace=None).wait(timeout=5)
             self._server = None
             self._leave_stale_socket()
+        for extra in self._extra_servers:
+            extra.stop(grace=None)
+        self._extra_servers = []
         with self._cond:
             states = list(self.resources.values())
         for st in states:
@@ -435,7 +477,8 @@ class StandinKubelet:
     # ----- admission -------------------------------------------------------------------------
 
     def allocate(self, resource: str, n: int, *, must_include: Sequence[str] = (),
-                 reserve: bool = True, timeout_s: float = 10.0) -> Allocation:
+                 reserve: bool = True, timeout_s: float = 10.0, pod: str | None = None,
+                 container: str = "", init: bool = False) -> Allocation:
         """Admit one container asking for ``n`` devices of ``resource``, as the kubelet does.
 
         Candidates are the healthy devices not in use (plus ``must_include``, devices reused from
@@ -506,6 +549,14 @@ class StandinKubelet:
         if reserve:
             with self._cond:
                 self.in_use.setdefault(resource, set()).update(chosen)
+        if pod is not None:
+            with self._cond:
+                entry = self.holdings.setdefault(pod, {})
+                # PodResources lists app containers only (as the recorded v1.24 kubelet did).
+                if not init:
+                    entry.setdefault(container, []).append((resource, tuple(chosen)))
+                else:
+                    entry.setdefault("", [])
         return Allocation(resource, tuple(chosen), preferred, aresp.container_responses[0])
 
     def allocate_ids(self, resource: str, device_ids: Iterable[str], *,
@@ -551,3 +602,45 @@ class StandinKubelet:
         """The pod is gone: its devices become free at the next admission."""
         with self._cond:
             self.in_use.get(alloc.resource, set()).difference_update(alloc.device_ids)
+
+    def release_pod(self, pod: str) -> None:
+        """Forget a pod's PodResources entry (its devices are freed with :meth:`release`)."""
+        with self._cond:
+            self.holdings.pop(pod, None)
+
+    # ----- PodResources v1 -------------------------------------------------------------------
+
+    def serve_pod_resources(self, path: str | os.PathLike[str]) -> grpc.Server:
+        """Serve the kubelet's PodResources v1 API (``List``, ``GetAllocatableResources``, ``Get``)
+        on a unix socket, from the allocations made with ``pod=``. Stopped by :meth:`stop`."""
+        from kubegpu.node.proto import podresources_pb2_grpc as pr_grpc
+
+        if str(path) not in self._podres_paths:
+            self._podres_paths.append(str(path))  # served again after a restart()
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            Path(path).unlink()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="standin-podres"))
+        pr_grpc.add_PodResourcesListerServicer_to_server(_PodResources(self), server)
+        server.add_insecure_port(f"unix://{path}")
+        server.start()
+        self._extra_servers.append(server)
+        return server
+
+    def pod_resources(self) -> Any:
+        """The ``ListPodResourcesResponse`` the API would return now."""
+        from kubegpu.node.proto import podresources_pb2 as pr
+
+        with self._cond:
+            out = pr.ListPodResourcesResponse()
+            for pod, containers in sorted(self.holdings.items()):
+                ns, _, name = pod.rpartition("/")
+                p = out.pod_resources.add(name=name, namespace=ns)
+                for cname, held in containers.items():
+                    if not cname:
+                        continue
+                    c = p.containers.add(name=cname)
+                    for resource, ids in held:
+                        for i in ids:  # one entry per device, as the kubelet lists them
+                            c.devices.add(resource_name=resource, device_ids=[i])
+            return out

@@ -286,3 +286,31 @@ def test_register_without_a_stream_is_retried(sockdir: Path, make_daemon: Any) -
         assert k.register_count(GPU) == 2 and k.ignored == 1
     finally:
         k.stop()
+
+
+def test_standin_pod_resources_api(kubelet: StandinKubelet, make_daemon: Any, sockdir: Path) -> None:
+    from kubegpu.node.proto import podresources_pb2 as pr
+    from kubegpu.node.proto import podresources_pb2_grpc as pr_grpc
+
+    make_daemon("t4x4")
+    sock = sockdir / "pod-resources" / "kubelet.sock"
+    kubelet.serve_pod_resources(sock)
+    assert kubelet.wait_registered(GPU, timeout_s=5)
+    init = kubelet.allocate(GPU, 1, pod="ml/train", container="setup", init=True)
+    app = kubelet.allocate(GPU, 2, must_include=init.device_ids, pod="ml/train", container="main")
+    with grpc.insecure_channel(f"unix://{sock}") as ch:
+        stub = pr_grpc.PodResourcesListerStub(ch)
+        listed = stub.List(pr.ListPodResourcesRequest(), timeout=5)
+        (pod,) = listed.pod_resources
+        assert (pod.namespace, pod.name) == ("ml", "train")
+        assert [c.name for c in pod.containers] == ["main"]
+        assert [list(d.device_ids) for d in pod.containers[0].devices] == [[i] for i in app.device_ids]
+        alloc = stub.GetAllocatableResources(pr.AllocatableResourcesRequest(), timeout=5)
+        assert len(alloc.devices) == 4
+        got = stub.Get(pr.GetPodResourcesRequest(pod_name="train", pod_namespace="ml"), timeout=5)
+        assert got.pod_resources.name == "train"
+    kubelet.restart()
+    assert kubelet.wait_registered(GPU, timeout_s=10, count=2)
+    with grpc.insecure_channel(f"unix://{sock}") as ch:
+        listed = pr_grpc.PodResourcesListerStub(ch).List(pr.ListPodResourcesRequest(), timeout=5)
+        assert len(listed.pod_resources) == 1  # survives a kubelet restart (checkpoint)
