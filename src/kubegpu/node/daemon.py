@@ -134,6 +134,7 @@ class NodeDaemon:
         self._stop = threading.Event()
         self._kubelet_changed = False
         self._last_publish = time.monotonic()
+        self._publish_pending = False
         self._kubelet_inode: int | None = None
         self._thread: threading.Thread | None = None
         self._watch: _DirWatch | None = None
@@ -284,7 +285,9 @@ class NodeDaemon:
     def _on_health_change(self, health: dict[str, bool]) -> None:
         self.metrics.set_health(health)
         self._update_device_gauges()
-        self._publish()
+        # API writes can be slow: the lifecycle thread publishes, the health monitor moves on.
+        self._publish_pending = True
+        self._wake.set()
 
     def _update_device_gauges(self) -> None:
         if self.state is None:
@@ -297,6 +300,7 @@ class NodeDaemon:
 
     def _publish(self) -> None:
         self._last_publish = time.monotonic()
+        self._publish_pending = False
         if self.inventory is None or self.state is None:
             return
         health = self.state.snapshot()
@@ -336,7 +340,7 @@ class NodeDaemon:
         """Bring every plugin to 'served on its own socket and registered with the current kubelet'."""
         now = time.monotonic()
         opts = self.options
-        if opts.republish_s > 0 and now - self._last_publish >= opts.republish_s:
+        if self._publish_pending or (opts.republish_s > 0 and now - self._last_publish >= opts.republish_s):
             self._publish()
         kpath = self.plugin_dir / opts.kubelet_socket
         inode = self._inode(kpath)
