@@ -115,3 +115,14 @@ def test_slots_on_distinct_gpus_8x100(kubelet: StandinKubelet, make_daemon: Any)
     nxt = kubelet.allocate(res, 1)
     assert nxt.device_ids[0].split("::")[0] not in gpus
 
+
+
+def test_packed_replica_choice_over_grpc(kubelet: StandinKubelet, make_daemon: Any) -> None:
+    make_daemon("t4x4", flags={"resource-config": "gpu:sharedgpu:4", "replica-choice": "packed"})
+    res = "nvidia.com/sharedgpu"
+    assert kubelet.wait_registered(res, timeout_s=5)
+    first = kubelet.allocate(res, 1)
+    second = kubelet.allocate(res, 1)
+    third = kubelet.allocate(res, 1)
+    gpus = {a.device_ids[0].split("::")[0] for a in (first, second, third)}
+    assert len(gpus) == 1  # packed: the busiest GPU with room first
