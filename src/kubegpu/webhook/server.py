@@ -40,9 +40,14 @@ class WebhookServer:
         self.cert_poll_s = cert_poll_s
         self.app = create_app(settings, self.metrics)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        # proto must say TCP: asyncio only sets TCP_NODELAY on accepted sockets whose proto is
+        # IPPROTO_TCP, and without it every response (headers, then body) waits 40 ms for a delayed ACK.
+        self.sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.bind((host, port))
+        # Listen now, so a client told the port (the log line, the tests) queues instead of being refused.
+        self.sock.listen(2048)
         self.port: int = self.sock.getsockname()[1]
         def context_factory(_config: uvicorn.Config,
                             _default: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
