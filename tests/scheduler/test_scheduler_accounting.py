@@ -155,3 +155,19 @@ def test_view_counts_each_pod_once_and_reports_collisions() -> None:
     assert view.corrupt == 1
     view.observe_pod(bound, deleted=True)
     assert sum(view.nodes["n"].state.core_free(g.uuid) for g in inv.gpus) == 400
+
+
+def test_health_change_updates_the_node_in_place() -> None:
+    view = ClusterView()
+    inv = FakeBackend("dgx-a100", node_name="n").discover()
+    other = FakeBackend("dgx-a100", node_name="m").discover()
+    view.set_inventory("n", inv)
+    view.set_inventory("m", other)
+    arrays = view.cluster
+    assert view.filter(pod("p", {"nvidia.com/gpu": "8"}), ["n", "m"], "kubegpu").passed == ["n", "m"]
+    view.set_inventory("n", inv.with_gpu_health(inv.gpus[5].uuid, False))
+    assert view.cluster is arrays  # same arrays, row refreshed
+    out = view.filter(pod("p", {"nvidia.com/gpu": "8"}), ["n", "m"], "kubegpu")
+    assert out.passed == ["m"] and out.failed["n"].startswith("8 whole GPU(s) requested, 7 of 7 free")
+    view.set_inventory("n", inv)
+    assert view.filter(pod("p", {"nvidia.com/gpu": "8"}), ["n"], "kubegpu").passed == ["n"]

@@ -62,7 +62,7 @@ def test_share_reasons_name_the_gpu_and_the_numbers(cluster: Cluster) -> None:
     assert bind(cluster, pod("a", share(60, ratio=10)), "gpu-node-c") == ""
     out = cluster.post("/filter", args(pod("b", share(60, ratio=10)), ALL)).json()
     assert set(out["NodeNames"]) == {"gpu-node-a", "gpu-node-b"}
-    assert out["FailedNodes"]["gpu-node-c"] == "node gpu-node-c: GPU 0: 40 % compute free, 60 % requested"
+    assert out["FailedNodes"]["gpu-node-c"] == "GPU 0: 40 % compute free, 60 % requested"
     out = cluster.post("/filter", args(pod("m", share(10, mem="76Gi")), ["gpu-node-c"])).json()
     why = out["FailedNodes"]["gpu-node-c"]
     assert "memory free" in why and "76.0 GiB requested" in why

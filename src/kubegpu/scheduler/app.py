@@ -15,11 +15,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import httpx2
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
+from lightkube.types import PatchType
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -27,7 +30,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from kubegpu.kube.resources import Pod
-from kubegpu.kube.writes import abind_pod, apatch_with_precondition, is_conflict, retry_async
+from kubegpu.kube.writes import abind_pod, is_conflict, retry_async
 from kubegpu.model import annotations as A
 from kubegpu.model.allocation import AnnotationError, PodAllocation, decode, encode
 from kubegpu.placement import DEFAULT_POLICY, PlacementConflict
@@ -80,6 +83,8 @@ class Extender:
         self.metrics = ExtenderMetrics(view)
         self._ready = ready
         self._bind_locks: dict[str, asyncio.Lock] = {}
+        self._pods: OrderedDict[str, dict[str, Any]] = OrderedDict()  # UID -> pod, from filter/prioritize
+        self.pod_cache_size = 4096
         verbs = (("filter", self.filter), ("prioritize", self.prioritize), ("bind", self.bind))
         routes = [Route(f"{prefix}/{name}", self._verb(name, fn), methods=["POST"])
                   for prefix in ("", "/scheduler") for name, fn in verbs]
@@ -119,6 +124,7 @@ class Extender:
         args = wire.decode_args(body)
         assert args.Pod is not None
         names = wire.node_names(args)
+        self.remember(args.Pod)
         try:
             self.view.expire_assumed()
             _, gpu_policy = self.policies(args.Pod)
@@ -168,63 +174,65 @@ class Extender:
         if self.client is None:
             return "kubegpu bind: no API client configured"
         ns, name, node = args.PodNamespace, args.PodName, args.Node
-        try:
-            pod = await retry_async(lambda: self.client.get(Pod, name, namespace=ns))  # type: ignore[union-attr]
-        except ApiError as e:
-            self.metrics.bind_failures.labels("pod-lookup").inc()
-            return f"kubegpu bind: cannot read pod {key}: {e.status.message}"
-        except OSError as e:
-            self.metrics.bind_failures.labels("api-unreachable").inc()
-            return f"kubegpu bind: API server unreachable: {e}"
-        uid = str(pod.metadata.uid or "")
-        if args.PodUID and uid != args.PodUID:
-            self.metrics.bind_failures.labels("uid-changed").inc()
-            return f"kubegpu bind: pod {key} is now UID {uid}, not {args.PodUID} (recreated)"
-        recorded = _recorded(pod)
-        bound_to = pod.spec.nodeName if pod.spec else None
-        if bound_to:
-            if bound_to == node and recorded is not None:  # a retry of a bind that went through
-                self._hold_quietly(key, uid, node, recorded)
-                return ""
-            self.metrics.bind_failures.labels("already-bound").inc()
-            return f"kubegpu bind: pod {key} is already bound to {bound_to}"
-        # Choose and hold before the first await below: no other bind can take the same capacity.
         held = self.view.held.get(key)
-        if held is not None and held.uid == uid and held.node == node and recorded == held.alloc:
-            alloc = held.alloc  # a retry after the annotation was written but the Binding failed
-            held.binding = True
-        else:
-            if held is not None:
-                self.view.release(key)
-            pod_dict = pod.to_dict()
-            _, gpu_policy = self.policies(pod_dict)
-            choice, why = self.view.choose(pod_dict, node, gpu_policy)
-            if choice is None:
-                self.metrics.bind_failures.labels("no-fit").inc()
-                return f"kubegpu bind: {why}"
-            alloc = choice
+        if held is not None and not held.binding and (not args.PodUID or held.uid == args.PodUID):
+            if held.node == node:
+                return ""  # a retry of a bind that went through (ours, or one the watch has shown)
+            self.metrics.bind_failures.labels("already-bound").inc()
+            return f"kubegpu bind: pod {key} is already bound to {held.node}"
+        # The scheduler sent this pod to filter moments ago; read it only when that copy is missing.
+        pod = self._pods.get(args.PodUID) if args.PodUID else None
+        uid = args.PodUID
+        if pod is None:
             try:
-                self.view.hold(key, uid, node, alloc, assumed=True)
-            except PlacementConflict as e:  # cannot happen right after choose; refuse rather than over-commit
-                self.metrics.bind_failures.labels("no-fit").inc()
-                return f"kubegpu bind: {e}"
+                current = await retry_async(lambda: self.client.get(Pod, name, namespace=ns))  # type: ignore[union-attr]
+            except ApiError as e:
+                self.metrics.bind_failures.labels("pod-lookup").inc()
+                return f"kubegpu bind: cannot read pod {key}: {e.status.message}"
+            except (OSError, httpx2.HTTPError) as e:
+                self.metrics.bind_failures.labels("api-unreachable").inc()
+                return f"kubegpu bind: API server unreachable: {e}"
+            uid = str(current.metadata.uid or "")
+            if args.PodUID and uid != args.PodUID:
+                self.metrics.bind_failures.labels("uid-changed").inc()
+                return f"kubegpu bind: pod {key} is now UID {uid}, not {args.PodUID} (recreated)"
+            bound_to = current.spec.nodeName if current.spec else None
+            if bound_to:
+                recorded = _recorded(current)
+                if bound_to == node and recorded is not None:  # bound by an earlier attempt of ours
+                    self._hold_quietly(key, uid, node, recorded)
+                    return ""
+                self.metrics.bind_failures.labels("already-bound").inc()
+                return f"kubegpu bind: pod {key} is already bound to {bound_to}"
+            pod = current.to_dict()
+        # Choose and hold before the first await below: no other bind can take the same capacity.
+        if held is not None:
+            self.view.release(key)
+        _, gpu_policy = self.policies(pod)
+        alloc, why = self.view.choose(pod, node, gpu_policy)
+        if alloc is None:
+            self.metrics.bind_failures.labels("no-fit").inc()
+            return f"kubegpu bind: {why}"
         try:
-            value = encode(alloc)
-
-            def annotate(current: Any) -> dict[str, Any] | None:
-                if current.metadata.uid != uid:
-                    raise _Abort(f"pod {key} was recreated")
-                if current.spec and current.spec.nodeName:
-                    raise _Abort(f"pod {key} was bound to {current.spec.nodeName} meanwhile")
-                if (current.metadata.annotations or {}).get(A.DEVICE_ALLOCATED) == value:
-                    return None
-                return {"metadata": {"annotations": {A.DEVICE_ALLOCATED: value}}}
-
-            await apatch_with_precondition(self.client, Pod, name, annotate, namespace=ns)
+            self.view.hold(key, uid, node, alloc, assumed=True)
+        except PlacementConflict as e:  # cannot happen right after choose; refuse rather than over-commit
+            self.metrics.bind_failures.labels("no-fit").inc()
+            return f"kubegpu bind: {e}"
+        value = encode(alloc)
+        try:
+            # The UID in the patch is a precondition: a recreated pod of the same name answers 409.
+            patch = {"metadata": {"uid": uid, "annotations": {A.DEVICE_ALLOCATED: value}}}
+            try:
+                await retry_async(lambda: self.client.patch(  # type: ignore[union-attr]
+                    Pod, name, patch, namespace=ns, patch_type=PatchType.MERGE))
+            except ApiError as e:
+                if is_conflict(e):
+                    raise _Abort(f"pod {key} was recreated (UID {uid} is gone)") from None
+                raise
             try:
                 await retry_async(lambda: abind_pod(self.client, ns, name, uid, node))  # type: ignore[arg-type]
             except ApiError as e:
-                if not is_conflict(e) or not await self._bound_to(ns, name, node):
+                if not is_conflict(e) or not await self._bound_to(ns, name, node, value):
                     raise
         except _Abort as e:
             self.view.release(key, uid)
@@ -242,9 +250,20 @@ class Extender:
         self.metrics.placed.inc()
         return ""
 
-    async def _bound_to(self, ns: str, name: str, node: str) -> bool:
+    async def _bound_to(self, ns: str, name: str, node: str, value: str) -> bool:
+        """After a 409 on the Binding: is the pod bound to ``node`` with our record (a retry that raced)?"""
         pod = await self.client.get(Pod, name, namespace=ns)  # type: ignore[union-attr]
-        return bool(pod.spec and pod.spec.nodeName == node)
+        return bool(pod.spec and pod.spec.nodeName == node
+                    and (pod.metadata.annotations or {}).get(A.DEVICE_ALLOCATED) == value)
+
+    def remember(self, pod: dict[str, Any]) -> None:
+        """Keep the scheduler's copy of a pod being scheduled, for its bind (bounded, oldest dropped)."""
+        uid = (pod.get("metadata") or {}).get("uid")
+        if isinstance(uid, str) and uid:
+            self._pods[uid] = pod
+            self._pods.move_to_end(uid)
+            while len(self._pods) > self.pod_cache_size:
+                self._pods.popitem(last=False)
 
     def _hold_quietly(self, key: str, uid: str, node: str, alloc: PodAllocation) -> None:
         try:

@@ -37,7 +37,7 @@ class _ViewCollector(Collector):
         yield frag
         held = GaugeMetricFamily("kubegpu_pods_accounted", "Pods whose GPU allocation is accounted",
                                  labels=["state"])
-        assumed = sum(1 for h in self._view.held.values() if h.assumed_at is not None)
+        assumed = self._view.assumed_count
         held.add_metric(["confirmed"], len(self._view.held) - assumed)
         held.add_metric(["assumed"], assumed)
         yield held

@@ -22,6 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -167,7 +168,8 @@ def _demand_of_alloc(alloc: PodAllocation) -> list[Demand]:
 class ClusterView:
     """Nodes, their GPU states and the held allocations; the arrays behind filter and prioritize."""
 
-    def __init__(self, *, assume_ttl_s: float = 120.0, clock: Any = time.monotonic) -> None:
+    def __init__(self, *, assume_ttl_s: float = 120.0, workload_refresh_s: float = 30.0,
+                 clock: Any = time.monotonic) -> None:
         self.nodes: dict[str, NodeRecord] = {}
         self.held: dict[str, Held] = {}
         self.by_node: dict[str, set[str]] = {}
@@ -180,7 +182,11 @@ class ClusterView:
         self._slots = 8
         self._model_masks: dict[frozenset[str], np.ndarray] = {}
         self._ctx: ScoreContext | None = None
-        self._workload_dirty = True
+        self._rows_memo: tuple[list[str], np.ndarray] | None = None  # the last name list and its rows
+        self._assumed: set[str] = set()  # keys of held entries not yet echoed by the watch
+        self._shapes: Counter[Demand] = Counter()  # request shapes of the held pods (the target workload)
+        self.workload_refresh_s = workload_refresh_s
+        self._workload_at = -float("inf")
 
     # ---- nodes ---------------------------------------------------------------------------------
     def _record(self, name: str) -> NodeRecord:
@@ -216,12 +222,15 @@ class ClusterView:
             for p in problems:
                 self.conflicts += 1
                 log.error("node %s: a recorded allocation does not fit its GPUs: %s", name, p)
-        self._invalidate()
+        if not self._update_row(rec):
+            self._invalidate()
+        self._model_masks.clear()
 
     def _invalidate(self) -> None:
         self._cluster = None
         self._model_masks.clear()
         self._ctx = None
+        self._rows_memo = None
 
     # ---- arrays --------------------------------------------------------------------------------
     @property
@@ -253,10 +262,29 @@ class ClusterView:
         self._row = {r.name: i for i, r in enumerate(recs)}
         self._ctx = None
 
+    def _update_row(self, rec: NodeRecord) -> bool:
+        """Refresh an existing node's row in place (a health change); False when the arrays must be rebuilt
+        (a new or removed node, more GPUs than the arrays hold, a GPU model not seen before)."""
+        st, i = self._cluster, self._row.get(rec.name)
+        if st is None or i is None or rec.state is None or rec.inventory is None:
+            return False
+        if rec.state.arrays.n_slots > st.n_slots or (rec.inventory.gpus and rec.inventory.model not in
+                                                       st._model_index):
+            return False
+        st.node_model[i] = st._model_index.get(rec.inventory.model, -1) if rec.inventory.gpus else -1
+        self._copy_row(st, i, rec.state)
+        return True
+
     @staticmethod
     def _copy_row(st: ClusterState, i: int, ns: NodeState) -> None:
         a = ns.arrays
         k = a.n_slots
+        st.gpu_ok[i] = False
+        st.core_free[i] = 0
+        st.gmem_cap[i] = 0
+        st.gmem_free[i] = 0
+        if st.links is not None:
+            st.links[i] = 0
         st.cpu_cap[i], st.cpu_free[i] = a.cpu_cap[0], a.cpu_free[0]
         st.mem_cap[i], st.mem_free[i] = a.mem_cap[0], a.mem_free[0]
         st.gpu_ok[i, :k] = a.gpu_ok[0]
@@ -278,6 +306,17 @@ class ClusterView:
             return
         self._copy_row(self._cluster, i, rec.state)
 
+    def rows_of(self, names: list[str]) -> np.ndarray:
+        """Array rows of the named nodes (-1 for unknown ones). kube-scheduler sends prioritize the very
+        list filter passed, so the last answer is kept and reused when the list is equal."""
+        self.cluster  # noqa: B018 - rows current
+        memo = self._rows_memo
+        if memo is not None and memo[0] == names:
+            return memo[1]
+        rows = np.fromiter(map(self._row.get, names, repeat(-1)), np.int64, len(names))
+        self._rows_memo = (names, rows)
+        return rows
+
     def model_mask(self, models: frozenset[str] | None) -> np.ndarray:
         """(N,) bool over the array rows: nodes whose GPU model (or product label) is allowed."""
         cluster = self.cluster
@@ -298,6 +337,7 @@ class ClusterView:
             if not assumed:
                 old.assumed_at = None
                 old.binding = False
+                self._assumed.discard(key)
             return
         rec = self.nodes.get(node)
         if old is not None:
@@ -312,20 +352,27 @@ class ClusterView:
             self._sync(node)
         self.held[key] = Held(key, uid, node, alloc, self._clock() if assumed else None, binding=assumed)
         self.by_node.setdefault(node, set()).add(key)
-        self._workload_dirty = True
+        if assumed:
+            self._assumed.add(key)
+        self._shapes.update(_demand_of_alloc(alloc))
 
     def release(self, key: str, uid: str | None = None) -> Held | None:
         h = self.held.get(key)
         if h is None or (uid is not None and h.uid != uid):
             return None
         del self.held[key]
+        self._assumed.discard(key)
         self.by_node.get(h.node, set()).discard(key)
         rec = self.nodes.get(h.node)
         if rec is not None and rec.state is not None:
             rec.state.release_allocation(h.alloc)
             self._sync(h.node)
-        self._workload_dirty = True
+        self._shapes.subtract(_demand_of_alloc(h.alloc))
         return h
+
+    @property
+    def assumed_count(self) -> int:
+        return len(self._assumed)
 
     def mark_bound(self, key: str) -> None:
         """The bind of an assumed pod went through: wait up to the TTL for the watch to echo it."""
@@ -337,8 +384,9 @@ class ClusterView:
     def expire_assumed(self) -> list[str]:
         """Drop assumptions whose bind finished but never showed in the watch within the TTL."""
         now = self._clock()
-        gone = [k for k, h in self.held.items()
-                if h.assumed_at is not None and not h.binding and now - h.assumed_at > self.assume_ttl_s]
+        ttl = self.assume_ttl_s
+        gone = [k for k in self._assumed
+                if (h := self.held[k]).assumed_at is not None and not h.binding and now - h.assumed_at > ttl]
         for k in gone:
             log.warning("pod %s: assumed allocation expired (bind never seen in the watch); released", k)
             self.release(k)
@@ -389,29 +437,28 @@ class ClusterView:
         if not request.wants_gpu:
             return FilterOutcome(list(names), failed, unresolvable, reasons)
         cluster = self.cluster
-        rows_known: list[int] = []
-        names_known: list[str] = []
-        for n in names:
-            i = self._row.get(n)
-            if i is None:
-                rec = self.nodes.get(n)
-                if rec is not None and rec.device_error:
-                    failed[n] = f"node {n}: its Device object is unreadable: {rec.device_error}"
-                else:
-                    failed[n] = f"node {n}: no GPUs known (no kubegpu Device object; is `kubegpu node` running?)"
-                reasons["no-device-object"] += 1
+        # One pass over the names (kube-scheduler sends thousands): rows, -1 for unknown nodes.
+        all_rows = self.rows_of(names)
+        known = all_rows >= 0
+        for i in np.flatnonzero(~known):
+            n = names[i]
+            rec = self.nodes.get(n)
+            if rec is not None and rec.device_error:
+                failed[n] = f"its Device object is unreadable: {rec.device_error}"
             else:
-                rows_known.append(i)
-                names_known.append(n)
-        if not rows_known:
+                failed[n] = "no GPUs known (no kubegpu Device object; is `kubegpu node` running?)"
+            reasons["no-device-object"] += 1
+        if not known.any():
             return FilterOutcome(passed, failed, unresolvable, reasons)
-        rows = np.asarray(rows_known, np.int64)
+        names_known = [names[i] for i in np.flatnonzero(known)] if not known.all() else list(names)
+        rows_known = all_rows[known]
+        rows = rows_known
         models = request.allowed_models
         ok = self.model_mask(models)[rows]
         for i in np.flatnonzero(~ok):
             n = names_known[i]
             present = ", ".join(sorted(self.nodes[n].models)) or "none"
-            failed[n] = f"node {n}: GPU model {present} not in the allowed {', '.join(sorted(models or ()))}"
+            failed[n] = f"GPU model {present} not in the allowed {', '.join(sorted(models or ()))}"
             reasons["gpu-model"] += 1
         simple = _simple_demand(request)
         nvlink = requires_nvlink(pod)
@@ -421,6 +468,7 @@ class ClusterView:
             enough = cand.sum(axis=1) >= demand.count
             good = ok & enough
             passed.extend(names_known[i] for i in np.flatnonzero(good))
+            self._rows_memo = (passed, rows[good])
             bad = np.flatnonzero(ok & ~enough)
             if len(bad):
                 texts = _insufficient(cluster, rows[bad], demand)
@@ -435,7 +483,7 @@ class ClusterView:
             assert rec.state is not None
             result = fit(rec.state, _for_node(request, rec), gpu_policy=gpu_policy)
             if result.ok and nvlink and result.choice is not None and not _all_linked(rec, result.choice):
-                failed[n] = f"node {n}: no free set of GPUs is fully NVLink-connected for this pod"
+                failed[n] = "no free set of GPUs is fully NVLink-connected for this pod"
                 reasons["nvlink"] += 1
             elif result.ok:
                 passed.append(n)
@@ -446,13 +494,29 @@ class ClusterView:
 
     # ---- prioritize ----------------------------------------------------------------------------
     def workload(self) -> Workload:
-        demands = [d for h in self.held.values() for d in _demand_of_alloc(h.alloc)]
-        return Workload.from_demands(demands if len(demands) >= 10 else [*demands, *_DEFAULT_SHAPES])
+        """The target workload of fragmentation-aware scoring: the shapes of the pods held now (a
+        default mix until there are a few), as frequencies."""
+        shapes = +self._shapes
+        total = sum(shapes.values())
+        if total < 10:
+            shapes.update(_DEFAULT_SHAPES)
+            total = sum(shapes.values())
+        # Frequencies are all that matter: a scaled-down sample keeps building it cheap on big clusters.
+        sample = [d for d, n in shapes.items() for _ in range(max(1, round(n * 1000 / total)))]
+        return Workload.from_demands(sample)
+
+    def warm_up(self) -> None:
+        """Build the arrays and the scoring context now rather than in the first verbs."""
+        self.cluster  # noqa: B018
+        self.score_context()
 
     def score_context(self) -> ScoreContext:
-        if self._ctx is None or self._workload_dirty:
+        """Scoring context; the workload is refreshed every ``workload_refresh_s`` (it moves slowly, and
+        rebuilding it resets the policies' caches)."""
+        now = self._clock()
+        if self._ctx is None or now - self._workload_at > self.workload_refresh_s:
             self._ctx = ScoreContext(workload=self.workload())
-            self._workload_dirty = False
+            self._workload_at = now
         return self._ctx
 
     def prioritize(self, pod: Mapping[str, Any], names: Sequence[str], node_policy: str) -> dict[str, int]:
@@ -463,25 +527,25 @@ class ClusterView:
             return out
         demand = _scoring_demand(request)
         cluster = self.cluster
-        pairs = [(n, self._row[n]) for n in names if n in self._row]
-        if not pairs or demand is None:
-            for n, _ in pairs:
-                out[n] = 5
+        all_rows = self.rows_of(names)
+        known = np.flatnonzero(all_rows >= 0)
+        if demand is None:  # MIG or replicas only: no array demand to score; every known node is as good
+            return dict(zip(names, np.where(all_rows >= 0, 5, 0).tolist(), strict=True))
+        if not len(known):
             return out
-        rows = np.asarray([i for _, i in pairs], np.int64)
+        rows = all_rows[known]
         cand = cluster.gpu_candidates(demand)[rows]
         feasible = (cand.sum(axis=1) >= demand.count) & self.model_mask(request.allowed_models)[rows]
-        keep = np.flatnonzero(feasible)
-        if not len(keep):
+        if not feasible.any():
             return out
         policy = get_policy(node_policy)
-        raw = np.asarray(policy.node_scores(cluster, demand, rows[keep], cand[keep], self.score_context()),
+        raw = np.asarray(policy.node_scores(cluster, demand, rows[feasible], cand[feasible], self.score_context()),
                          np.float64)
         lo, hi = float(raw.min()), float(raw.max())
         scaled = np.full(len(raw), 10) if hi - lo < 1e-12 else np.rint(1 + 9 * (raw - lo) / (hi - lo))
-        for j, s in zip(keep, scaled, strict=True):
-            out[pairs[j][0]] = int(s)
-        return out
+        scores = np.zeros(len(names), np.int64)
+        scores[known[feasible]] = scaled
+        return dict(zip(names, scores.tolist(), strict=True))
 
     # ---- bind ----------------------------------------------------------------------------------
     def choose(self, pod: Mapping[str, Any], node: str, gpu_policy: str) -> tuple[PodAllocation | None, str]:
@@ -601,36 +665,54 @@ def _scoring_demand(request: PodRequest) -> Demand | None:
 
 
 def _insufficient(cluster: ClusterState, rows: np.ndarray, demand: Demand) -> list[str]:
-    """Readable reasons for nodes that cannot take ``demand``, from the arrays (one pass)."""
+    """Readable reasons for nodes that cannot take ``demand``, from the arrays (one pass). Nodes in the
+    same situation get the same text, so kube-scheduler's event counts them together."""
     ok = cluster.gpu_ok[rows]
     core = np.where(ok, cluster.core_free[rows], -1)
-    mem = cluster.gmem_free[rows]
-    need = cluster.gpu_memory_need(demand)[rows]
-    cand = cluster.gpu_candidates(demand)[rows]
-    n_cand = cand.sum(axis=1)
-    n_ok = ok.sum(axis=1)
+    n_cand = cluster.gpu_candidates(demand)[rows].sum(axis=1).tolist()
+    n_ok = ok.sum(axis=1).tolist()
     best = core.argmax(axis=1)
-    names = cluster.names
+    best_core = (core[np.arange(len(rows)), best] // 10).tolist()
+    best = best.tolist()
+    want = demand.milli // 10
+    if not demand.exclusive and demand.count == 1:
+        # Where compute would fit, say which GPU with room has the most memory (memory is the blocker).
+        roomy = core >= demand.milli
+        mem = np.where(roomy, cluster.gmem_free[rows], -1)
+        mem_best = mem.argmax(axis=1)
+        mem_free = (mem[np.arange(len(rows)), mem_best] / 2**30).tolist()
+        need = cluster.gpu_memory_need(demand)[rows]
+        mem_need = (need[np.arange(len(rows)), mem_best] / 2**30).tolist()
+        mem_best = mem_best.tolist()
+        any_roomy = roomy.any(axis=1).tolist()
+    memo: dict[tuple[Any, ...], str] = {}
     out = []
     for k in range(len(rows)):
-        name = names[rows[k]]
-        j = int(best[k])
         if n_ok[k] == 0:
-            out.append(f"node {name}: no healthy GPU available to share (all unhealthy or MIG-enabled)")
+            key: tuple[Any, ...] = (0,)
         elif demand.exclusive:
-            out.append(f"node {name}: {demand.count} whole GPU(s) requested, {int(n_cand[k])} of "
-                       f"{int(n_ok[k])} free (GPU {j}: {int(core[k, j]) // 10} % compute free)")
+            key = (1, n_cand[k], n_ok[k], best[k], best_core[k])
         elif demand.count > 1 and n_cand[k] > 0:
-            out.append(f"node {name}: {demand.count} GPUs with {demand.milli // 10} % compute each requested, "
-                       f"only {int(n_cand[k])} have room")
-        elif core[k, j] < demand.milli:
-            out.append(f"node {name}: GPU {j}: {int(core[k, j]) // 10} % compute free, "
-                       f"{demand.milli // 10} % requested")
+            key = (2, n_cand[k])
+        elif demand.count > 1 or not any_roomy[k]:
+            key = (3, best[k], best_core[k])
         else:
-            roomy = np.flatnonzero(core[k] >= demand.milli)
-            jm = int(roomy[np.argmax(mem[k, roomy])]) if len(roomy) else j
-            out.append(f"node {name}: GPU {jm}: {mem[k, jm] / 2**30:.1f} GiB memory free, "
-                       f"{need[k, jm] / 2**30:.1f} GiB requested")
+            key = (4, mem_best[k], mem_free[k], mem_need[k])
+        text = memo.get(key)
+        if text is None:
+            if key[0] == 0:
+                text = "no healthy GPU available to share (all unhealthy or MIG-enabled)"
+            elif key[0] == 1:
+                text = (f"{demand.count} whole GPU(s) requested, {key[1]} of {key[2]} free "
+                        f"(GPU {key[3]}: {key[4]} % compute free)")
+            elif key[0] == 2:
+                text = f"{demand.count} GPUs with {want} % compute each requested, only {key[1]} have room"
+            elif key[0] == 3:
+                text = f"GPU {key[1]}: {key[2]} % compute free, {want} % requested"
+            else:
+                text = f"GPU {key[1]}: {key[2]:.1f} GiB memory free, {key[3]:.1f} GiB requested"
+            memo[key] = text
+        out.append(text)
     return out
 
 

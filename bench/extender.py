@@ -1,0 +1,297 @@
+"""Benchmark of the scheduler extender at cluster scale: filter, prioritize and bind over loopback HTTP.
+
+A stand-in API server (its own process) holds N nodes x 8 GPUs with their Device objects and a
+trace-like mix of pods already bound and filling the GPUs to about 70 %, plus the pending pods to
+place. ``kubegpu scheduler`` (its own process, as deployed) watches it. This process then plays
+kube-scheduler: for each pending pod, sequentially, ``filter`` with every node name, ``prioritize``
+with the nodes that passed, ``bind`` to the best one. Prints one JSON object as its last line:
+``nodes``, ``filter_p50_ms``, ``filter_p99_ms``, ``prioritize_p99_ms``, ``bind_p99_ms``,
+``pods_per_s``, ``rss_mb`` (the extender's resident memory after the run; ``rss_peak_mb`` too).
+
+Targets (2-core machine): filter p99 and prioritize p99 <= 15 ms at 5,000 nodes, >= 100 pods/s,
+RSS <= 1 GiB.
+
+    .venv/bin/python bench/extender.py [--nodes 5000] [--pods 300] [--fill 0.7] [--seed 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import numpy as np
+
+# The client side stands in for kube-scheduler (Go): keep its own JSON work out of the way with msgspec.
+encode = msgspec.json.encode
+decode = msgspec.json.decode
+GPUS_PER_NODE = 8
+GPU_MEMORY = 80 * 2**30
+MODEL = "NVIDIA A100-SXM4-80GB"
+NAMESPACE = "bench"
+# Per-pod GPU shapes and weights, close to the Alibaba openb trace's mix: (kind, GPUs, percent per GPU).
+MIX: tuple[tuple[tuple[str, int, int], float], ...] = (
+    (("whole", 1, 100), 0.38), (("share", 1, 50), 0.16), (("share", 1, 25), 0.14), (("share", 1, 10), 0.07),
+    (("whole", 2, 100), 0.10), (("whole", 4, 100), 0.08), (("whole", 8, 100), 0.04), (("share", 2, 50), 0.03),
+)
+
+
+def draw(rng: random.Random) -> tuple[str, int, int]:
+    shapes, weights = zip(*MIX, strict=True)
+    return rng.choices(shapes, weights)[0]
+
+
+def limits(shape: tuple[str, int, int]) -> dict[str, str]:
+    kind, n, pct = shape
+    if kind == "whole":
+        return {"nvidia.com/gpu": str(n)}
+    return {"kubegpu.io/gpu-core": str(pct * n), "kubegpu.io/gpu-memory-ratio": str(pct * n),
+            "kubegpu.io/gpu.shared": str(n)}
+
+
+def pod_object(name: str, shape: tuple[str, int, int], node: str = "", annotation: str = "",
+               uid: str = "") -> dict[str, Any]:
+    lim = limits(shape)
+    pod: dict[str, Any] = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app": "bench"}},
+        "spec": {"containers": [{"name": "main", "image": "cuda", "resources": {"limits": lim, "requests": lim}}],
+                 "schedulerName": "default-scheduler"},
+        "status": {"phase": "Running" if node else "Pending"},
+    }
+    if uid:
+        pod["metadata"]["uid"] = uid
+    if node:
+        pod["spec"]["nodeName"] = node
+    if annotation:
+        pod["metadata"]["annotations"] = {"kubegpu.io/device-allocated": annotation}
+    return pod
+
+
+def fill_node(rng: random.Random, node: str, uuids: list[str], target: float) -> list[dict[str, Any]]:
+    """Pods already running on one node, first-fit on its GPUs, until about ``target`` of its compute is used."""
+    from kubegpu.model.allocation import ContainerAllocation, DeviceGrant, PodAllocation, encode
+
+    free = [100] * len(uuids)
+    pods = []
+    misses = 0
+    while sum(100 - f for f in free) < target * 100 * len(uuids) and misses < 12:
+        shape = draw(rng)
+        kind, n, pct = shape
+        need = 100 if kind == "whole" else pct
+        room = [j for j, f in enumerate(free) if f >= need and (kind == "share" or f == 100)]
+        if len(room) < n:
+            misses += 1
+            continue
+        chosen = room[:n] if kind == "whole" else sorted(room, key=lambda j: (free[j], j))[:n]
+        grants = []
+        for j in chosen:
+            free[j] -= need
+            grants.append(DeviceGrant(j, uuids[j], need, GPU_MEMORY * need // 100, need))
+        value = encode(PodAllocation((ContainerAllocation("main", tuple(grants)),)))
+        pods.append(pod_object(f"run-{node}-{len(pods)}", shape, node, value))
+    return pods
+
+
+def serve_apiserver(nodes: int, pending: int, fill: float, seed: int, kubeconfig: str) -> None:
+    """Child process: seed the stand-in API server with the cluster and serve it until stdin closes."""
+    from kubegpu.model.inventory import Gpu, NodeInventory
+    from kubegpu.node.device_object import device_object
+    from kubegpu_standins.apiserver import ApiServer
+
+    rng = random.Random(seed)
+    api = ApiServer(history=50_000)
+    running = 0
+    for i in range(nodes):
+        name = f"node-{i:05d}"
+        uuids = [f"GPU-{i:05d}-{j}-bench-0000-000000000000" for j in range(GPUS_PER_NODE)]
+        gpus = tuple(Gpu(uuid=u, index=j, minor=j, model=MODEL, memory_bytes=GPU_MEMORY,
+                         links={v: 12 for v in uuids if v != u}) for j, u in enumerate(uuids))
+        inv = NodeInventory(name, gpus, cpu_milli=128_000, memory_bytes=1 << 40)
+        api.put_object({"apiVersion": "v1", "kind": "Node",
+                        "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}},
+                        "status": {"capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": "8"}}})
+        api.put_object(device_object(inv))
+        target = min(1.0, max(0.0, rng.gauss(fill, 0.2)))
+        for p in fill_node(rng, name, uuids, target):
+            api.put_object(p)
+            running += 1
+    for k in range(pending):
+        api.put_object(pod_object(f"pending-{k:05d}", draw(rng)))
+    api.start()
+    api.write_kubeconfig(kubeconfig)
+    print(json.dumps({"url": api.url, "running": running}), flush=True)
+    sys.stdin.read()  # until the parent closes the pipe
+    api.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rss_mb(pid: int) -> tuple[float, float]:
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = value.strip()
+    kb = lambda k: float(fields.get(k, "0 kB").split()[0])  # noqa: E731
+    return kb("VmRSS") / 1024, kb("VmHWM") / 1024
+
+
+def server_means(metrics: str) -> dict[str, float]:
+    """Mean time inside the extender's handlers per verb (from its latency histogram)."""
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for line in metrics.splitlines():
+        for suffix, into in (("_sum", sums), ("_count", counts)):
+            prefix = f"kubegpu_extender_request_seconds{suffix}{{verb=\""
+            if line.startswith(prefix):
+                verb = line[len(prefix):].split('"', 1)[0]
+                into[verb] = float(line.rsplit(" ", 1)[1])
+    return {v: round(1000 * sums[v] / counts[v], 3) for v in sums if counts.get(v)}
+
+
+def pct(values: list[float], q: float) -> float:
+    return round(float(np.percentile(np.asarray(values) * 1000, q)), 3) if values else 0.0
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    root = Path(__file__).resolve().parent.parent
+    python = sys.executable
+    env = {**os.environ, "PYTHONPATH": str(root / "src")}
+    work = Path(tempfile.mkdtemp(prefix="kgbench-"))
+    kubeconfig = work / "kubeconfig"
+    t0 = time.perf_counter()
+    api = subprocess.Popen([python, __file__, "--serve-apiserver", "--nodes", str(args.nodes), "--pods",
+                            str(args.pods), "--fill", str(args.fill), "--seed", str(args.seed),
+                            "--kubeconfig", str(kubeconfig)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           text=True, env=env)
+    ext = None
+    try:
+        assert api.stdout is not None
+        info = json.loads(api.stdout.readline())
+        seeded_s = time.perf_counter() - t0
+        port = free_port()
+        ext = subprocess.Popen([python, "-c", "from kubegpu.cli.main import app; app()", "scheduler",
+                                "--kubeconfig", str(kubeconfig), "--listen", f"127.0.0.1:{port}",
+                                "--log-level", "warning"], env=env)
+        base = f"http://127.0.0.1:{port}"
+        http = httpx.Client(base_url=base, timeout=60)
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                if http.get("/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline or ext.poll() is not None:
+                raise RuntimeError("the extender did not become ready")
+            time.sleep(0.2)
+        synced_s = time.perf_counter() - t0 - seeded_s
+        names = [f"node-{i:05d}" for i in range(args.nodes)]
+        pending = [p for p in httpx.get(f"{info['url']}/api/v1/namespaces/{NAMESPACE}/pods").json()["items"]
+                   if not p["spec"].get("nodeName")]
+        pending.sort(key=lambda p: p["metadata"]["name"])
+        headers = {"Content-Type": "application/json"}
+        lat: dict[str, list[float]] = {"filter": [], "prioritize": [], "bind": []}
+        placed = unschedulable = bind_errors = 0
+        fit_nodes: list[int] = []
+        start = time.perf_counter()
+        for k, pod in enumerate(pending):
+            offset = (k * 997) % len(names)  # kube-scheduler starts each cycle at a rotating node
+            order = names[offset:] + names[:offset]
+            body = encode({"Pod": pod, "Nodes": None, "NodeNames": order})
+            t = time.perf_counter()
+            r = http.post("/filter", content=body, headers=headers)
+            lat["filter"].append(time.perf_counter() - t)
+            passed = decode(r.content)["NodeNames"] or []
+            fit_nodes.append(len(passed))
+            if not passed:
+                unschedulable += 1
+                continue
+            best = passed[0]
+            if len(passed) > 1:
+                body = encode({"Pod": pod, "Nodes": None, "NodeNames": passed})
+                t = time.perf_counter()
+                r = http.post("/prioritize", content=body, headers=headers)
+                lat["prioritize"].append(time.perf_counter() - t)
+                scores = decode(r.content)
+                best = max(scores, key=lambda h: h["Score"])["Host"]
+            meta = pod["metadata"]
+            t = time.perf_counter()
+            r = http.post("/bind", content=encode({"PodName": meta["name"], "PodNamespace": meta["namespace"],
+                                                   "PodUID": meta["uid"], "Node": best}), headers=headers)
+            lat["bind"].append(time.perf_counter() - t)
+            if decode(r.content).get("Error"):
+                bind_errors += 1
+            else:
+                placed += 1
+        elapsed = time.perf_counter() - start
+        rss, peak = rss_mb(ext.pid)
+        server = server_means(http.get("/metrics").text)
+        return {
+            "nodes": args.nodes,
+            "gpus": args.nodes * GPUS_PER_NODE,
+            "running_pods": info["running"],
+            "pods": len(pending),
+            "placed": placed,
+            "unschedulable": unschedulable,
+            "bind_errors": bind_errors,
+            "filter_feasible_nodes_mean": round(float(np.mean(fit_nodes)), 1) if fit_nodes else 0,
+            "filter_p50_ms": pct(lat["filter"], 50),
+            "filter_p99_ms": pct(lat["filter"], 99),
+            "prioritize_p50_ms": pct(lat["prioritize"], 50),
+            "prioritize_p99_ms": pct(lat["prioritize"], 99),
+            "bind_p50_ms": pct(lat["bind"], 50),
+            "bind_p99_ms": pct(lat["bind"], 99),
+            "pods_per_s": round(len(pending) / elapsed, 1),
+            **{f"{verb}_server_mean_ms": ms for verb, ms in server.items()},
+            "rss_mb": round(rss, 1),
+            "rss_peak_mb": round(peak, 1),
+            "seed_s": round(seeded_s, 1),
+            "sync_s": round(synced_s, 1),
+        }
+    finally:
+        if ext is not None:
+            ext.terminate()
+            try:
+                ext.wait(10)
+            except subprocess.TimeoutExpired:
+                ext.kill()
+        if api.stdin:
+            api.stdin.close()
+        try:
+            api.wait(10)
+        except subprocess.TimeoutExpired:
+            api.kill()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--pods", type=int, default=300, help="pending pods to place")
+    parser.add_argument("--fill", type=float, default=0.7, help="average share of GPU compute already used")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--serve-apiserver", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--kubeconfig", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_apiserver:
+        serve_apiserver(args.nodes, args.pods, args.fill, args.seed, args.kubeconfig)
+        return
+    print(json.dumps(run(args)))
+
+
+if __name__ == "__main__":
+    main()

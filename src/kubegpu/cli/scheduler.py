@@ -1,0 +1,82 @@
+"""``kubegpu scheduler``: run the kube-scheduler HTTP extender (filter, prioritize, bind).
+
+Serves ``/filter``, ``/prioritize`` and ``/bind`` (also under ``/scheduler/``), the DeviceShare
+debug API, ``/metrics`` and ``/healthz`` (503 until the watches of Nodes, Devices and Pods have
+listed once). Exit codes: 0 clean stop, 2 bad arguments or configuration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+
+import typer
+
+from kubegpu.cli.main import app
+
+EXIT_CONFIG = 2
+
+
+def _listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise typer.BadParameter(f"{value!r} is not HOST:PORT")
+    return (host.strip("[]") or "0.0.0.0"), int(port)
+
+
+def _policy(value: str) -> str:
+    from kubegpu.placement import get_policy
+
+    try:
+        get_policy(value)
+    except KeyError as e:
+        raise typer.BadParameter(str(e).strip('"')) from None
+    return value
+
+
+@app.command("scheduler")
+def scheduler(
+    kubeconfig: Path | None = typer.Option(None, "--kubeconfig", help="kubeconfig file (default: in-cluster, "
+                                           "then $KUBECONFIG, then ~/.kube/config)"),
+    listen: str = typer.Option("0.0.0.0:8888", "--listen", help="HOST:PORT to serve the extender on"),
+    tls_cert: Path | None = typer.Option(None, "--tls-cert", help="serve HTTPS with this certificate (PEM)"),
+    tls_key: Path | None = typer.Option(None, "--tls-key", help="private key of --tls-cert (PEM)"),
+    node_policy: str = typer.Option("kubegpu", "--node-policy", callback=_policy,
+                                    help="cluster default node-level policy (pods override with the "
+                                         "kubegpu.io/node-policy annotation): random, dotprod, clustering, "
+                                         "packing, bestfit, fgd, spread, kubegpu"),
+    gpu_policy: str = typer.Option("kubegpu", "--gpu-policy", callback=_policy,
+                                   help="cluster default GPU-level policy (annotation kubegpu.io/gpu-policy)"),
+    resync: float = typer.Option(300.0, "--resync-seconds", min=1.0, help="full relist period of the watches"),
+    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error"),
+) -> None:
+    """Run the scheduler extender beside kube-scheduler."""
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    host, port = _listen(listen)
+    if (tls_cert is None) != (tls_key is None):
+        typer.echo("--tls-cert and --tls-key go together", err=True)
+        raise typer.Exit(EXIT_CONFIG)
+    for f in (tls_cert, tls_key):
+        if f is not None and not f.is_file():
+            typer.echo(f"{f} does not exist", err=True)
+            raise typer.Exit(EXIT_CONFIG)
+    from kubegpu.kube.client import ClientConfigError, make_async_client
+    from kubegpu.scheduler.service import ExtenderService
+
+    async def main() -> None:
+        try:
+            client = make_async_client(kubeconfig)
+        except ClientConfigError as e:
+            typer.echo(f"kubegpu scheduler: {e}", err=True)
+            raise typer.Exit(EXIT_CONFIG) from None
+        service = ExtenderService(client, node_policy, gpu_policy, resync_s=resync)
+        logging.getLogger("kubegpu.scheduler").info(
+            "extender on %s://%s:%d (node policy %s, GPU policy %s)", "https" if tls_cert else "http", host, port,
+            node_policy, gpu_policy)
+        await service.serve(host, port, tls_cert=tls_cert, tls_key=tls_key)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
