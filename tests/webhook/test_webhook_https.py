@@ -296,3 +296,12 @@ def test_ephemeral_debug_containers_get_void_and_may_not_choose_gpus(client: htt
     response = client.post("/validate", json=review).json()["response"]
     assert response["allowed"] is False
     assert "container 'debug': env NVIDIA_VISIBLE_DEVICES='all'" in response["status"]["message"]
+
+
+def test_served_connections_disable_nagle(webhook: Any) -> None:
+    """asyncio sets TCP_NODELAY only on sockets whose proto is TCP; without it each review
+    waits for a delayed ACK (40 ms on Linux)."""
+    import socket
+
+    assert webhook.sock.proto == socket.IPPROTO_TCP
+    assert webhook.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
