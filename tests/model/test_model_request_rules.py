@@ -48,6 +48,8 @@ ACCEPTED = [
      {"nvidia.com/mig-1c.3g.40gb": "1"}),
     ("replica", {"nvidia.com/gpu.shared": 2}, None, "replica", 2, 100, None, None,
      {"nvidia.com/gpu.shared": "2"}),
+    ("replica-mig-shared", {"nvidia.com/mig-1g.10gb.shared": 2}, None, "replica", 2, 100, None, None,
+     {"nvidia.com/mig-1g.10gb.shared": "2"}),
     ("replica-renamed", {"nvidia.com/sharedgpu": 1}, None, "replica", 1, 100, None, None,
      {"nvidia.com/sharedgpu": "1"}),
     ("percent", {PCT: "50"}, None, "share", 1, 50, None, 50,

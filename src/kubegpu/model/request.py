@@ -354,14 +354,15 @@ def _parse_container(name: str, resources: Mapping[str, Any], init: bool,
     n = _count(name, orig, value)
     if canon == R.NVIDIA_GPU:
         req = GpuRequest(RequestKind.WHOLE, n, resource=R.NVIDIA_GPU)
-    elif canon.startswith(R.NVIDIA_MIG_PREFIX):
+    elif canon.startswith(R.NVIDIA_MIG_PREFIX) and not R.is_shared_mig_resource(canon):
         if not R.is_mig_resource(canon):
             raise _refuse(name, orig, value, "not a MIG profile name (expected nvidia.com/mig-<g>g.<m>gb)",
                           "mig-profile")
         req = GpuRequest(RequestKind.MIG, n, resource=canon, mig_profile=R.mig_profile(canon),
                          memory_ratio=None)
     else:
-        # nvidia.com/gpu.shared or a renamed replica resource such as nvidia.com/sharedgpu.
+        # nvidia.com/gpu.shared, nvidia.com/mig-1g.10gb.shared (time-slicing's renameByDefault) or a
+        # renamed replica resource such as nvidia.com/sharedgpu.
         req = GpuRequest(RequestKind.REPLICA, n, resource=canon, memory_ratio=None)
     return ContainerRequest(name, init, req, {canon: str(n)}, renamed)
 

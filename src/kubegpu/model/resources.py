@@ -62,6 +62,11 @@ def is_mig_resource(name: str) -> bool:
     return MIG_PROFILE_RE.match(name[len(NVIDIA_MIG_PREFIX):]) is not None
 
 
+def is_shared_mig_resource(name: str) -> bool:
+    """``nvidia.com/mig-1g.10gb.shared``: time-sliced replicas of a MIG device (NVIDIA's renameByDefault)."""
+    return name.endswith(".shared") and is_mig_resource(name[: -len(".shared")])
+
+
 def mig_profile(name: str) -> str:
     """``nvidia.com/mig-1g.10gb`` -> ``1g.10gb``."""
     return name[len(NVIDIA_MIG_PREFIX):]
