@@ -82,6 +82,9 @@ def test_table_output_shows_the_normalised_request(tmp_path: Path) -> None:
     assert "OK" in out and "Deployment ml/web" in out
     assert "train" in out and "whole" in out and "nvidia.com/gpu: 2" in out
     assert "alpha.kubernetes.io/nvidia-gpu" in out  # the warning says what was renamed
+    flat = " ".join(out.split())
+    assert "container 'side': NVIDIA_VISIBLE_DEVICES=void added" in flat
+    assert "toleration nvidia.com/gpu:NoSchedule added" in flat
 
 
 def test_refusals_exit_1_and_name_container_resource_value_rule(tmp_path: Path) -> None:
@@ -89,7 +92,9 @@ def test_refusals_exit_1_and_name_container_resource_value_rule(tmp_path: Path) 
     code, out = run(path)
     assert code == 1
     assert "REFUSED" in out and "Deployment ml/bad" in out
-    assert "container 'broken': nvidia.com/gpu='0.5'" in " ".join(out.split())
+    flat = " ".join(out.split())
+    assert "container 'broken': nvidia.com/gpu='0.5'" in flat
+    assert "[whole-number]" in flat  # the rule's code survives the terminal markup
     code, out = run(path, "--json")
     assert code == 1
     report = json.loads(out)

@@ -14,6 +14,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kubegpu.cli.main import app
@@ -48,7 +49,24 @@ def _object_json(file: str, src: Any, review: PodReview) -> dict[str, Any]:
                       "rule": r.rule, "code": r.code, "message": str(r)} for r in review.refusals],
         "patch": list(review.patch),
         "warnings": list(review.warnings),
+        "changes": describe_patch(src.pod, review.patch),
     }
+
+
+def describe_patch(pod: Any, ops: Any) -> list[str]:
+    """What the webhook would add besides the canonical resources, in words."""
+    out = []
+    spec = pod.get("spec") if isinstance(pod, dict) else {}
+    for op in ops:
+        parts = op["path"].split("/")
+        if parts[2] == "tolerations":
+            value = op["value"] if isinstance(op["value"], dict) else op["value"][0]
+            out.append(f"toleration {value['key']}:{value['effect']} added")
+        elif len(parts) > 4 and parts[4] == "env":
+            container = spec[parts[2]][int(parts[3])]
+            out.append(f"container {container.get('name', parts[3])!r}: NVIDIA_VISIBLE_DEVICES=void added "
+                       "(it asks for no GPU)")
+    return out
 
 
 def _per_gpu(c: dict[str, Any]) -> tuple[str, str]:
@@ -70,7 +88,7 @@ def _print_object(console: Console, obj: dict[str, Any]) -> None:
     if not obj["allowed"]:
         console.print(f"[bold red]REFUSED[/] {label} [dim]{where}[/]")
         for r in obj["refusals"]:
-            console.print(f"  [red]✗[/] {r['message']}")
+            console.print(f"  [red]✗[/] {escape(r['message'])}")
         return
     if not obj["containers"]:
         console.print(f"[green]OK[/] {label} [dim]{where}[/]: no GPU request")
@@ -86,7 +104,9 @@ def _print_object(console: Console, obj: dict[str, Any]) -> None:
         table.add_row(name, kind, str(c["count"]), core, mem, canon)
     console.print(table)
     for w in obj["warnings"]:
-        console.print(f"  [yellow]~[/] {w}")
+        console.print(f"  [yellow]~[/] {escape(w)}")
+    for change in obj["changes"]:
+        console.print(f"  [cyan]+[/] {escape(change)}")
 
 
 @app.command("check")
