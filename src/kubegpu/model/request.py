@@ -92,8 +92,9 @@ class ContainerRequest:
 
     ``limits`` holds the canonical GPU entries the container should carry in
     both limits and requests (aliases rewritten, ``kubegpu.io/gpu`` expanded,
-    ``kubegpu.io/gpu.shared`` added); ``renamed`` maps each name present in the
-    spec that must be removed because it was rewritten.
+    ``kubegpu.io/gpu.shared`` added); ``renamed`` holds the alias names found in
+    the spec (they are replaced by their canonical names). The webhook's patch is
+    built by :func:`kubegpu.model.normalise.review_pod` from ``limits``.
     """
 
     name: str
