@@ -44,11 +44,14 @@ def test_publish_sets_labels_and_device_then_follows_health(api: tuple) -> None:
     dev = client.get(Device, "n1")
     assert dev.metadata.ownerReferences[0].uid == node.metadata.uid
     assert inventory_from_device(dev.to_dict()) == inv
+    assert node.status.capacity["kubegpu.io/gpu-core"] == "800"
+    assert node.status.allocatable["kubegpu.io/gpu-memory-ratio"] == "800"
 
     sick = inv.with_gpu_health(inv.gpus[2].uuid, False)
     pub.publish(sick, {"nvidia.com/gpu": 7})
     back = inventory_from_device(client.get(Device, "n1").to_dict())
     assert [g.healthy for g in back.gpus] == [True, True, False, True, True, True, True, True]
+    assert client.get(Node, "n1").status.capacity["kubegpu.io/gpu-core"] == "700"
     assert pub.published == 2 and pub.failures == 0
 
 

@@ -99,13 +99,11 @@ def _cluster_seams(kubeconfig: str | None, node_name: str, flags: Mapping[str, A
     except Exception as exc:
         raise RuntimeError(f"no Kubernetes credentials ({exc}); give --kubeconfig, run in-cluster, "
                            "or use --standalone") from None
-    from kubegpu.node.capacity import publish_capacity
     from kubegpu.node.config import load_config
     from kubegpu.node.handoff import make_resolver
     from kubegpu.node.kube_publisher import KubeNodePublisher
 
-    publisher = KubeNodePublisher(client, node_name, load_config(flags=flags, env=env),
-                                  patch_capacity=lambda c, _node, inv: publish_capacity(c, inv))
+    publisher = KubeNodePublisher(client, node_name, load_config(flags=flags, env=env))
     resolver = make_resolver(client, node_name)
     return publisher, resolver
 

@@ -11,10 +11,11 @@ next call (and on the daemon's periodic republish), never raised into the daemon
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from kubegpu.model.inventory import NodeInventory
+from kubegpu.node.capacity import publish_capacity
 from kubegpu.node.config import Config
 from kubegpu.node.device_object import device_object
 from kubegpu.node.labels import gpu_labels, label_changes
@@ -23,12 +24,10 @@ log = logging.getLogger(__name__)
 
 
 class KubeNodePublisher:
-    def __init__(self, client: Any, node_name: str, config: Config,
-                 patch_capacity: Callable[[Any, str, NodeInventory], None] | None = None) -> None:
+    def __init__(self, client: Any, node_name: str, config: Config) -> None:
         self.client = client
         self.node_name = node_name
         self.config = config
-        self.patch_capacity = patch_capacity
         self.published = 0
         self.failures = 0
 
@@ -39,8 +38,8 @@ class KubeNodePublisher:
         try:
             uid = self._labels(inventory)
             self._device(inventory, uid)
-            if self.patch_capacity is not None:
-                self.patch_capacity(self.client, self.node_name, inventory)
+            if not publish_capacity(self.client, inventory):
+                raise OSError("share capacity not published")
             self.published += 1
         except (ApiError, httpx2.HTTPError, OSError) as exc:
             self.failures += 1
