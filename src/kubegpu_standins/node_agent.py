@@ -96,7 +96,8 @@ class StandinNode:
         spec = pod.get("spec") or {}
         runs = []
         try:
-            for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+            inits = spec.get("initContainers") or []
+            for i, c in enumerate([*inits, *(spec.get("containers") or [])]):
                 envs: dict[str, str] = {}
                 devices: dict[str, list[str]] = {}
                 for resource, qty in ((c.get("resources") or {}).get("limits") or {}).items():
@@ -106,7 +107,7 @@ class StandinNode:
                         n = parse_int(qty)
                     except QuantityError:
                         raise AllocationFailed(f"{resource}: {qty!r} is not a whole number") from None
-                    got = self.kubelet.allocate(resource, n)
+                    got = self.kubelet.allocate(resource, n, pod=key, container=c["name"], init=i < len(inits))
                     envs.update(got.response.envs)
                     devices[resource] = list(got.device_ids)
                 runs.append(ContainerRun(key, c["name"], envs, devices))
