@@ -2,7 +2,8 @@
 
 Serves ``/filter``, ``/prioritize`` and ``/bind`` (also under ``/scheduler/``), the DeviceShare
 debug API, ``/metrics`` and ``/healthz`` (503 until the watches of Nodes, Devices and Pods have
-listed once). Exit codes: 0 clean stop, 2 bad arguments or configuration.
+listed once); ``--metrics-listen`` adds a listener with only the read-only routes. Exit codes:
+0 clean stop, 2 bad arguments or configuration.
 """
 
 from __future__ import annotations
@@ -49,13 +50,17 @@ def scheduler(
                                          "packing, bestfit, fgd, spread, kubegpu"),
     gpu_policy: str = typer.Option("kubegpu", "--gpu-policy", callback=_policy,
                                    help="cluster default GPU-level policy (annotation kubegpu.io/gpu-policy)"),
+    metrics_listen: str = typer.Option("", "--metrics-listen", help="HOST:PORT for /metrics, /healthz and the "
+                                       "debug API on their own listener (they are always on --listen too)"),
     resync: float = typer.Option(300.0, "--resync-seconds", min=1.0, help="full relist period of the watches"),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error"),
 ) -> None:
     """Run the scheduler extender beside kube-scheduler."""
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # one line per API call is noise
     host, port = _listen(listen)
+    metrics = _listen(metrics_listen) if metrics_listen else None
     if (tls_cert is None) != (tls_key is None):
         typer.echo("--tls-cert and --tls-key go together", err=True)
         raise typer.Exit(EXIT_CONFIG)
@@ -76,7 +81,12 @@ def scheduler(
         logging.getLogger("kubegpu.scheduler").info(
             "extender on %s://%s:%d (node policy %s, GPU policy %s)", "https" if tls_cert else "http", host, port,
             node_policy, gpu_policy)
-        await service.serve(host, port, tls_cert=tls_cert, tls_key=tls_key)
+        await service.serve(host, port, tls_cert=tls_cert, tls_key=tls_key, metrics_listen=metrics)
 
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main())
+        try:
+            import uvloop
+        except ImportError:  # optional: the stock event loop works, a little slower
+            asyncio.run(main())
+        else:
+            uvloop.run(main())

@@ -88,13 +88,18 @@ class Extender:
         verbs = (("filter", self.filter), ("prioritize", self.prioritize), ("bind", self.bind))
         routes = [Route(f"{prefix}/{name}", self._verb(name, fn), methods=["POST"])
                   for prefix in ("", "/scheduler") for name, fn in verbs]
-        routes += [
+        self.app = Starlette(routes=routes + self.debug_routes())
+        # The same read-only routes alone, for a separate listener (metrics scraped from outside the pod
+        # while the verbs stay on localhost beside kube-scheduler).
+        self.debug_app = Starlette(routes=self.debug_routes())
+
+    def debug_routes(self) -> list[Route]:
+        return [
             Route("/apis/v1/plugins/DeviceShare/nodeDeviceSummaries", self.summaries, methods=["GET"]),
             Route("/apis/v1/plugins/DeviceShare/nodeDeviceSummaries/{node}", self.summary, methods=["GET"]),
             Route("/metrics", self.prometheus, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
         ]
-        self.app = Starlette(routes=routes)
 
     # ---- plumbing ------------------------------------------------------------------------------
     def _verb(self, name: str, fn: Callable[[bytes], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:

@@ -65,6 +65,14 @@ def pod_handler(view: ClusterView) -> Any:
     return on_pod
 
 
+class _QuietServer(uvicorn.Server):
+    """A second server in the same process: it leaves SIGTERM/SIGINT to the main one (which would
+    otherwise lose them), and stops when the service cancels it."""
+
+    def capture_signals(self) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
+        return contextlib.nullcontext()
+
+
 @dataclass
 class ExtenderService:
     """The informers and the extender app around one view and one API client."""
@@ -102,13 +110,20 @@ class ExtenderService:
         gc.freeze()
 
     async def serve(self, host: str, port: int, *, tls_cert: str | Path | None = None,
-                    tls_key: str | Path | None = None, started: asyncio.Event | None = None) -> None:
-        """Run the informers and the HTTP server until cancelled."""
+                    tls_key: str | Path | None = None, started: asyncio.Event | None = None,
+                    metrics_listen: tuple[str, int] | None = None) -> None:
+        """Run the informers and the HTTP server (and the metrics/debug listener) until cancelled."""
         config = uvicorn.Config(self.extender.app, host=host, port=port, log_level="warning", lifespan="off",
                                 access_log=False, ssl_certfile=str(tls_cert) if tls_cert else None,
-                                ssl_keyfile=str(tls_key) if tls_key else None, timeout_keep_alive=120)
+                                ssl_keyfile=str(tls_key) if tls_key else None, timeout_keep_alive=120,
+                                timeout_graceful_shutdown=3)
         server = uvicorn.Server(config)
         tasks = [asyncio.create_task(i.run(), name=f"informer-{i.name}") for i in self.informers]
+        if metrics_listen is not None:
+            debug = _QuietServer(uvicorn.Config(self.extender.debug_app, host=metrics_listen[0],
+                                                  port=metrics_listen[1], log_level="warning", lifespan="off",
+                                                  access_log=False))
+            tasks.append(asyncio.create_task(debug.serve(), name="extender-metrics"))
         serve = asyncio.create_task(server.serve(), name="extender-http")
         try:
             while not server.started:
