@@ -1,0 +1,54 @@
+"""deploy/scheduler: valid Kubernetes objects, an extender entry that covers every GPU resource, and RBAC that
+grants exactly what the extender calls."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import kubernetes_validate
+import yaml
+
+from kubegpu.model import resources as R
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "scheduler"
+
+
+def _docs(name: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all((DEPLOY / name).read_text()) if d]
+
+
+def test_objects_validate_against_the_kubernetes_schema() -> None:
+    for name in ("rbac.yaml", "deployment.yaml"):
+        for obj in _docs(name):
+            kubernetes_validate.validate(obj, "1.33", strict=True)
+
+
+def test_extender_entry() -> None:
+    (cfg,) = _docs("scheduler-config.yaml")
+    assert cfg["apiVersion"] == "kubescheduler.config.k8s.io/v1" and cfg["kind"] == "KubeSchedulerConfiguration"
+    (ext,) = cfg["extenders"]
+    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == ("filter", "prioritize", "bind")
+    assert ext["nodeCacheCapable"] is True and ext["weight"] > 0 and ext["httpTimeout"].endswith("s")
+    managed = {m["name"]: m["ignoredByScheduler"] for m in ext["managedResources"]}
+    for name in (R.NVIDIA_GPU, R.NVIDIA_GPU_SHARED, *R.SHARE_RESOURCES):
+        assert name in managed, name
+    assert managed[R.GPU_PERCENT] is True  # nothing advertises the shorthand
+    assert all(managed[n] is False for n in (R.NVIDIA_GPU, R.GPU_SLOTS, *R.DEVICE_RESOURCES))
+    assert all(R.is_mig_resource(n) for n in managed if n.startswith(R.NVIDIA_MIG_PREFIX))
+    # The extender listens where the config points (same pod, localhost).
+    (dep, _svc) = _docs("deployment.yaml")
+    args = next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "extender")["args"]
+    listen = args[args.index("--listen") + 1]
+    assert ext["urlPrefix"].startswith(f"http://{listen}/")
+
+
+def test_rbac_is_what_the_extender_uses() -> None:
+    role = next(d for d in _docs("rbac.yaml") if d["kind"] == "ClusterRole")
+    grants = {(g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"]
+              for r in rule["resources"]}
+    assert grants == {
+        ("", "pods"): {"get", "list", "watch", "patch"},     # informer, bind's read, annotation patch
+        ("", "pods/binding"): {"create"},                     # the Binding
+        ("", "nodes"): {"get", "list", "watch"},              # informer (labels)
+        ("kubegpu.io", "devices"): {"get", "list", "watch"},  # informer (GPUs)
+    }
