@@ -113,9 +113,7 @@ def node_objects(v: Values) -> list[Obj]:
     ]
     objs: list[Obj] = _rbac(name, v, "node", rules)
     args = ["node", "--device-plugin-dir", "/var/lib/kubelet/device-plugins",
-            "--metrics-listen", f"0.0.0.0:{v.metrics_port}"]
-    if v.mode == "node-only":
-        args.append("--node-only")
+            "--metrics-address", f":{v.metrics_port}"]
     if v.config.map:
         default = v.config.default or sorted(v.config.map)[0]
         env.append({"name": "CONFIG_FILE", "value": f"/config/{default}"})
