@@ -123,6 +123,31 @@ def test_webhook_configuration_excludes_its_own_namespace() -> None:
     assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
             "values": ["kube-system", "kubegpu-system"]} in exprs
     assert _by_kind(objs, "PodDisruptionBudget")
+    assert "matchConditions" in hook
+
+
+def test_webhook_without_cert_manager_or_match_conditions() -> None:
+    objs = render(values_from_dict({"webhook": {"certManager": False, "caBundle": "Q0E=", "matchConditions": False,
+                                                "failurePolicy": "Ignore", "replicas": 3}}))
+    assert not [o for o in objs if o["apiVersion"].startswith("cert-manager.io/")]
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        (cfg,) = _by_kind(objs, kind)
+        assert "annotations" not in cfg["metadata"]
+        (hook,) = cfg["webhooks"]
+        assert hook["clientConfig"]["caBundle"] == "Q0E=" and hook["failurePolicy"] == "Ignore"
+        assert "matchConditions" not in hook
+    deployment = next(o for o in _by_kind(objs, "Deployment") if o["metadata"]["name"] == "kubegpu-webhook")
+    assert deployment["spec"]["replicas"] == 3
+
+
+def test_namespace_and_image_values_reach_every_role() -> None:
+    objs = render(values_from_dict({"namespace": "gpu-infra", "image": {"repository": "reg.local/kubegpu",
+                                                                       "tag": "9.9"}}))
+    text = to_yaml(objs)
+    assert "kubegpu-system" not in text
+    images = {c["image"] for o in objs if o["kind"] in ("Deployment", "DaemonSet")
+              for c in o["spec"]["template"]["spec"]["containers"] if c["name"] != "kube-scheduler"}
+    assert images == {"reg.local/kubegpu:9.9"}
 
 
 @pytest.mark.parametrize("raw, key", [

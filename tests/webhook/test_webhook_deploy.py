@@ -1,4 +1,5 @@
-"""deploy/webhook/: schema-valid objects that fit together, the failure policy and timeouts chosen,
+"""The webhook's install (``kubegpu manifests``, from ``kubegpu/install/base/webhook``): schema-valid objects
+that fit together, the failure policy and timeouts chosen,
 flags the command accepts, and matchConditions that never hide a pod the webhook would act on."""
 
 from __future__ import annotations
@@ -14,15 +15,15 @@ import yaml
 from typer.testing import CliRunner
 
 from kubegpu.cli.main import app
+from kubegpu.install.render import webhook_objects
+from kubegpu.install.values import Values
 from kubegpu.model.normalise import review_pod
 
-DEPLOY = Path(__file__).parents[2] / "deploy" / "webhook"
 CASES = yaml.safe_load((Path(__file__).parent / "admission_cases.yaml").read_text())
 
 
 def objects() -> list[dict[str, Any]]:
-    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
-    return [d for f in kustomization["resources"] for d in yaml.safe_load_all((DEPLOY / f).read_text()) if d]
+    return webhook_objects(Values())
 
 
 def by_kind(kind: str) -> dict[str, Any]:

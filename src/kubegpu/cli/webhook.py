@@ -39,7 +39,7 @@ def webhook(
     exclude_namespace: list[str] = typer.Option(
         ["kube-system"], "--exclude-namespace",
         help="Namespaces admitted untouched; repeatable. Exclusion by namespace *label* is done by the "
-             "namespaceSelector of the webhook configurations (deploy/webhook/)."),
+             "namespaceSelector of the webhook configurations (kubegpu manifests)."),
     toleration: bool = typer.Option(True, "--toleration/--no-toleration",
                                     help="Add a toleration for the GPU taint to GPU pods."),
     gpu_taint_key: str = typer.Option("nvidia.com/gpu", "--gpu-taint-key",

@@ -246,72 +246,49 @@ def _pdb(name: str, v: Values, component: str) -> Obj:
             "spec": {"maxUnavailable": 1, "selector": {"matchLabels": _selector(component)}}}
 
 
+BASE_NAMESPACE = "kubegpu-system"
+BASE_FILES = {"webhook": ("rbac.yaml", "certificate.yaml", "deployment.yaml", "mutating.yaml", "validating.yaml")}
+
+
+def _base(role: str, v: Values) -> list[Obj]:
+    """A role's reviewed base manifests (packaged YAML whose comments explain each choice), in
+    ``v.namespace`` and with ``v.image``."""
+    root = importlib_resources.files("kubegpu.install").joinpath("base", role)
+    docs: list[Obj] = []
+    for name in BASE_FILES[role]:
+        text = root.joinpath(name).read_text().replace(BASE_NAMESPACE, v.namespace)
+        docs += [d for d in yaml.safe_load_all(text) if d]
+    for d in docs:
+        for c in d.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
+            if c["image"].startswith("ghcr.io/kubegpu/kubegpu:"):
+                c["image"], c["imagePullPolicy"] = v.image.ref, v.image.pull_policy
+    return docs
+
+
 def webhook_objects(v: Values) -> list[Obj]:
-    name = f"{APP}-webhook"
     w = v.webhook
-    objs: list[Obj] = [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(name, v, "webhook")}]
-    if w.cert_manager:
-        objs.append({"apiVersion": "cert-manager.io/v1", "kind": "Issuer",
-                     "metadata": _meta(f"{name}-selfsigned", v, "webhook"), "spec": {"selfSigned": {}}})
-        objs.append({"apiVersion": "cert-manager.io/v1", "kind": "Certificate",
-                     "metadata": _meta(name, v, "webhook"),
-                     "spec": {"secretName": f"{name}-tls",
-                              "dnsNames": [f"{name}.{v.namespace}.svc", f"{name}.{v.namespace}.svc.cluster.local"],
-                              "issuerRef": {"name": f"{name}-selfsigned", "kind": "Issuer"},
-                              "duration": "2160h", "renewBefore": "360h"}})
-    args = ["webhook", "--listen", f"0.0.0.0:{w.port}", "--tls-cert", "/tls/tls.crt", "--tls-key", "/tls/tls.key"]
-    container = _container(
-        v, "webhook", args, w.resources or {"requests": {"cpu": "50m", "memory": "64Mi"}},
-        ports=[{"name": "https", "containerPort": w.port}],
-        volumeMounts=[{"name": "tls", "mountPath": "/tls", "readOnly": True}],
-        readinessProbe={"httpGet": {"path": "/healthz", "port": w.port, "scheme": "HTTPS"}},
-        securityContext={"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                         "runAsNonRoot": True, "runAsUser": 65532, "readOnlyRootFilesystem": True},
-    )
-    objs.append({
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(name, v, "webhook"),
-        "spec": {
-            "replicas": w.replicas,
-            "selector": {"matchLabels": _selector("webhook")},
-            "template": {"metadata": {"labels": _selector("webhook")}, "spec": {
-                "serviceAccountName": name,
-                "containers": [container],
-                "volumes": [{"name": "tls", "secret": {"secretName": f"{name}-tls"}}],
-            }},
-        },
-    })
-    objs.append({"apiVersion": "v1", "kind": "Service", "metadata": _meta(name, v, "webhook"),
-                 "spec": {"selector": _selector("webhook"),
-                          "ports": [{"name": "https", "port": 443, "targetPort": "https"}]}})
-    objs.append(_pdb(name, v, "webhook"))
-    annotations = {"cert-manager.io/inject-ca-from": f"{v.namespace}/{name}"} if w.cert_manager else {}
-    client: Obj = {"service": {"name": name, "namespace": v.namespace, "path": "/mutate", "port": 443}}
-    if w.ca_bundle:
-        client["caBundle"] = w.ca_bundle
-    common: Obj = {
-        "admissionReviewVersions": ["v1"],
-        "sideEffects": "None",
-        "failurePolicy": w.failure_policy,
-        "timeoutSeconds": w.timeout_seconds,
-        "namespaceSelector": {"matchExpressions": [
-            {"key": w.exclude_namespace_label, "operator": "DoesNotExist"},
-            {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", v.namespace]},
-        ]},
-        "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"],
-                   "scope": "Namespaced"}],
-    }
-    validate_client = {**client, "service": {**client["service"], "path": "/validate"}}
-    objs.append({
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-        "metadata": _meta(name, v, "webhook", namespaced=False, annotations=annotations),
-        "webhooks": [{"name": "mutate.kubegpu.io", "clientConfig": client,
-                      "reinvocationPolicy": "IfNeeded", **common}],
-    })
-    objs.append({
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
-        "metadata": _meta(name, v, "webhook", namespaced=False, annotations=annotations),
-        "webhooks": [{"name": "validate.kubegpu.io", "clientConfig": validate_client, **common}],
-    })
+    objs = _base("webhook", v)
+    if not w.cert_manager:
+        objs = [o for o in objs if not o["apiVersion"].startswith("cert-manager.io/")]
+    for o in objs:
+        if o["kind"] == "Deployment":
+            o["spec"]["replicas"] = w.replicas
+            if w.resources:
+                o["spec"]["template"]["spec"]["containers"][0]["resources"] = w.resources
+        if o["kind"] not in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+            continue
+        if not w.cert_manager:
+            o["metadata"].pop("annotations", None)
+        for hook in o["webhooks"]:
+            hook["failurePolicy"] = w.failure_policy
+            hook["timeoutSeconds"] = w.timeout_seconds
+            if not w.match_conditions:
+                hook.pop("matchConditions", None)
+            if w.ca_bundle:
+                hook["clientConfig"]["caBundle"] = w.ca_bundle
+            for expr in hook["namespaceSelector"]["matchExpressions"]:
+                if expr["operator"] == "DoesNotExist":
+                    expr["key"] = w.exclude_namespace_label
     return objs
 
 

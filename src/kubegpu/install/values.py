@@ -55,7 +55,6 @@ class SchedulerValues(_Struct):
 
 class WebhookValues(_Struct):
     replicas: int = 2
-    port: int = 8443
     # Fail: a GPU pod is never admitted unvalidated; the namespace exclusion keeps the
     # webhook's own namespace and kube-system admissible while it is down.
     failure_policy: Literal["Fail", "Ignore"] = "Fail"
@@ -65,6 +64,8 @@ class WebhookValues(_Struct):
     # cert-manager issues and rotates the serving certificate and injects the CA bundle;
     # without it, give the CA bundle (base64 PEM) and create the TLS secret yourself.
     cert_manager: bool = True
+    # CEL matchConditions (Kubernetes >= 1.30) send only pods that concern GPUs; false for older API servers.
+    match_conditions: bool = True
     ca_bundle: str = ""
     resources: dict[str, Any] = msgspec.field(default_factory=dict)
 
