@@ -28,8 +28,10 @@ cluster. This server keeps the behaviour those calls depend on, as the real one 
   precondition, as on the real server. Writes through the main endpoint keep ``status``; writes
   through ``/status`` change only ``status``. Pods get ``status.phase: Pending`` and requests
   defaulted from limits.
-- **Binding**: ``POST pods/<name>/binding`` sets ``spec.nodeName`` (409 when already bound,
-  404 for a missing pod, 409 on a UID mismatch) and answers a 201 ``Status``.
+- **Binding**: ``POST pods/<name>/binding`` sets ``spec.nodeName`` and copies the Binding's
+  ``metadata.annotations`` onto the pod in the same write, as the real server's
+  ``setPodHostAndAnnotations`` does (409 when already bound, 404 for a missing pod, 409 on a UID
+  mismatch) and answers a 201 ``Status``.
 - **Errors**: ``Status`` objects with ``Content-Type: application/json`` (what lightkube turns
   into ``ApiError``); malformed JSON is a 400, bodies over 3 MiB a 413.
 
@@ -474,7 +476,11 @@ class Store:
             raise ApiStatusError(400, "BadRequest", "a Binding needs target.name")
         if target.get("kind", "Node") != "Node":
             raise ApiStatusError(422, "Invalid", "a Binding's target must be a Node")
-        want_uid = ((binding.get("metadata") or {}).get("uid")) or None
+        bmeta = binding.get("metadata") or {}
+        want_uid = bmeta.get("uid") or None
+        extra = bmeta.get("annotations") or {}
+        if not isinstance(extra, dict) or not all(isinstance(v, str) for v in extra.values()):
+            raise ApiStatusError(400, "BadRequest", "a Binding's annotations must be a map of strings")
 
         def assign(pod: dict[str, Any]) -> dict[str, Any]:
             if want_uid and pod["metadata"]["uid"] != want_uid:
@@ -483,6 +489,8 @@ class Store:
             if bound:
                 raise ApiStatusError(409, "Conflict", f"pod {name} is already assigned to node \"{bound}\"")
             pod.setdefault("spec", {})["nodeName"] = target["name"]
+            if extra:  # the real server copies the Binding's annotations onto the pod, in the same write
+                pod["metadata"]["annotations"] = {**(pod["metadata"].get("annotations") or {}), **extra}
             pod["metadata"].pop("resourceVersion", None)
             return pod
 

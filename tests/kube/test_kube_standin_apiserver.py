@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -74,6 +75,14 @@ def test_binding_sets_node_and_refuses_a_second_bind(kubeconfig: Path, apiserver
     with pytest.raises(ApiError) as e:
         bind_pod(c, "default", "missing", None, "n1")
     assert e.value.status.code == 404
+    # The Binding's annotations land on the pod in the same write.
+    c.create(Pod.from_dict(_pod("p2")))
+    from kubegpu.kube.writes import binding_object
+
+    with contextlib.suppress(msgspec.ValidationError):
+        c.create(binding_object("default", "p2", None, "n2", {"kubegpu.io/x": "1"}), name="p2", namespace="default")
+    p2 = c.get(Pod, "p2", namespace="default")
+    assert p2.spec.nodeName == "n2" and p2.metadata.annotations == {"kubegpu.io/x": "1"}
     # The real server answers a Binding with a 201 Status.
     r = httpx.post(f"{apiserver.url}/api/v1/namespaces/default/pods/p1/binding",
                    json={"target": {"kind": "Node", "name": "n1"}})

@@ -83,6 +83,17 @@ def test_failed_binding_releases_the_assumption_and_retry_is_idempotent(cluster:
     elsewhere["spec"]["nodeName"] = "gpu-node-b"
     assert "already bound to gpu-node-b" in bind(cluster, elsewhere, "gpu-node-a")
     assert cluster.ext.call(lambda: sorted(cluster.view.held)) == ["default/f", "default/g"]
+    # Filtered, then deleted and recreated under the same name before the bind: the Binding's UID
+    # precondition refuses it and nothing is held.
+    old = cluster.api.put_object(pod("r", {"nvidia.com/gpu": "1"}))
+    assert cluster.post("/filter", {"Pod": old, "Nodes": None, "NodeNames": ["gpu-node-a"]}).json()["NodeNames"]
+    cluster.api.store.delete(cluster.api.kind("pods"), "default", "r")
+    cluster.api.put_object({**pod("r", {"nvidia.com/gpu": "1"})})
+    r = cluster.post("/bind", {"PodName": "r", "PodNamespace": "default", "PodUID": old["metadata"]["uid"],
+                               "Node": "gpu-node-a"})
+    assert "409" in r.json()["Error"] and "UID" in r.json()["Error"]
+    assert cluster.ext.call(lambda: "default/r" not in cluster.view.held)
+    assert not cluster.api.get_object("pods", "r", "default")["spec"].get("nodeName")
 
 
 def test_restart_rebuilds_the_same_accounting(cluster: Cluster, tmp_path: Path) -> None:
@@ -171,3 +182,26 @@ def test_health_change_updates_the_node_in_place() -> None:
     assert out.passed == ["m"] and out.failed["n"].startswith("8 whole GPU(s) requested, 7 of 7 free")
     view.set_inventory("n", inv)
     assert view.filter(pod("p", {"nvidia.com/gpu": "8"}), ["n"], "kubegpu").passed == ["n"]
+
+
+def test_rotated_and_repeated_node_lists_give_the_same_answers() -> None:
+    view = ClusterView()
+    names = []
+    for i, topo in enumerate(["t4x4", "dgx-a100", "t4x4", "dgx1-v100"]):
+        inv = FakeBackend(topo, node_name=f"n{i}").discover()
+        view.set_inventory(inv.name, inv)
+        names.append(inv.name)
+    names.insert(2, "ghost")
+    want = pod("p", {"nvidia.com/gpu": "5"})
+    first = view.filter(want, names, "kubegpu")
+    assert set(first.passed) == {"n1", "n3"} and "ghost" in first.failed
+    for k in range(len(names)):
+        rotated = names[k:] + names[:k]
+        out = view.filter(want, rotated, "kubegpu")
+        assert out.passed == [n for n in rotated if n in {"n1", "n3"}]
+        assert out.failed == first.failed
+        scores = view.prioritize(want, out.passed, "kubegpu")
+        assert set(scores) == set(out.passed) and max(scores.values()) == 10
+    # A different list of the same length is looked up afresh.
+    other = ["n3", "n2", "n1", "n0", "ghost"]
+    assert view.filter(want, other, "kubegpu").passed == ["n3", "n1"]

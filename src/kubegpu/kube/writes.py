@@ -46,8 +46,12 @@ def _conflict_delay(attempt: int) -> float:
     return random.uniform(0, min(0.5, 0.01 * 2**attempt))
 
 
-def binding_object(namespace: str, name: str, uid: str | None, node: str) -> Any:
-    return Pod.Binding(metadata=ObjectMeta(name=name, namespace=namespace, uid=uid or None),
+def binding_object(namespace: str, name: str, uid: str | None, node: str,
+                   annotations: dict[str, str] | None = None) -> Any:
+    """A Binding. Its annotations are copied onto the pod by the API server in the same write that sets
+    ``spec.nodeName``, and its UID is a precondition (a recreated pod of that name is not bound)."""
+    return Pod.Binding(metadata=ObjectMeta(name=name, namespace=namespace, uid=uid or None,
+                                           annotations=annotations or None),
                        target=ObjectReference(apiVersion="v1", kind="Node", name=node))
 
 
@@ -135,9 +139,11 @@ async def apatch_with_precondition(client: AsyncClient, res: type, name: str,
     raise ConflictExhausted(f"{res.__name__} {name}: still conflicting after {attempts} attempts")
 
 
-async def abind_pod(client: AsyncClient, namespace: str, name: str, uid: str | None, node: str) -> None:
+async def abind_pod(client: AsyncClient, namespace: str, name: str, uid: str | None, node: str,
+                    annotations: dict[str, str] | None = None) -> None:
     with contextlib.suppress(msgspec.ValidationError):  # a 201 Status, see bind_pod
-        await client.create(binding_object(namespace, name, uid, node), name=name, namespace=namespace)
+        await client.create(binding_object(namespace, name, uid, node, annotations), name=name,
+                            namespace=namespace)
 
 
 async def aemit_event(client: AsyncClient, **kw: Any) -> None:

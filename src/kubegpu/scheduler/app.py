@@ -6,8 +6,9 @@ Verbs are served under both ``/<verb>`` and ``/scheduler/<verb>`` (the fixture's
 failure inside a verb becomes the reply's ``Error`` field, never a 500 or a
 hang. Filter and prioritize only read the view; bind is the one commit point:
 it chooses the GPUs and holds them before its first ``await``, so concurrent
-binds can never be handed the same capacity, and releases them if the
-annotation write or the Binding fails.
+binds can never be handed the same capacity, posts one Binding that carries
+the ``kubegpu.io/device-allocated`` annotation (the API server applies both
+in one write), and releases the hold if that fails.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from typing import Any
 import httpx2
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
-from lightkube.types import PatchType
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -225,24 +225,14 @@ class Extender:
             return f"kubegpu bind: {e}"
         value = encode(alloc)
         try:
-            # The UID in the patch is a precondition: a recreated pod of the same name answers 409.
-            patch = {"metadata": {"uid": uid, "annotations": {A.DEVICE_ALLOCATED: value}}}
+            # One write: the API server copies the Binding's annotations onto the pod as it sets
+            # spec.nodeName, so a pod is never on a node without its record; the UID is a precondition.
             try:
-                await retry_async(lambda: self.client.patch(  # type: ignore[union-attr]
-                    Pod, name, patch, namespace=ns, patch_type=PatchType.MERGE))
-            except ApiError as e:
-                if is_conflict(e):
-                    raise _Abort(f"pod {key} was recreated (UID {uid} is gone)") from None
-                raise
-            try:
-                await retry_async(lambda: abind_pod(self.client, ns, name, uid, node))  # type: ignore[arg-type]
+                await retry_async(lambda: abind_pod(self.client, ns, name, uid, node,  # type: ignore[arg-type]
+                                                    {A.DEVICE_ALLOCATED: value}))
             except ApiError as e:
                 if not is_conflict(e) or not await self._bound_to(ns, name, node, value):
                     raise
-        except _Abort as e:
-            self.view.release(key, uid)
-            self.metrics.bind_failures.labels("pod-changed").inc()
-            return f"kubegpu bind: {e}"
         except ApiError as e:
             self.view.release(key, uid)
             self.metrics.bind_failures.labels("api-error").inc()
@@ -295,10 +285,6 @@ class Extender:
         if self._ready():
             return Response("ok", media_type="text/plain")
         return Response("informers not synced yet", status_code=503, media_type="text/plain")
-
-
-class _Abort(Exception):
-    """The pod changed under the bind in a way a retry cannot fix."""
 
 
 def _recorded(pod: Any) -> PodAllocation | None:

@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from itertools import repeat
+from itertools import compress, repeat
 from typing import Any
 
 import numpy as np
@@ -182,7 +182,9 @@ class ClusterView:
         self._slots = 8
         self._model_masks: dict[frozenset[str], np.ndarray] = {}
         self._ctx: ScoreContext | None = None
-        self._rows_memo: tuple[list[str], np.ndarray] | None = None  # the last name list and its rows
+        # The last node list, its rows and each name's position (see rows_of).
+        self._rows_memo: tuple[list[str], np.ndarray, dict[str, int]] | None = None
+        self._passed_memo: tuple[list[str], np.ndarray] | None = None  # the last filter's passing nodes
         self._assumed: set[str] = set()  # keys of held entries not yet echoed by the watch
         self._shapes: Counter[Demand] = Counter()  # request shapes of the held pods (the target workload)
         self.workload_refresh_s = workload_refresh_s
@@ -231,6 +233,7 @@ class ClusterView:
         self._model_masks.clear()
         self._ctx = None
         self._rows_memo = None
+        self._passed_memo = None
 
     # ---- arrays --------------------------------------------------------------------------------
     @property
@@ -306,15 +309,24 @@ class ClusterView:
             return
         self._copy_row(self._cluster, i, rec.state)
 
-    def rows_of(self, names: list[str]) -> np.ndarray:
-        """Array rows of the named nodes (-1 for unknown ones). kube-scheduler sends prioritize the very
-        list filter passed, so the last answer is kept and reused when the list is equal."""
+    def rows_of(self, names: Sequence[str]) -> np.ndarray:
+        """Array rows of the named nodes (-1 for unknown ones).
+
+        kube-scheduler sends filter the same node list again and again, each time starting at a
+        rotating index, and sends prioritize the very list filter passed: both are kept with their
+        rows, and a repeat (or a rotation of the filter list) is answered without looking each name up."""
         self.cluster  # noqa: B018 - rows current
+        if self._passed_memo is not None and self._passed_memo[0] == names:
+            return self._passed_memo[1]
         memo = self._rows_memo
-        if memo is not None and memo[0] == names:
-            return memo[1]
+        if memo is not None and len(memo[0]) == len(names) and names:
+            prev, rows, where = memo
+            p = where.get(names[0])
+            if p is not None and list(names) == prev[p:] + prev[:p]:
+                return rows if p == 0 else np.roll(rows, -p)
+        names = list(names)
         rows = np.fromiter(map(self._row.get, names, repeat(-1)), np.int64, len(names))
-        self._rows_memo = (names, rows)
+        self._rows_memo = (names, rows, {n: i for i, n in enumerate(names)})
         return rows
 
     def model_mask(self, models: frozenset[str] | None) -> np.ndarray:
@@ -467,8 +479,8 @@ class ClusterView:
             cand = cluster.gpu_candidates(demand)[rows]
             enough = cand.sum(axis=1) >= demand.count
             good = ok & enough
-            passed.extend(names_known[i] for i in np.flatnonzero(good))
-            self._rows_memo = (passed, rows[good])
+            passed.extend(compress(names_known, good.tolist()))
+            self._passed_memo = (list(passed), rows[good])
             bad = np.flatnonzero(ok & ~enough)
             if len(bad):
                 texts = _insufficient(cluster, rows[bad], demand)
