@@ -29,8 +29,14 @@ class ContainerRun:
 
     pod: str  # namespace/name
     container: str
-    envs: dict[str, str]
+    envs: dict[str, str]  # from the device plugins' Allocate responses
     devices: dict[str, list[str]]  # resource -> device IDs allocated
+    spec_envs: dict[str, str] = field(default_factory=dict)  # the container's own ``env`` values
+
+    @property
+    def environment(self) -> dict[str, str]:
+        """What the process sees: the spec's values, overridden by the device plugins' (the runtime's order)."""
+        return {**self.spec_envs, **self.envs}
 
 
 @dataclass(slots=True)
@@ -75,19 +81,19 @@ class StandinNode:
 
         from kubegpu.kube.resources import Node
 
-        self.client.patch(Node, self.name, {"status": dict(status)}, patch_type=PatchType.MERGE, subresource="status")
+        self.client.patch(Node.Status, self.name, {"status": dict(status)}, patch_type=PatchType.MERGE)
 
     def admit_pending(self) -> list[str]:
         """Admit every pod bound here and still Pending; returns the pods admitted or failed."""
         from kubegpu.kube.resources import Pod
 
-        done = []
-        for pod in self.client.list(Pod, namespace="*", fields={"spec.nodeName": self.name}):
-            p = pod.to_dict()
-            if p.get("status", {}).get("phase") != "Pending":
-                continue
-            done.append(self.admit(p))
-        return done
+        pending = [p.to_dict() for p in self.client.list(Pod, namespace="*", fields={"spec.nodeName": self.name})]
+        pending = [p for p in pending if p.get("status", {}).get("phase") == "Pending"]
+        # The kubelet admits a batch sorted by creation time; pods created in the same second come
+        # in the order they were bound to it (the last write of a pending pod is its binding).
+        pending.sort(key=lambda p: (p["metadata"].get("creationTimestamp", ""),
+                                    _int(p["metadata"].get("resourceVersion"))))
+        return [self.admit(p) for p in pending]
 
     def admit(self, pod: Mapping[str, Any]) -> str:
         meta = pod["metadata"]
@@ -110,7 +116,9 @@ class StandinNode:
                     got = self.kubelet.allocate(resource, n, pod=key, container=c["name"], init=i < len(inits))
                     envs.update(got.response.envs)
                     devices[resource] = list(got.device_ids)
-                runs.append(ContainerRun(key, c["name"], envs, devices))
+                spec_envs = {e["name"]: str(e.get("value", "")) for e in c.get("env") or []
+                             if isinstance(e, Mapping) and isinstance(e.get("name"), str)}
+                runs.append(ContainerRun(key, c["name"], envs, devices, spec_envs))
         except AllocationFailed as exc:
             self.failed[key] = str(exc)
             self._pod_status(meta, {"phase": "Failed", "reason": "UnexpectedAdmissionError",
@@ -126,5 +134,12 @@ class StandinNode:
 
         from kubegpu.kube.resources import Pod
 
-        self.client.patch(Pod, meta["name"], {"status": dict(status)}, namespace=meta.get("namespace", "default"),
-                          patch_type=PatchType.MERGE, subresource="status")
+        self.client.patch(Pod.Status, meta["name"], {"status": dict(status)},
+                          namespace=meta.get("namespace", "default"), patch_type=PatchType.MERGE)
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0

@@ -72,7 +72,13 @@ class StandinScheduler:
         pending.sort(key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]))
         results = []
         for pod in pending:
-            results.append(self.schedule(pod, pods))
+            try:
+                results.append(self.schedule(pod, pods))
+            except (RuntimeError, ValueError, httpx.HTTPError) as exc:
+                # The real scheduler requeues the pod with the error; one broken answer stops nothing.
+                meta = pod["metadata"]
+                results.append(ScheduleResult(f"{meta.get('namespace', 'default')}/{meta['name']}", None,
+                                              f"scheduling error: {exc}"))
             if results[-1].node:
                 pod["spec"]["nodeName"] = results[-1].node  # its requests now count on that node
         return results
@@ -82,7 +88,7 @@ class StandinScheduler:
         nodes = [n for n in self._nodes() if _ready(n)]
         feasible, reasons = [], {}
         for n in nodes:
-            why = self._in_tree_fit(pod, n, all_pods)
+            why = node_affinity_mismatch(pod, n) or self._in_tree_fit(pod, n, all_pods)
             if why:
                 reasons[n["metadata"]["name"]] = why
             else:
@@ -154,6 +160,52 @@ class StandinScheduler:
             if used.get(r, 0) + q > have:
                 return f"Insufficient {r}"
         return ""
+
+
+def node_affinity_mismatch(pod: Mapping[str, Any], node: Mapping[str, Any]) -> str:
+    """The in-tree NodeAffinity filter: ``nodeSelector`` and required node affinity
+    (``matchExpressions`` on labels: In, NotIn, Exists, DoesNotExist, Gt, Lt); '' when the node matches."""
+    reason = "node(s) didn't match Pod's node affinity/selector"
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    spec = pod.get("spec") or {}
+    for k, v in (spec.get("nodeSelector") or {}).items():
+        if labels.get(k) != v:
+            return reason
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = required.get("nodeSelectorTerms") or []
+    # Terms are ORed, expressions inside a term ANDed; a term with no expressions matches nothing.
+    if terms and not any(_term_matches(t, labels) for t in terms):
+        return reason
+    return ""
+
+
+def _term_matches(term: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    exprs = term.get("matchExpressions") or []
+    if not exprs:
+        return False
+    for e in exprs:
+        key, op, values = e.get("key", ""), e.get("operator", ""), list(e.get("values") or [])
+        have = labels.get(key)
+        if op == "In":
+            ok = have is not None and have in values
+        elif op == "NotIn":
+            ok = have is None or have not in values
+        elif op == "Exists":
+            ok = have is not None
+        elif op == "DoesNotExist":
+            ok = have is None
+        elif op in ("Gt", "Lt") and len(values) == 1:
+            try:
+                a, b = int(have or ""), int(values[0])
+            except ValueError:
+                return False
+            ok = a > b if op == "Gt" else a < b
+        else:
+            return False
+        if not ok:
+            return False
+    return True
 
 
 def args_for(args: Obj, names: list[str], feasible: list[Obj], node_cache_capable: bool) -> Obj:
