@@ -36,6 +36,19 @@ import numpy as np
 # The client side stands in for kube-scheduler (Go): keep its own JSON work out of the way with msgspec.
 encode = msgspec.json.encode
 decode = msgspec.json.decode
+
+
+class _Passed(msgspec.Struct):
+    NodeNames: list[str] | None = None
+
+
+class _Host(msgspec.Struct):
+    Host: str
+    Score: int
+
+
+decode_filter = msgspec.json.Decoder(_Passed).decode  # only what kube-scheduler reads next
+decode_scores = msgspec.json.Decoder(list[_Host]).decode
 GPUS_PER_NODE = 8
 GPU_MEMORY = 80 * 2**30
 MODEL = "NVIDIA A100-SXM4-80GB"
@@ -230,7 +243,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             t = time.perf_counter()
             data = post("/filter", body)
             lat["filter"].append(time.perf_counter() - t)
-            passed = decode(data)["NodeNames"] or []
+            passed = decode_filter(data).NodeNames or []
             fit_nodes.append(len(passed))
             if not passed:
                 unschedulable += 1
@@ -241,8 +254,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 t = time.perf_counter()
                 data = post("/prioritize", body)
                 lat["prioritize"].append(time.perf_counter() - t)
-                scores = decode(data)
-                best = max(scores, key=lambda h: h["Score"])["Host"]
+                scores = decode_scores(data)
+                best = max(scores, key=lambda h: h.Score).Host
             meta = pod["metadata"]
             t = time.perf_counter()
             data = post("/bind", encode({"PodName": meta["name"], "PodNamespace": meta["namespace"],

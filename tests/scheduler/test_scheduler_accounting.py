@@ -200,7 +200,7 @@ def test_rotated_and_repeated_node_lists_give_the_same_answers() -> None:
         out = view.filter(want, rotated, "kubegpu")
         assert out.passed == [n for n in rotated if n in {"n1", "n3"}]
         assert out.failed == first.failed
-        scores = view.prioritize(want, out.passed, "kubegpu")
+        scores = dict(zip(out.passed, view.prioritize(want, out.passed, "kubegpu"), strict=True))
         assert set(scores) == set(out.passed) and max(scores.values()) == 10
     # A different list of the same length is looked up afresh.
     other = ["n3", "n2", "n1", "n0", "ghost"]

@@ -133,6 +133,9 @@ def test_metrics_and_summaries(cluster: Cluster) -> None:
     assert 'kubegpu_extender_request_seconds_count{verb="filter"} 1.0' in text
     assert 'kubegpu_node_rejections_total{reason="insufficient-gpu"} 1.0' in text
     assert "kubegpu_pods_placed_total 1.0" in text
+    cluster.post("/filter", args(pod("big", {"nvidia.com/gpu": "9"}), ALL))
+    text = cluster.http.get("/metrics").text
+    assert 'kubegpu_pods_unschedulable_total{reason="insufficient-gpu"} 1.0' in text
     assert 'kubegpu_gpu_compute_allocated_ratio{gpu="0",node="gpu-node-a"}' in text
     assert "kubegpu_cluster_fragmentation_milligpu" in text
     all_ = cluster.http.get("/apis/v1/plugins/DeviceShare/nodeDeviceSummaries").json()

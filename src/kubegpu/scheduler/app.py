@@ -139,6 +139,8 @@ class Extender:
             return _json(wire.encode(wire.ExtenderFilterResult(None, None, {}, {}, f"kubegpu filter: {e}")))
         for reason, n in out.reasons.items():
             self.metrics.rejected.labels(reason).inc(n)
+        if not out.passed and out.reasons:
+            self.metrics.unschedulable.labels(out.reasons.most_common(1)[0][0]).inc()
         if args.NodeNames is not None:
             result = wire.ExtenderFilterResult(None, out.passed, out.failed, out.unresolvable)
         else:
@@ -158,8 +160,8 @@ class Extender:
             scores = self.view.prioritize(args.Pod, names, node_policy)
         except Exception:
             log.exception("prioritize failed")  # errors are ignored by the scheduler: score nothing
-            scores = dict.fromkeys(names, 0)
-        return _json(wire.encode([wire.HostPriority(n, s) for n, s in scores.items()]))
+            scores = [0] * len(names)
+        return _json(wire.encode(list(map(wire.HostPriority, names, scores))))
 
     async def bind(self, body: bytes) -> Response:
         args = wire.decode_binding(body)

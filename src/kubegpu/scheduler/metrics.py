@@ -57,6 +57,9 @@ class ExtenderMetrics:
                               registry=self.registry)
         self.rejected = Counter("kubegpu_node_rejections_total", "Nodes rejected by filter, by reason",
                                 ["reason"], registry=self.registry)
+        self.unschedulable = Counter("kubegpu_pods_unschedulable_total",
+                                     "Filter calls that left a pod no node, by the most common reason", ["reason"],
+                                     registry=self.registry)
         self.bind_failures = Counter("kubegpu_bind_failures_total", "Binds that failed, by reason", ["reason"],
                                      registry=self.registry)
         self.bad_requests = Counter("kubegpu_extender_bad_requests_total", "Requests answered 400", ["verb"],

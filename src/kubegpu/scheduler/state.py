@@ -531,33 +531,30 @@ class ClusterView:
             self._workload_at = now
         return self._ctx
 
-    def prioritize(self, pod: Mapping[str, Any], names: Sequence[str], node_policy: str) -> dict[str, int]:
-        """Scores 0..10 (the extender scale) for the given nodes; nodes that do not fit get 0."""
+    def prioritize(self, pod: Mapping[str, Any], names: Sequence[str], node_policy: str) -> list[int]:
+        """Scores 0..10 (the extender scale), in the order of ``names``; nodes that do not fit get 0."""
         request = parse_pod(pod)
-        out = dict.fromkeys(names, 0)
         if not request.ok or not request.wants_gpu:
-            return out
+            return [0] * len(names)
         demand = _scoring_demand(request)
         cluster = self.cluster
         all_rows = self.rows_of(names)
-        known = np.flatnonzero(all_rows >= 0)
+        if demand is not None and demand.models is not None:
+            demand = replace(demand, models=None)  # models are matched here (GFD spellings), not by exact name
         if demand is None:  # MIG or replicas only: no array demand to score; every known node is as good
-            return dict(zip(names, np.where(all_rows >= 0, 5, 0).tolist(), strict=True))
-        if not len(known):
-            return out
-        rows = all_rows[known]
-        cand = cluster.gpu_candidates(demand)[rows]
-        feasible = (cand.sum(axis=1) >= demand.count) & self.model_mask(request.allowed_models)[rows]
-        if not feasible.any():
-            return out
-        policy = get_policy(node_policy)
-        raw = np.asarray(policy.node_scores(cluster, demand, rows[feasible], cand[feasible], self.score_context()),
-                         np.float64)
-        lo, hi = float(raw.min()), float(raw.max())
-        scaled = np.full(len(raw), 10) if hi - lo < 1e-12 else np.rint(1 + 9 * (raw - lo) / (hi - lo))
+            return np.where(all_rows >= 0, 5, 0).tolist()
+        known = np.flatnonzero(all_rows >= 0)
         scores = np.zeros(len(names), np.int64)
-        scores[known[feasible]] = scaled
-        return dict(zip(names, scores.tolist(), strict=True))
+        if len(known):
+            rows = all_rows[known]
+            cand = cluster.gpu_candidates(demand)[rows]
+            feasible = (cand.sum(axis=1) >= demand.count) & self.model_mask(request.allowed_models)[rows]
+            if feasible.any():
+                raw = np.asarray(get_policy(node_policy).node_scores(
+                    cluster, demand, rows[feasible], cand[feasible], self.score_context()), np.float64)
+                lo, hi = float(raw.min()), float(raw.max())
+                scores[known[feasible]] = 10 if hi - lo < 1e-12 else np.rint(1 + 9 * (raw - lo) / (hi - lo))
+        return scores.tolist()
 
     # ---- bind ----------------------------------------------------------------------------------
     def choose(self, pod: Mapping[str, Any], node: str, gpu_policy: str) -> tuple[PodAllocation | None, str]:
@@ -677,55 +674,51 @@ def _scoring_demand(request: PodRequest) -> Demand | None:
 
 
 def _insufficient(cluster: ClusterState, rows: np.ndarray, demand: Demand) -> list[str]:
-    """Readable reasons for nodes that cannot take ``demand``, from the arrays (one pass). Nodes in the
-    same situation get the same text, so kube-scheduler's event counts them together."""
+    """Readable reasons for nodes that cannot take ``demand``, from the arrays. Nodes in the same
+    situation get the same text (kube-scheduler's event then counts them together), so each distinct
+    situation is worded once: rows are reduced to an integer code, and only unique codes are formatted."""
+    n = len(rows)
+    idx = np.arange(n)
     ok = cluster.gpu_ok[rows]
-    core = np.where(ok, cluster.core_free[rows], -1)
-    n_cand = cluster.gpu_candidates(demand)[rows].sum(axis=1).tolist()
-    n_ok = ok.sum(axis=1).tolist()
+    core = np.where(ok, cluster.core_free[rows], -1).astype(np.int64)
+    n_cand = cluster.gpu_candidates(demand)[rows].sum(axis=1).astype(np.int64)
+    n_ok = ok.sum(axis=1).astype(np.int64)
     best = core.argmax(axis=1)
-    best_core = (core[np.arange(len(rows)), best] // 10).tolist()
-    best = best.tolist()
+    best_pct = np.maximum(core[idx, best], 0) // 10
+    roomy = core >= demand.milli
+    mem = np.where(roomy, cluster.gmem_free[rows], -1)
+    mem_best = mem.argmax(axis=1)
+    tenth_gib = 2**30 // 10
+    mem_free = np.maximum(mem[idx, mem_best], 0) // tenth_gib
+    mem_need = cluster.gpu_memory_need(demand)[rows][idx, mem_best] // tenth_gib
+    # The situation of each node: 0 no usable GPU, 1 whole GPUs short, 2 too few GPUs with room,
+    # 3 compute short, 4 memory short.
+    case = np.where(n_ok == 0, 0, np.where(demand.exclusive, 1, np.where(
+        (demand.count > 1) & (n_cand > 0), 2, np.where((demand.count > 1) | ~roomy.any(axis=1), 3, 4))))
+    param = np.select(
+        [case == 1, case == 2, case == 3, case == 4],
+        [(n_cand << 24) | (n_ok << 16) | (best << 8) | best_pct, n_cand, (best << 8) | best_pct,
+         (mem_best << 40) | (mem_free << 20) | mem_need], 0)
+    codes = (case.astype(np.int64) << 56) | param
+    uniq, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
     want = demand.milli // 10
-    if not demand.exclusive and demand.count == 1:
-        # Where compute would fit, say which GPU with room has the most memory (memory is the blocker).
-        roomy = core >= demand.milli
-        mem = np.where(roomy, cluster.gmem_free[rows], -1)
-        mem_best = mem.argmax(axis=1)
-        mem_free = (mem[np.arange(len(rows)), mem_best] / 2**30).tolist()
-        need = cluster.gpu_memory_need(demand)[rows]
-        mem_need = (need[np.arange(len(rows)), mem_best] / 2**30).tolist()
-        mem_best = mem_best.tolist()
-        any_roomy = roomy.any(axis=1).tolist()
-    memo: dict[tuple[Any, ...], str] = {}
-    out = []
-    for k in range(len(rows)):
-        if n_ok[k] == 0:
-            key: tuple[Any, ...] = (0,)
-        elif demand.exclusive:
-            key = (1, n_cand[k], n_ok[k], best[k], best_core[k])
-        elif demand.count > 1 and n_cand[k] > 0:
-            key = (2, n_cand[k])
-        elif demand.count > 1 or not any_roomy[k]:
-            key = (3, best[k], best_core[k])
+    texts = []
+    for k in first.tolist():
+        c = int(case[k])
+        if c == 0:
+            texts.append("no healthy GPU available to share (all unhealthy or MIG-enabled)")
+        elif c == 1:
+            texts.append(f"{demand.count} whole GPU(s) requested, {n_cand[k]} of {n_ok[k]} free "
+                         f"(GPU {best[k]}: {best_pct[k]} % compute free)")
+        elif c == 2:
+            texts.append(f"{demand.count} GPUs with {want} % compute each requested, only {n_cand[k]} have room")
+        elif c == 3:
+            texts.append(f"GPU {best[k]}: {best_pct[k]} % compute free, {want} % requested")
         else:
-            key = (4, mem_best[k], mem_free[k], mem_need[k])
-        text = memo.get(key)
-        if text is None:
-            if key[0] == 0:
-                text = "no healthy GPU available to share (all unhealthy or MIG-enabled)"
-            elif key[0] == 1:
-                text = (f"{demand.count} whole GPU(s) requested, {key[1]} of {key[2]} free "
-                        f"(GPU {key[3]}: {key[4]} % compute free)")
-            elif key[0] == 2:
-                text = f"{demand.count} GPUs with {want} % compute each requested, only {key[1]} have room"
-            elif key[0] == 3:
-                text = f"GPU {key[1]}: {key[2]} % compute free, {want} % requested"
-            else:
-                text = f"GPU {key[1]}: {key[2]:.1f} GiB memory free, {key[3]:.1f} GiB requested"
-            memo[key] = text
-        out.append(text)
-    return out
+            texts.append(f"GPU {mem_best[k]}: {mem_free[k] / 10:.1f} GiB memory free, "
+                         f"{mem_need[k] / 10:.1f} GiB requested")
+    assert len(texts) == len(uniq)
+    return np.asarray(texts, dtype=object)[inverse.reshape(-1)].tolist()
 
 
 def _all_linked(rec: NodeRecord, choice: Any) -> bool:
