@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from kubegpu.inventory.base import InventoryError
 from kubegpu.inventory.topology import FAULT_KINDS, Fault
 
 log = logging.getLogger("kubegpu.demo.fakenode")
@@ -77,13 +78,27 @@ class FaultInbox:
                 continue
             try:
                 fault = parse_fault(line)
+                self._check_reference(fault)
                 self.backend.schedule(fault)
-            except ValueError as exc:
+            except (ValueError, InventoryError) as exc:
                 log.warning("fault inbox %s: skipping %r: %s", self.path, line[:200], exc)
                 continue
             log.info("fault inbox: %s on GPU %s (Xid %s)", fault.kind, fault.gpu, fault.xid or "-")
             applied += 1
         return applied
+
+    def _check_reference(self, fault: Fault) -> None:
+        """A fault naming no device of this node is refused here: applied, it would raise inside the
+        daemon's health thread."""
+        if fault.gpu is None:
+            if fault.kind in ("xid", "lost", "recover", "probe-fail"):
+                raise ValueError(f"a {fault.kind} fault needs a gpu")
+            return
+        gpus = self.backend.discover().gpus
+        known: set[int | str] = {g.index for g in gpus} | {g.uuid for g in gpus}
+        known |= {m.uuid for g in gpus for m in g.mig_devices}
+        if fault.gpu not in known:
+            raise ValueError(f"no GPU {fault.gpu!r} on this node")
 
     def _run(self) -> None:
         while not self.stop.wait(POLL_S):

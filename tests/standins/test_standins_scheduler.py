@@ -1,0 +1,186 @@
+"""The stand-in kube-scheduler: in-tree fit and node affinity first, then the extender's verbs over HTTP
+with the recorded v1.24 bodies; pods without a managed resource are bound by the default binder."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kubegpu.kube.client import make_client
+from kubegpu.kube.writes import bind_pod
+from kubegpu_standins.apiserver import ApiServer
+from kubegpu_standins.scheduler import StandinScheduler, node_affinity_mismatch
+
+
+class FakeExtender:
+    """Records every verb call; keeps the nodes named in ``keep``, scores by ``scores``, binds through the API."""
+
+    def __init__(self, client: Any) -> None:
+        self.calls: list[tuple[str, bytes]] = []
+        self.keep: set[str] | None = None
+        self.scores: dict[str, int] = {}
+        self.fail_filter = False
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                verb = self.path.rsplit("/", 1)[-1]
+                outer.calls.append((verb, body))
+                args = json.loads(body)
+                if verb == "filter":
+                    if outer.fail_filter:
+                        self._send(500, {"error": "boom"})
+                        return
+                    names = [n for n in args["NodeNames"] if outer.keep is None or n in outer.keep]
+                    failed = {n: "no GPU fits" for n in args["NodeNames"] if n not in names}
+                    self._send(200, {"Nodes": None, "NodeNames": names, "FailedNodes": failed, "Error": ""})
+                elif verb == "prioritize":
+                    self._send(200, [{"Host": n, "Score": outer.scores.get(n, 0)} for n in args["NodeNames"]])
+                elif verb == "bind":
+                    bind_pod(client, args["PodNamespace"], args["PodName"], args["PodUID"], args["Node"])
+                    self._send(200, {"Error": ""})
+
+            def _send(self, code: int, obj: Any) -> None:
+                data = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *_args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/scheduler"
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def verbs(self) -> list[str]:
+        return [v for v, _ in self.calls]
+
+
+def _node(name: str, gpus: int, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    alloc = {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
+            "status": {"capacity": alloc, "allocatable": alloc,
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def _pod(name: str, limits: dict[str, str], **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": limits}}], **spec}}
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[tuple[ApiServer, FakeExtender, StandinScheduler]]:
+    api = ApiServer().start()
+    client = make_client(api.write_kubeconfig(tmp_path / "kc"))
+    ext = FakeExtender(client)
+    sched = StandinScheduler(client, ext.url, managed={"nvidia.com/gpu"})
+    try:
+        yield api, ext, sched
+    finally:
+        sched.http.close()
+        ext.server.shutdown()
+        api.stop()
+
+
+def _create(sched: StandinScheduler, pod: dict[str, Any]) -> None:
+    from kubegpu.kube.resources import Pod
+
+    sched.client.create(Pod.from_dict(pod))
+
+
+def test_gpu_pod_goes_through_filter_prioritize_bind_with_recorded_bodies(env: Any) -> None:
+    api, ext, sched = env
+    for n in (_node("a", 2), _node("b", 2), _node("c", 0)):
+        api.put_object(n)
+    ext.scores = {"a": 1, "b": 7}
+    _create(sched, _pod("p", {"nvidia.com/gpu": "1"}))
+    [result] = sched.schedule_pending()
+    assert result.node == "b" and result.pod == "default/p"
+    assert ext.verbs() == ["filter", "prioritize", "bind"]
+    body = ext.calls[0][1].decode()
+    assert body.startswith('{"Pod":{') and ',"Nodes":null,"NodeNames":["a","b"]}' in body  # c: Insufficient
+    assert '"kind"' not in body.split('"Nodes"')[0][:20]  # the cached pod has no kind/apiVersion
+    bind = json.loads(ext.calls[2][1])
+    assert list(bind) == ["PodName", "PodNamespace", "PodUID", "Node"] and bind["Node"] == "b"
+    assert api.get_object("pods", "p", namespace="default")["spec"]["nodeName"] == "b"
+
+
+def test_one_surviving_node_skips_prioritize(env: Any) -> None:
+    api, ext, sched = env
+    api.put_object(_node("a", 1))
+    api.put_object(_node("b", 1))
+    ext.keep = {"a"}
+    _create(sched, _pod("p", {"nvidia.com/gpu": "1"}))
+    assert sched.schedule_pending()[0].node == "a"
+    assert ext.verbs() == ["filter", "bind"]
+
+
+def test_bound_pods_count_against_allocatable(env: Any) -> None:
+    api, _ext, sched = env
+    api.put_object(_node("a", 1))
+    _create(sched, _pod("p1", {"nvidia.com/gpu": "1"}))
+    _create(sched, _pod("p2", {"nvidia.com/gpu": "1"}))
+    results = {r.pod: r for r in sched.schedule_pending()}
+    assert results["default/p1"].node == "a"
+    assert results["default/p2"].node is None
+    assert results["default/p2"].message == "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+
+
+def test_plain_pod_is_bound_by_the_default_binder(env: Any) -> None:
+    api, ext, sched = env
+    api.put_object(_node("a", 0))
+    _create(sched, _pod("web", {"cpu": "1"}))
+    [r] = sched.schedule_pending()
+    assert r.node == "a" and ext.calls == []
+    assert api.get_object("pods", "web", namespace="default")["spec"]["nodeName"] == "a"
+
+
+def test_node_selector_and_required_affinity_filter_nodes(env: Any) -> None:
+    api, ext, sched = env
+    api.put_object(_node("a", 1, {"gpu.product": "T4"}))
+    api.put_object(_node("b", 1, {"gpu.product": "A100"}))
+    _create(sched, _pod("sel", {"nvidia.com/gpu": "1"}, nodeSelector={"gpu.product": "A100"}))
+    assert sched.schedule_pending()[0].node == "b"
+    assert json.loads(ext.calls[0][1])["NodeNames"] == ["b"]
+    _create(sched, _pod("nowhere", {"nvidia.com/gpu": "1"}, nodeSelector={"gpu.product": "H100"}))
+    [r] = sched.schedule_pending()
+    assert r.node is None and "didn't match Pod's node affinity/selector" in r.message
+
+
+@pytest.mark.parametrize("expr, matches", [
+    ({"key": "gpu.product", "operator": "In", "values": ["T4", "L4"]}, True),
+    ({"key": "gpu.product", "operator": "NotIn", "values": ["T4"]}, False),
+    ({"key": "gpu.product", "operator": "Exists"}, True),
+    ({"key": "zone", "operator": "DoesNotExist"}, True),
+    ({"key": "gpu.count", "operator": "Gt", "values": ["2"]}, True),
+    ({"key": "gpu.count", "operator": "Lt", "values": ["2"]}, False),
+    ({"key": "gpu.product", "operator": "Gt", "values": ["2"]}, False),  # not a number: no match
+    ({"key": "gpu.product", "operator": "Sometimes"}, False),
+])
+def test_node_affinity_operators(expr: dict[str, Any], matches: bool) -> None:
+    node = {"metadata": {"labels": {"gpu.product": "T4", "gpu.count": "4"}}}
+    pod = {"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [expr]}]}}}}}
+    assert (node_affinity_mismatch(pod, node) == "") is matches
+
+
+def test_extender_error_is_a_result_not_an_exception(env: Any) -> None:
+    api, ext, sched = env
+    api.put_object(_node("a", 1))
+    ext.fail_filter = True
+    _create(sched, _pod("p", {"nvidia.com/gpu": "1"}))
+    _create(sched, _pod("web", {"cpu": "1"}))
+    results = {r.pod: r for r in sched.schedule_pending()}
+    assert results["default/p"].node is None and "HTTP 500" in results["default/p"].message
+    assert results["default/web"].node == "a"  # the pass went on
