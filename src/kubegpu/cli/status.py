@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.table import Table
 
 from kubegpu.cli.main import app
@@ -32,10 +33,11 @@ def render_table(view: ClusterView) -> Group:
                 core = f"[red]{core}[/]"
             elif g.partial:
                 core = f"[yellow]{core}[/]"
-            holders = ", ".join(
+            # Escaped: "pod[container]" would otherwise be read as rich markup and the container vanish.
+            holders = escape(", ".join(
                 f"{h.pod}" + (f"[{h.container}]" if h.container else "") + f" {h.core}%/{format_bytes(h.memory_bytes)}"
                 for h in g.holders
-            ) or "-"
+            )) or "-"
             table.add_row(node.name if i == 0 else "", str(g.index), g.model or "-", health, core,
                           f"{_gib(g.memory_used)}/{_gib(g.memory_bytes)}", holders,
                           end_section=i == len(node.gpus) - 1)
