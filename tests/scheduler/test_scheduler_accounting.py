@@ -205,3 +205,19 @@ def test_rotated_and_repeated_node_lists_give_the_same_answers() -> None:
     # A different list of the same length is looked up afresh.
     other = ["n3", "n2", "n1", "n0", "ghost"]
     assert view.filter(want, other, "kubegpu").passed == ["n3", "n1"]
+
+
+def test_pods_with_several_containers_are_fitted_exactly_until_enough_nodes() -> None:
+    view = ClusterView(exact_fit_enough=3)
+    names = []
+    for i in range(8):
+        inv = FakeBackend("t4x4" if i % 2 else "dgx-a100", node_name=f"n{i}").discover()
+        view.set_inventory(inv.name, inv)
+        names.append(inv.name)
+    two = pod("two", [{"nvidia.com/gpu": "3"}, share(50, mem="20Gi")])  # T4s have 15 GiB: never on them
+    out = view.filter(two, names, "kubegpu")
+    assert out.passed == ["n0", "n2", "n4"]
+    assert out.failed["n6"].startswith("not examined: 3 feasible nodes were found first")
+    assert out.failed["n1"].startswith("container 'c1': GPU") and "GiB memory free" in out.failed["n1"]
+    whole = pod("w", [{"nvidia.com/gpu": "3"}, {"nvidia.com/gpu": "2"}])
+    assert view.filter(whole, ["n1", "n0"], "kubegpu").failed["n1"] == "5 whole GPUs requested in all, 4 free"

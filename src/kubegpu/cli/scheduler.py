@@ -52,7 +52,8 @@ def scheduler(
                                    help="cluster default GPU-level policy (annotation kubegpu.io/gpu-policy)"),
     metrics_listen: str = typer.Option("", "--metrics-listen", help="HOST:PORT for /metrics, /healthz and the "
                                        "debug API on their own listener (they are always on --listen too)"),
-    resync: float = typer.Option(300.0, "--resync-seconds", min=1.0, help="full relist period of the watches"),
+    resync: float = typer.Option(1800.0, "--resync-seconds", min=1.0,
+                                 help="full relist period of the watches (they also relist when a watch expires)"),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error"),
 ) -> None:
     """Run the scheduler extender beside kube-scheduler."""

@@ -22,6 +22,7 @@ from lightkube import operators as op
 
 from kubegpu.kube.informer import EventType, Informer, WatchEvent
 from kubegpu.kube.resources import Device, Node, Pod
+from kubegpu.model import annotations as A
 from kubegpu.node.device_object import DeviceObjectError, inventory_from_device
 from kubegpu.placement import DEFAULT_POLICY
 from kubegpu.scheduler.app import Extender
@@ -61,6 +62,9 @@ def device_handler(view: ClusterView) -> Any:
 
 def pod_handler(view: ClusterView) -> Any:
     def on_pod(ev: WatchEvent) -> None:
+        meta = ev.obj.metadata
+        if A.DEVICE_ALLOCATED not in (meta.annotations or {}) and f"{meta.namespace}/{meta.name}" not in view.held:
+            return  # not a GPU pod of ours (most pods of a cluster): skip the conversion
         view.observe_pod(ev.obj.to_dict(), deleted=ev.type is EventType.DELETED)
     return on_pod
 
@@ -80,7 +84,7 @@ class ExtenderService:
     client: AsyncClient
     node_policy: str = DEFAULT_POLICY
     gpu_policy: str = DEFAULT_POLICY
-    resync_s: float = 300.0
+    resync_s: float = 1800.0  # a full relist is a safety net (410s relist anyway); at scale it costs seconds
 
     def __post_init__(self) -> None:
         self.view = ClusterView()

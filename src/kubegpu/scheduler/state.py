@@ -169,7 +169,7 @@ class ClusterView:
     """Nodes, their GPU states and the held allocations; the arrays behind filter and prioritize."""
 
     def __init__(self, *, assume_ttl_s: float = 120.0, workload_refresh_s: float = 30.0,
-                 clock: Any = time.monotonic) -> None:
+                 exact_fit_enough: int = 100, clock: Any = time.monotonic) -> None:
         self.nodes: dict[str, NodeRecord] = {}
         self.held: dict[str, Held] = {}
         self.by_node: dict[str, set[str]] = {}
@@ -188,6 +188,7 @@ class ClusterView:
         self._assumed: set[str] = set()  # keys of held entries not yet echoed by the watch
         self._shapes: Counter[Demand] = Counter()  # request shapes of the held pods (the target workload)
         self.workload_refresh_s = workload_refresh_s
+        self.exact_fit_enough = exact_fit_enough
         self._workload_at = -float("inf")
 
     # ---- nodes ---------------------------------------------------------------------------------
@@ -488,9 +489,41 @@ class ClusterView:
                     failed[names_known[i]] = text
                 reasons["insufficient-gpu"] += len(bad)
             return FilterOutcome(passed, failed, unresolvable, reasons)
-        # Exact path (several GPU containers, MIG, replicas, NVLink): placement's fit per node.
-        for i in np.flatnonzero(ok):
+        # Exact path (several GPU containers, MIG, replicas, NVLink): first what the arrays can rule out
+        # (each container alone, and the whole GPUs of all app containers together), then placement's
+        # fit node by node, in the order given, until enough nodes are found feasible: like
+        # kube-scheduler's percentageOfNodesToScore, and for the same reason (an exact fit costs ~0.2 ms).
+        whole_total = 0
+        for c in request.gpu_containers:
+            req = c.request
+            if req is None or req.kind not in (RequestKind.WHOLE, RequestKind.SHARE):
+                continue
+            d = request_demand(req, None)
+            short = ok & (cluster.gpu_candidates(d)[rows].sum(axis=1) < d.count)
+            bad = np.flatnonzero(short)
+            if len(bad):
+                for i, text in zip(bad, _insufficient(cluster, rows[bad], d), strict=True):
+                    failed[names_known[i]] = f"container {c.name!r}: {text}"
+                reasons["insufficient-gpu"] += len(bad)
+                ok = ok & ~short
+            if d.exclusive and not c.init:
+                whole_total += d.count
+        if whole_total:
+            free_whole = cluster.gpu_candidates(Demand.whole(1))[rows].sum(axis=1)
+            short = ok & (free_whole < whole_total)
+            for i in np.flatnonzero(short):
+                failed[names_known[i]] = f"{whole_total} whole GPUs requested in all, {int(free_whole[i])} free"
+            reasons["insufficient-gpu"] += int(short.sum())
+            ok = ok & ~short
+        candidates = np.flatnonzero(ok)
+        for done, i in enumerate(candidates):
             n = names_known[i]
+            if len(passed) >= self.exact_fit_enough:
+                for j in candidates[done:]:
+                    failed[names_known[j]] = (f"not examined: {len(passed)} feasible nodes were found first "
+                                              "(pods with several GPU containers are fitted node by node)")
+                reasons["not-examined"] += len(candidates) - done
+                break
             rec = self.nodes[n]
             assert rec.state is not None
             result = fit(rec.state, _for_node(request, rec), gpu_policy=gpu_policy)
