@@ -37,8 +37,8 @@ def test_demo_passes_its_own_checks(summary: dict[str, Any]) -> None:
     failed = [c for c in summary["checks"] if not c["ok"]]
     assert summary["ok"] and summary["_rc"] == 0 and not failed, (failed, summary["_stderr"][-3000:])
     assert {c["name"] for c in summary["checks"]} >= {
-        "admission", "every pod placed and running", "placed where recorded", "Xid GPU unhealthy",
-        "nothing new on the Xid GPU", "no overcommit"}
+        "admission", "every pod placed and running", "placed where recorded", "handoff acknowledged",
+        "Xid GPU unhealthy", "nothing new on the Xid GPU", "no overcommit"}
 
 
 def test_every_admitted_pod_runs_where_recorded(summary: dict[str, Any]) -> None:
@@ -138,3 +138,13 @@ def test_sigterm_stops_every_role_and_exits_130() -> None:
         for pid in _processes_mentioning(str(workdir)):
             os.kill(pid, signal.SIGKILL)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_too_deep_workdir_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 120)
+    r = subprocess.run([*DEMO, "--short", "--json", "--workdir", str(deep)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["ok"] is False and "unix socket" in out["error"]
+    assert not deep.exists()

@@ -5,6 +5,7 @@ GPU, a healthy "Xid" GPU, a new pod on the Xid GPU. Also the choice of the GPU t
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from kubegpu.demo.verify import EndState, Run, XidFault, replica_overlaps, verif
 from kubegpu.model.allocation import ContainerAllocation, DeviceGrant, PodAllocation, encode
 from kubegpu.model.annotations import DEVICE_ALLOCATED
 from kubegpu.model.inventory import Gpu, NodeInventory
+from kubegpu.node.handoff import DEVICE_ASSIGNED
 from kubegpu.status.sources import pod_records
 from kubegpu.status.view import build_view
 
@@ -27,11 +29,14 @@ def _inv(healthy_c: bool = False) -> NodeInventory:
 
 
 def _pod(name: str, limits: dict[str, Any], grants: list[DeviceGrant] | None, container: str = "main",
-         env: list[dict[str, str]] | None = None) -> dict[str, Any]:
+         env: list[dict[str, str]] | None = None, ack: tuple[str, list[str]] | None = None) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "namespace": "d"}
     if grants is not None:
         meta["annotations"] = {DEVICE_ALLOCATED: encode(PodAllocation((ContainerAllocation(container,
                                                                                             tuple(grants)),)))}
+    if ack is not None:
+        meta["annotations"][DEVICE_ASSIGNED] = json.dumps(
+            {"containers": {container: {"resource": ack[0], "devices": ack[1]}}})
     c: dict[str, Any] = {"name": container, "image": "x", "resources": {"limits": limits, "requests": limits}}
     if env:
         c["env"] = env
@@ -40,11 +45,14 @@ def _pod(name: str, limits: dict[str, Any], grants: list[DeviceGrant] | None, co
 
 def _state(**changes: Any) -> EndState:
     pods = {
-        "d/whole": _pod("whole", {"nvidia.com/gpu": "1"}, [DeviceGrant(0, A, 100, 16 * GI, 100)]),
+        "d/whole": _pod("whole", {"nvidia.com/gpu": "1"}, [DeviceGrant(0, A, 100, 16 * GI, 100)],
+                        ack=("nvidia.com/gpu", [A])),
         "d/share": _pod("share", {"kubegpu.io/gpu-core": "50", "kubegpu.io/gpu-memory": "4Gi",
-                                  "kubegpu.io/gpu.shared": "1"}, [DeviceGrant(1, B, 50, 4 * GI, 25)]),
+                                  "kubegpu.io/gpu.shared": "1"}, [DeviceGrant(1, B, 50, 4 * GI, 25)],
+                        ack=("kubegpu.io/gpu.shared", [f"{B}::3"])),
         "d/after": _pod("after", {"kubegpu.io/gpu-core": "40", "kubegpu.io/gpu-memory": "4Gi",
-                                  "kubegpu.io/gpu.shared": "1"}, [DeviceGrant(1, B, 40, 4 * GI, 25)]),
+                                  "kubegpu.io/gpu.shared": "1"}, [DeviceGrant(1, B, 40, 4 * GI, 25)],
+                        ack=("kubegpu.io/gpu.shared", [f"{B}::7"])),
         "d/plain": _pod("plain", {"cpu": "1"}, None, env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]),
     }
     runs = [
@@ -99,6 +107,20 @@ def test_plain_container_seeing_gpus_fails() -> None:
     s = _state()
     s.runs[3] = dataclasses.replace(s.runs[3], env={"NVIDIA_VISIBLE_DEVICES": "all"})
     assert "asks for no GPU" in _failed(s)["placed where recorded"]
+
+
+def test_allocate_acknowledged_for_another_container_fails() -> None:
+    s = _state()
+    s.pods["d/share"] = _pod("share", {"kubegpu.io/gpu-core": "50", "kubegpu.io/gpu-memory": "4Gi",
+                                       "kubegpu.io/gpu.shared": "1"}, [DeviceGrant(1, B, 50, 4 * GI, 25)],
+                             ack=("kubegpu.io/gpu.shared", [f"{B}::7"]))  # d/after's slot
+    assert "d/share[main]: kubelet allocated" in _failed(s)["handoff acknowledged"]
+
+
+def test_missing_acknowledgement_fails() -> None:
+    s = _state()
+    s.pods["d/whole"] = _pod("whole", {"nvidia.com/gpu": "1"}, [DeviceGrant(0, A, 100, 16 * GI, 100)])
+    assert "acknowledged None" in _failed(s)["handoff acknowledged"]
 
 
 def test_pending_pod_fails_placement() -> None:

@@ -44,6 +44,7 @@ WEBHOOK_NAMESPACE = "kubegpu-system"
 MANAGED = frozenset({R.NVIDIA_GPU, R.NVIDIA_GPU_SHARED, R.GPU_SLOTS, R.GPU_CORE, R.GPU_MEMORY,
                      R.GPU_MEMORY_RATIO, R.GPU_PERCENT})
 IGNORED_BY_SCHEDULER = frozenset({R.GPU_PERCENT})
+MAX_UNIX_PATH = 107  # sun_path is 108 bytes with its terminating NUL
 
 
 class ClusterError(RuntimeError):
@@ -126,6 +127,11 @@ class LocalCluster:
     def start(self) -> None:
         from kubegpu.kube.client import make_client
 
+        longest = max((len(str(self.workdir.absolute() / "nodes" / n.name / "device-plugins")) for n in self.nodes),
+                       default=0) + len("/nvidia-mig-1g.10gb+me.sock")
+        if longest > MAX_UNIX_PATH:
+            raise ClusterError(f"{self.workdir} is too deep: plugin sockets would be {longest} bytes long, over the "
+                               f"{MAX_UNIX_PATH} a unix socket path may have; choose a shorter work dir")
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "logs").mkdir(exist_ok=True)
         self.api = ApiServer().start()
@@ -191,7 +197,7 @@ class LocalCluster:
         agent.register()
         self.agents[spec.name] = agent
         inbox = base / "faults.jsonl"
-        inbox.touch()
+        inbox.write_text("")  # a kept work dir must not replay the last run's faults
         self.inboxes[spec.name] = inbox
         self._spawn(f"node-{spec.name}", [
             *FAKENODE, str(inbox), "node", "--inventory", spec.topology, "--node-name", spec.name,

@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 from rich.console import Console, RenderableType
+from rich.markup import escape as esc
 from rich.table import Table
 
 from kubegpu.demo.admission import Admission, admit
@@ -130,12 +131,12 @@ def submit(cluster: LocalCluster, http: httpx.Client, pods: Iterable[DemoPod], t
             created.append(key)
             what = f"[green]admitted[/], {len(result.patch)} patch ops" if result.patch else "[green]admitted[/]"
             changes = [w for w in result.warnings if "set to" in w or "void" in w.lower()]
-            verdict = what + "".join(f"\n{w}" for w in changes[:2])
+            verdict = what + "".join(f"\n{esc(w)}" for w in changes[:2])
             if any(op.get("path", "").endswith("/env") or "/env/" in op.get("path", "") for op in result.patch):
                 verdict += "\nenv NVIDIA_VISIBLE_DEVICES=void added"
         else:
-            verdict = f"[red]refused[/]: {result.message}"
-        table.add_row(key, dp.style, verdict)
+            verdict = f"[red]refused[/]: {esc(result.message)}"
+        table.add_row(esc(key), esc(dp.style), verdict)
     rep.show(table)
     return created
 
@@ -149,20 +150,20 @@ def settle(cluster: LocalCluster, keys: Sequence[str], tr: _Tracker, rep: Report
     deadline = time.monotonic() + timeout_s
     while True:
         for r in cluster.scheduler.schedule_pending():
-            text = f"bound to [bold]{r.node}[/]" if r.node else f"[yellow]pending[/]: {r.message}"
+            text = f"bound to [bold]{esc(r.node)}[/]" if r.node else f"[yellow]pending[/]: {esc(r.message)}"
             if r.node and r.message:
-                text += f" ({r.message})"
+                text += f" ({esc(r.message)})"
             if tr.last_reason.get(r.pod) != text:
                 tr.last_reason[r.pod] = text
-                rep.say(f"scheduler: {r.pod} {text}")
+                rep.say(f"scheduler: {esc(r.pod)} {text}")
         for name, agent in cluster.agents.items():
             agent.sync_device_status()
             for key in agent.admit_pending():
                 if key in agent.failed:
                     tr.failed[key] = agent.failed[key]
-                    rep.say(f"kubelet {name}: [red]{key} failed[/]: {agent.failed[key]}")
+                    rep.say(f"kubelet {name}: [red]{esc(key)} failed[/]: {esc(agent.failed[key])}")
                 else:
-                    rep.say(f"kubelet {name}: {key} admitted, containers started")
+                    rep.say(f"kubelet {name}: {esc(key)} admitted, containers started")
             for (pod, container), run in agent.runs.items():
                 if (pod, container) not in tr.seen_runs:
                     tr.seen_runs.add((pod, container))
@@ -205,8 +206,9 @@ def env_table(runs: Iterable[Run], title: str) -> Table:
         table.add_column(col, overflow="fold")
     for r in sorted(runs, key=lambda r: (r.pod, r.container)):
         devices = "; ".join(f"{res}: {short_id(','.join(ids))}" for res, ids in r.devices.items()) or "-"
-        table.add_row(f"{r.pod}[{r.container}]", r.node, short_id(r.env.get(VISIBLE, "-")),
-                      r.env.get(CORE, "-"), _gib(r.env[MEMORY]) if MEMORY in r.env else "-", devices)
+        cells = (f"{r.pod}[{r.container}]", r.node, short_id(r.env.get(VISIBLE, "-")), r.env.get(CORE, "-"),
+                 _gib(r.env[MEMORY]) if MEMORY in r.env else "-", devices)
+        table.add_row(*(esc(c) for c in cells))
     return table
 
 
@@ -245,16 +247,17 @@ def run_demo(opts: DemoOptions, console: Console, *, nodes: Sequence[NodeSpec] =
     t0 = time.monotonic()
     rep = Reporter(console, opts.quiet, t0)
     if opts.workdir is not None:
-        opts.workdir.mkdir(parents=True, exist_ok=True)
         return _run(opts, rep, opts.workdir, nodes, t0)
-    with tempfile.TemporaryDirectory(prefix="kubegpu-demo-") as tmp:
+    # Unix socket paths are short (107 bytes): a deep $TMPDIR would not hold the plugin sockets.
+    base = None if len(tempfile.gettempdir()) <= 40 or not Path("/tmp").is_dir() else "/tmp"
+    with tempfile.TemporaryDirectory(prefix="kubegpu-demo-", dir=base) as tmp:
         return _run(opts, rep, Path(tmp), nodes, t0)
 
 
 def _run(opts: DemoOptions, rep: Reporter, workdir: Path, nodes: Sequence[NodeSpec], t0: float) -> DemoResult:
     pause = 0.05 if opts.short else 0.4
     rep.step("starting the cluster (stand-in API server and kubelets; real kubegpu roles)")
-    cluster = LocalCluster(workdir, nodes, say=rep.say, startup_timeout_s=opts.startup_timeout_s)
+    cluster = LocalCluster(workdir, nodes, say=lambda m: rep.say(esc(m)), startup_timeout_s=opts.startup_timeout_s)
     tr = _Tracker(t0)
     with cluster:
         startup_s = time.monotonic() - t0
@@ -345,10 +348,10 @@ def _show_checks(rep: Reporter, checks: Sequence[Check], notes: Sequence[str]) -
     for col in ("", "CHECK", "DETAIL"):
         table.add_column(col, overflow="fold")
     for c in checks:
-        table.add_row("[green]✓[/]" if c.ok else "[red]✗[/]", c.name, c.detail)
+        table.add_row("[green]✓[/]" if c.ok else "[red]✗[/]", esc(c.name), esc(c.detail))
     rep.show(table)
     for n in notes:
-        rep.say(f"[yellow]note:[/] {n}")
+        rep.say(f"[yellow]note:[/] {esc(n)}")
 
 
 def _summary(tr: _Tracker, state: EndState, checks: Sequence[Check], notes: Sequence[str], startup_s: float,

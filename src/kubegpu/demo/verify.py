@@ -9,6 +9,7 @@ Xid holds it, and no GPU is overcommitted.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,7 @@ from kubegpu.model.allocation import AnnotationError, PodAllocation, decode
 from kubegpu.model.annotations import DEVICE_ALLOCATED
 from kubegpu.model.inventory import NodeInventory
 from kubegpu.model.request import RequestKind, parse_pod
+from kubegpu.node.handoff import DEVICE_ASSIGNED
 from kubegpu.status.view import ClusterView
 
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"
@@ -218,6 +220,31 @@ def check_xid(state: EndState) -> list[Check]:
     return out
 
 
+def check_handoff(state: EndState) -> Check:
+    """The node daemon's acknowledgement (``kubegpu.io/device-assigned``) names, per container, exactly the
+    device IDs the kubelet allocated: each Allocate was matched to its own pod's record."""
+    wrong, checked = [], 0
+    for r in state.runs:
+        pod = state.pods.get(r.pod)
+        served = {res: ids for res, ids in r.devices.items() if res in ACCOUNTED}
+        if pod is None or not served or _record(pod) is None:
+            continue
+        raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(DEVICE_ASSIGNED, "")
+        try:
+            acked = json.loads(raw)["containers"][r.container] if raw else None
+        except (ValueError, KeyError, TypeError):
+            acked = None
+        for res, ids in served.items():
+            if not isinstance(acked, Mapping) or acked.get("resource") != res or \
+                    sorted(acked.get("devices") or []) != sorted(ids):
+                wrong.append(f"{r.pod}[{r.container}]: kubelet allocated {res} {list(ids)}, acknowledged {acked}")
+            checked += 1
+    if wrong:
+        return Check("handoff acknowledged", False, "; ".join(wrong))
+    return Check("handoff acknowledged", True,
+                 f"{checked} Allocate calls matched to their own pod's record ({DEVICE_ASSIGNED})")
+
+
 def check_overcommit(state: EndState) -> Check:
     """Records never exceed a GPU (compute ≤ 100 %, memory ≤ its size), nor does what containers were given."""
     wrong = [p for p in state.view.problems]
@@ -255,8 +282,8 @@ def check_roles(state: EndState) -> Check:
 
 
 def verify(state: EndState) -> list[Check]:
-    return [check_admission(state), check_placed(state), check_records_and_env(state), *check_xid(state),
-            check_overcommit(state), check_roles(state)]
+    return [check_admission(state), check_placed(state), check_records_and_env(state), check_handoff(state),
+            *check_xid(state), check_overcommit(state), check_roles(state)]
 
 
 def replica_overlaps(runs: Iterable[Run]) -> list[str]:
