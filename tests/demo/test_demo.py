@@ -116,21 +116,40 @@ def _processes_mentioning(text: str, but: int = 0) -> list[int]:
     return pids
 
 
-def test_sigterm_stops_every_role_and_exits_130() -> None:
-    workdir = Path(tempfile.mkdtemp(prefix="kgd-", dir="/tmp"))
+def _kept_demo(workdir: Path) -> subprocess.Popen[str]:
+    """A demo holding its cluster up, returned once its five role processes run."""
     proc = subprocess.Popen([*DEMO, "--short", "--quiet", "--workdir", str(workdir), "--keep-running", "60"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    # The webhook, the extender and the node daemons name the work dir on their command lines.
+    while len(_processes_mentioning(str(workdir), but=proc.pid)) < 5:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
+        time.sleep(0.2)
+    return proc
+
+
+def _gone(workdir: Path, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while _processes_mentioning(str(workdir)):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 130), (signal.SIGKILL, -signal.SIGKILL)])
+def test_stopped_demo_leaves_no_role_running(sig: signal.Signals, code: int) -> None:
+    workdir = Path(tempfile.mkdtemp(prefix="kgd-", dir="/tmp"))
+    proc = _kept_demo(workdir)
     try:
-        deadline = time.monotonic() + 60
-        # The node daemons name the work dir on their command lines: wait until all three run.
-        while len(_processes_mentioning(str(workdir), but=proc.pid)) < 5:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         out, _ = proc.communicate(timeout=30)
-        assert proc.returncode == 130, out
-        assert "interrupted" in out
-        assert _processes_mentioning(str(workdir)) == []
+        assert proc.returncode == code, out
+        if sig == signal.SIGTERM:
+            assert "interrupted" in out
+            assert _processes_mentioning(str(workdir)) == []  # stopped before the demo exits
+        else:
+            assert _gone(workdir, 10)  # each role follows its parent (PR_SET_PDEATHSIG)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from kubegpu.demo.child import PARENT_ENV
 from kubegpu.model import resources as R
 from kubegpu_standins.apiserver import ApiServer
 from kubegpu_standins.kubelet import StandinKubelet
@@ -36,7 +37,7 @@ from kubegpu_standins.scheduler import StandinScheduler
 
 log = logging.getLogger(__name__)
 
-CLI = [sys.executable, "-c", "from kubegpu.cli.main import app; app()"]
+CLI = [sys.executable, "-c", "from kubegpu.demo.child import run; run()"]
 FAKENODE = [sys.executable, "-m", "kubegpu.demo.fakenode"]
 WEBHOOK_NAMESPACE = "kubegpu-system"
 # The extender's managedResources (deploy/scheduler/scheduler-config.yaml): the MIG and renamed
@@ -151,7 +152,7 @@ class LocalCluster:
 
     def _spawn(self, name: str, argv: list[str]) -> Proc:
         log_path = self.workdir / "logs" / f"{name}.log"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())}
         env.pop("KUBECONFIG", None)
         with log_path.open("wb") as out:
             # A session of its own: a Ctrl-C at the terminal reaches the demo, which then stops

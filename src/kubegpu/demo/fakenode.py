@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from kubegpu.demo.child import die_with_parent
 from kubegpu.inventory.base import InventoryError
 from kubegpu.inventory.topology import FAULT_KINDS, Fault
 
@@ -111,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
         print("usage: python -m kubegpu.demo.fakenode INBOX node [kubegpu node options]", file=sys.stderr)
         raise SystemExit(2)
     inbox = Path(args.pop(0))
+    die_with_parent()
     import kubegpu.cli.node as node_cli
     from kubegpu.inventory.fake import FakeBackend
 
