@@ -215,8 +215,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             time.sleep(0.2)
         synced_s = time.perf_counter() - t0 - seeded_s
         names = [f"node-{i:05d}" for i in range(args.nodes)]
-        pending = [p for p in httpx.get(f"{info['url']}/api/v1/namespaces/{NAMESPACE}/pods").json()["items"]
-                   if not p["spec"].get("nodeName")]
+        pending = httpx.get(f"{info['url']}/api/v1/namespaces/{NAMESPACE}/pods",
+                            params={"fieldSelector": "spec.nodeName="}, timeout=120).json()["items"]
         pending.sort(key=lambda p: p["metadata"]["name"])
         conn = http_client.HTTPConnection("127.0.0.1", port, timeout=60)
         conn.connect()

@@ -221,3 +221,28 @@ def test_pods_with_several_containers_are_fitted_exactly_until_enough_nodes() ->
     assert out.failed["n1"].startswith("container 'c1': GPU") and "GiB memory free" in out.failed["n1"]
     whole = pod("w", [{"nvidia.com/gpu": "3"}, {"nvidia.com/gpu": "2"}])
     assert view.filter(whole, ["n1", "n0"], "kubegpu").failed["n1"] == "5 whole GPUs requested in all, 4 free"
+
+
+def test_kept_scores_equal_fresh_scores_after_changes() -> None:
+    import numpy as np
+
+    from kubegpu.placement import get_policy
+
+    view = ClusterView()
+    names = []
+    for i in range(6):
+        inv = FakeBackend("dgx-a100", node_name=f"n{i}").discover()
+        view.set_inventory(inv.name, inv)
+        names.append(inv.name)
+    shapes = [share(30, ratio=20), {"nvidia.com/gpu": "2"}, share(60, ratio=50)]
+    for step in range(12):
+        p = pod(f"p{step}", shapes[step % 3])
+        out = view.filter(p, names, "kubegpu")
+        for policy in ("kubegpu", "bestfit", "spread"):
+            kept = view.prioritize(p, out.passed, policy)
+            # Fresh: the same normalisation over scores computed now, without the kept ones.
+            view._scores.clear()
+            assert view.prioritize(p, out.passed, policy) == kept
+        alloc, _ = view.choose(p, out.passed[step % len(out.passed)], "kubegpu")
+        view.hold(f"default/p{step}", f"u{step}", out.passed[step % len(out.passed)], alloc)
+    assert np.all(view._row_version >= 0) and get_policy("kubegpu").name == "kubegpu"

@@ -50,6 +50,8 @@ from kubegpu.placement.frag import FragTerms, node_frag
 log = logging.getLogger(__name__)
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+# Policies whose node score is a function of that node's row alone (not "random": it draws per call).
+_ROW_LOCAL_POLICIES = frozenset({"kubegpu", "fgd", "bestfit", "dotprod", "packing", "clustering", "spread"})
 # A request shape mix used for fragmentation-aware scoring before any pod has been seen.
 _DEFAULT_SHAPES: tuple[Demand, ...] = (
     *(Demand.whole(1),) * 4, *(Demand.share(500),) * 3, *(Demand.share(250),) * 2, Demand.whole(2),
@@ -185,6 +187,9 @@ class ClusterView:
         # The last node list, its rows and each name's position (see rows_of).
         self._rows_memo: tuple[list[str], np.ndarray, dict[str, int]] | None = None
         self._passed_memo: tuple[list[str], np.ndarray] | None = None  # the last filter's passing nodes
+        # Node scores per (policy, demand), with the row versions they were computed at (see _node_scores).
+        self._row_version = np.zeros(0, np.int64)
+        self._scores: dict[tuple[str, Demand], tuple[np.ndarray, np.ndarray]] = {}
         self._assumed: set[str] = set()  # keys of held entries not yet echoed by the watch
         self._shapes: Counter[Demand] = Counter()  # request shapes of the held pods (the target workload)
         self.workload_refresh_s = workload_refresh_s
@@ -265,6 +270,8 @@ class ClusterView:
         self._cluster = st
         self._row = {r.name: i for i, r in enumerate(recs)}
         self._ctx = None
+        self._row_version = np.zeros(len(recs), np.int64)
+        self._scores.clear()
 
     def _update_row(self, rec: NodeRecord) -> bool:
         """Refresh an existing node's row in place (a health change); False when the arrays must be rebuilt
@@ -277,6 +284,7 @@ class ClusterView:
             return False
         st.node_model[i] = st._model_index.get(rec.inventory.model, -1) if rec.inventory.gpus else -1
         self._copy_row(st, i, rec.state)
+        self._row_version[i] += 1
         return True
 
     @staticmethod
@@ -309,6 +317,7 @@ class ClusterView:
             self._invalidate()
             return
         self._copy_row(self._cluster, i, rec.state)
+        self._row_version[i] += 1
 
     def rows_of(self, names: Sequence[str]) -> np.ndarray:
         """Array rows of the named nodes (-1 for unknown ones).
@@ -562,6 +571,7 @@ class ClusterView:
         if self._ctx is None or now - self._workload_at > self.workload_refresh_s:
             self._ctx = ScoreContext(workload=self.workload())
             self._workload_at = now
+            self._scores.clear()
         return self._ctx
 
     def prioritize(self, pod: Mapping[str, Any], names: Sequence[str], node_policy: str) -> list[int]:
@@ -583,11 +593,33 @@ class ClusterView:
             cand = cluster.gpu_candidates(demand)[rows]
             feasible = (cand.sum(axis=1) >= demand.count) & self.model_mask(request.allowed_models)[rows]
             if feasible.any():
-                raw = np.asarray(get_policy(node_policy).node_scores(
-                    cluster, demand, rows[feasible], cand[feasible], self.score_context()), np.float64)
+                raw = self._node_scores(node_policy, demand, rows[feasible], cand[feasible])
                 lo, hi = float(raw.min()), float(raw.max())
                 scores[known[feasible]] = 10 if hi - lo < 1e-12 else np.rint(1 + 9 * (raw - lo) / (hi - lo))
         return scores.tolist()
+
+    def _node_scores(self, policy_name: str, demand: Demand, rows: np.ndarray, cand: np.ndarray) -> np.ndarray:
+        """The policy's scores of ``rows``. A node's score depends only on its own row (and the target
+        workload), so scores are kept per (policy, demand) with the version of the row they were
+        computed at, and only rows changed since (a bind, a departure, a health change) are rescored."""
+        ctx = self.score_context()
+        policy = get_policy(policy_name)
+        if policy.name not in _ROW_LOCAL_POLICIES:
+            return np.asarray(policy.node_scores(self.cluster, demand, rows, cand, ctx), np.float64)
+        key = (policy.name, demand)
+        entry = self._scores.get(key)
+        if entry is None:
+            if len(self._scores) >= 64:  # a bounded set of request shapes; start over beyond it
+                self._scores.clear()
+            n = self.cluster.n_nodes
+            entry = self._scores[key] = (np.zeros(n, np.float64), np.full(n, -1, np.int64))
+        scores, version = entry
+        stale = version[rows] != self._row_version[rows]
+        if stale.any():
+            fresh = rows[stale]
+            scores[fresh] = np.asarray(policy.node_scores(self.cluster, demand, fresh, cand[stale], ctx), np.float64)
+            version[fresh] = self._row_version[fresh]
+        return scores[rows]
 
     # ---- bind ----------------------------------------------------------------------------------
     def choose(self, pod: Mapping[str, Any], node: str, gpu_policy: str) -> tuple[PodAllocation | None, str]:
