@@ -38,7 +38,7 @@ def test_demo_passes_its_own_checks(summary: dict[str, Any]) -> None:
     assert summary["ok"] and summary["_rc"] == 0 and not failed, (failed, summary["_stderr"][-3000:])
     assert {c["name"] for c in summary["checks"]} >= {
         "admission", "every pod placed and running", "placed where recorded", "handoff acknowledged",
-        "Xid GPU unhealthy", "nothing new on the Xid GPU", "no overcommit"}
+        "Xid GPU unhealthy", "nothing new on the Xid GPU", "no overcommit", "extender agrees"}
 
 
 def test_every_admitted_pod_runs_where_recorded(summary: dict[str, Any]) -> None:

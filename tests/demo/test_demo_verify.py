@@ -73,7 +73,7 @@ def _state(**changes: Any) -> EndState:
     base = EndState(expected_refused={"d/bad"}, refusals={"d/bad": "container 'main': memory must be declared"},
                     pods=pods, runs=runs, inventories={"n1": inv}, view=view,
                     xid=XidFault("n1", 2, C, 48, 2.0, 0.1), after_xid={"d/after"},
-                    kubelet_unhealthy={"n1": {C, f"{C}::0"}})
+                    kubelet_unhealthy={"n1": {C, f"{C}::0"}}, extender_view=view)
     return dataclasses.replace(base, **changes)
 
 
@@ -173,6 +173,14 @@ def test_pod_started_on_the_xid_gpu_after_it_fails() -> None:
 
 def test_missing_xid_fails() -> None:
     assert "no Xid" in _failed(_state(xid=None))["Xid GPU unhealthy"]
+
+
+def test_extender_accounting_other_than_the_records_fails() -> None:
+    s = _state()
+    stale = build_view([_inv()], pod_records([s.pods["d/whole"]], []))  # missed both shares
+    failed = _failed(dataclasses.replace(s, extender_view=stale))
+    assert "GPU minor 1: records (90, 8589934592), extender (0, 0)" in failed["extender agrees"]
+    assert "could not be read" in _failed(_state(extender_view=None))["extender agrees"]
 
 
 def test_exited_role_fails() -> None:

@@ -336,7 +336,15 @@ def _end_state(cluster: LocalCluster, tr: _Tracker, inventories: dict[str, NodeI
 
     pods = {f"{p.metadata.namespace}/{p.metadata.name}": p.to_dict() for p in cluster.client.list(Pod, namespace="*")}
     unhealthy = {name: {d for st in k.resources.values() for d in st.unhealthy} for name, k in cluster.kubelets.items()}
+    from kubegpu.status.sources import SourceError, from_extender
+
+    try:
+        ext_inventories, ext_records, _ = from_extender(cluster.extender_url)
+        extender_view: ClusterView | None = build_view(ext_inventories, ext_records)
+    except SourceError:
+        extender_view = None
     return EndState(
+        extender_view=extender_view,
         expected_refused={k for k, dp in tr.specs.items() if dp.refused},
         refusals={k: a.message for k, a in tr.admissions.items() if not a.allowed},
         pods=pods, runs=list(tr.runs), inventories=inventories, view=view, xid=xid, after_xid=after,

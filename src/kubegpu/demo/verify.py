@@ -71,6 +71,7 @@ class EndState:
     after_xid: set[str] = field(default_factory=set)  # pods submitted after the Xid was seen
     kubelet_unhealthy: dict[str, set[str]] = field(default_factory=dict)  # node -> unhealthy device IDs
     roles_exited: list[str] = field(default_factory=list)
+    extender_view: ClusterView | None = None  # from the extender's debug API; None when unreadable
 
 
 def _key(pod: Mapping[str, Any]) -> str:
@@ -275,6 +276,24 @@ def check_overcommit(state: EndState) -> Check:
     return Check("no overcommit", True, f"{gpus} GPUs: compute ≤ 100 % and memory ≤ size, recorded and given")
 
 
+def check_extender_agrees(state: EndState) -> Check:
+    """The extender's accounting (its DeviceShare debug API) equals what the pods' records add up to."""
+    if state.extender_view is None:
+        return Check("extender agrees", False, "the extender's debug API could not be read")
+
+    def usage(view: ClusterView) -> dict[tuple[str, int], tuple[int, int]]:
+        return {(n.name, g.minor): (g.core_used, g.memory_used) for n in view.nodes for g in n.gpus
+                if g.core_used or g.memory_used}
+
+    ours, theirs = usage(state.view), usage(state.extender_view)
+    wrong = [f"{node} GPU minor {minor}: records {ours.get((node, minor), (0, 0))}, extender "
+             f"{theirs.get((node, minor), (0, 0))} (compute %, memory bytes)"
+             for node, minor in sorted(set(ours) | set(theirs)) if ours.get((node, minor)) != theirs.get((node, minor))]
+    if wrong:
+        return Check("extender agrees", False, "; ".join(wrong))
+    return Check("extender agrees", True, f"its debug API accounts the same {len(ours)} GPUs in use as the records")
+
+
 def check_roles(state: EndState) -> Check:
     if state.roles_exited:
         return Check("roles alive", False, "exited: " + ", ".join(state.roles_exited))
@@ -283,7 +302,7 @@ def check_roles(state: EndState) -> Check:
 
 def verify(state: EndState) -> list[Check]:
     return [check_admission(state), check_placed(state), check_records_and_env(state), check_handoff(state),
-            *check_xid(state), check_overcommit(state), check_roles(state)]
+            *check_xid(state), check_overcommit(state), check_extender_agrees(state), check_roles(state)]
 
 
 def replica_overlaps(runs: Iterable[Run]) -> list[str]:
