@@ -157,3 +157,61 @@ def test_node_capacity_follows_health(cluster: Cluster, tmp_path: Path) -> None:
     from dataclasses import replace
 
     assert not publish_capacity(client, replace(inv, name="no-such-node"))
+
+
+class _PodResources:
+    """A kubelet PodResources endpoint on a unix socket, answering ``List`` with given holdings."""
+
+    def __init__(self, path: str, holdings: list[tuple[str, str, str, str, list[str]]]) -> None:
+        from concurrent import futures
+
+        import grpc
+
+        from kubegpu.node.proto import podresources_pb2 as pr
+        from kubegpu.node.proto import podresources_pb2_grpc as prg
+
+        class Lister(prg.PodResourcesListerServicer):
+            def List(self, request, context):
+                pods: dict[tuple[str, str], pr.PodResources] = {}
+                for ns, name, container, resource, ids in holdings:
+                    p = pods.setdefault((ns, name), pr.PodResources(name=name, namespace=ns))
+                    p.containers.append(pr.ContainerResources(name=container, devices=[
+                        pr.ContainerDevices(resource_name=resource, device_ids=ids)]))
+                return pr.ListPodResourcesResponse(pod_resources=list(pods.values()))
+
+        self.server = grpc.server(futures.ThreadPoolExecutor(2))
+        prg.add_PodResourcesListerServicer_to_server(Lister(), self.server)
+        self.server.add_insecure_port(f"unix://{path}")
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop(0)
+
+
+def test_verifier_reads_the_kubelet_pod_resources_api(cluster: Cluster, handoff: HandoffResolver) -> None:
+    import tempfile
+
+    from kubegpu.node.handoff import Verifier
+
+    pods = [pod("v1", {"nvidia.com/gpu": "1"}), pod("v2", {"nvidia.com/gpu": "1"})]
+    assert _concurrent_binds(cluster, pods, NODE) == ["", ""]
+    a = handoff.resolve(R.NVIDIA_GPU, ["GPU-a"])
+    b = handoff.resolve(R.NVIDIA_GPU, ["GPU-b"])
+    sock = tempfile.mktemp(prefix="kgpr-", suffix=".sock", dir="/tmp")
+    right = [("default", a.pod.split("/")[1], "c0", R.NVIDIA_GPU, ["GPU-a"]),
+             ("default", b.pod.split("/")[1], "c0", R.NVIDIA_GPU, ["GPU-b"]),
+             ("default", "other", "c0", "nvidia.com/mig-1g.10gb", ["MIG-1"])]
+    server = _PodResources(sock, right)
+    try:
+        assert Verifier(handoff, sock).check() == []
+    finally:
+        server.stop()
+    swapped = [("default", a.pod.split("/")[1], "c0", R.NVIDIA_GPU, ["GPU-b"])]
+    server = _PodResources(sock, swapped)
+    try:
+        problems = Verifier(handoff, sock).check()
+        assert len(problems) == 1 and f"served as the recorded allocation of {b.pod}" in problems[0]
+        assert handoff.metrics.mismatches._value.get() == 1
+    finally:
+        server.stop()
+    assert Verifier(handoff, sock + ".gone").check() == []  # no kubelet socket: nothing to compare, no crash
