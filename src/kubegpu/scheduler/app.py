@@ -36,7 +36,8 @@ from kubegpu.model.allocation import AnnotationError, PodAllocation, decode, enc
 from kubegpu.placement import DEFAULT_POLICY, PlacementConflict
 from kubegpu.scheduler import wire
 from kubegpu.scheduler.metrics import ExtenderMetrics
-from kubegpu.scheduler.state import ClusterView, pod_policies
+from kubegpu.scheduler.requests import pod_policies
+from kubegpu.scheduler.state import ClusterView
 
 log = logging.getLogger(__name__)
 

@@ -21,18 +21,16 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from itertools import compress, repeat
 from typing import Any
 
 import numpy as np
 
 from kubegpu.model import annotations as A
-from kubegpu.model import resources as R
 from kubegpu.model.allocation import AnnotationError, PodAllocation, decode
 from kubegpu.model.inventory import NodeInventory
-from kubegpu.model.quantity import format_bytes
-from kubegpu.model.request import PodRequest, RequestKind, parse_pod
+from kubegpu.model.request import RequestKind, parse_pod
 from kubegpu.placement import (
     MILLI,
     ClusterState,
@@ -46,6 +44,17 @@ from kubegpu.placement import (
     request_demand,
 )
 from kubegpu.placement.frag import FragTerms, node_frag
+from kubegpu.scheduler.nodes import NodeRecord, all_linked, for_node
+from kubegpu.scheduler.reasons import insufficient
+from kubegpu.scheduler.requests import (
+    REQUIRE_NVLINK,
+    demands_of_allocation,
+    pod_policies,
+    requires_nvlink,
+    scoring_demand,
+    simple_demand,
+)
+from kubegpu.scheduler.summary import node_summary
 
 log = logging.getLogger(__name__)
 
@@ -71,100 +80,12 @@ class Held:
     binding: bool = False  # a bind is in flight: never expire it
 
 
-@dataclass(slots=True)
-class NodeRecord:
-    name: str
-    inventory: NodeInventory | None = None
-    state: NodeState | None = None
-    labels: dict[str, str] = field(default_factory=dict)
-    device_error: str = ""
-
-    @property
-    def models(self) -> frozenset[str]:
-        """GPU model names of the node: its GPUs' and its product labels' (GFD's dashed form)."""
-        found = {g.model for g in self.inventory.gpus} if self.inventory else set()
-        for labels in (self.labels, self.inventory.labels if self.inventory else {}):
-            for key in (A.GPU_PRODUCT_LABEL, A.LEGACY_GPU_NAME_LABEL):
-                if labels.get(key):
-                    found.add(labels[key])
-        return frozenset(found)
-
-    def allowed_gpu_models(self, allowed: frozenset[str] | None) -> frozenset[str] | None:
-        """The node's GPU model names a pod's allowed list admits (None = no constraint).
-
-        Names compare without case, spaces and dashes alike (``NVIDIA A100-SXM4-80GB`` is GFD's
-        ``NVIDIA-A100-SXM4-80GB``), and a short name matches whole words of a long one (``A100``).
-        When only a node label matches, every GPU of the node is admitted."""
-        if allowed is None or self.inventory is None:
-            return allowed
-        wanted = [_norm(a) for a in allowed]
-        gpu_models = {g.model for g in self.inventory.gpus}
-        direct = frozenset(m for m in gpu_models if any(_model_match(w, _norm(m)) for w in wanted))
-        if direct:
-            return direct
-        if any(_model_match(w, _norm(m)) for m in self.models for w in wanted):
-            return frozenset(gpu_models)
-        return frozenset()
-
-
-def _norm(name: str) -> str:
-    return "-".join(name.lower().replace("_", "-").split()).replace("--", "-")
-
-
-def _model_match(wanted: str, model: str) -> bool:
-    return wanted == model or f"-{wanted}-" in f"-{model}-"
-
-
 @dataclass(frozen=True, slots=True)
 class FilterOutcome:
     passed: list[str]
     failed: dict[str, str]
     unresolvable: dict[str, str]
     reasons: Counter[str]  # short reason category -> nodes, for metrics
-
-
-def requires_nvlink(pod: Mapping[str, Any]) -> bool:
-    meta = pod.get("metadata") if isinstance(pod, Mapping) else None
-    ann = meta.get("annotations") if isinstance(meta, Mapping) else None
-    return isinstance(ann, Mapping) and str(ann.get(REQUIRE_NVLINK, "")).lower() in ("true", "1", "yes")
-
-
-REQUIRE_NVLINK = "kubegpu.io/require-nvlink"
-
-
-def pod_policies(pod: Mapping[str, Any], node_default: str, gpu_default: str) -> tuple[str, str]:
-    """The node- and GPU-level policies for a pod: its annotations, else the cluster defaults.
-    Unknown names fall back to the defaults (the webhook refuses them at admission)."""
-    meta = pod.get("metadata") if isinstance(pod, Mapping) else None
-    ann = meta.get("annotations") if isinstance(meta, Mapping) else None
-    node_p, gpu_p = node_default, gpu_default
-    if isinstance(ann, Mapping):
-        for key, current in ((A.NODE_POLICY, "node"), (A.GPU_POLICY, "gpu")):
-            value = ann.get(key)
-            if isinstance(value, str) and value:
-                try:
-                    get_policy(value)
-                except KeyError:
-                    log.warning("pod %s: unknown %s policy %r ignored", meta.get("name"), current, value)
-                    continue
-                if current == "node":
-                    node_p = value
-                else:
-                    gpu_p = value
-    return node_p, gpu_p
-
-
-def _demand_of_alloc(alloc: PodAllocation) -> list[Demand]:
-    out = []
-    for c in alloc.containers:
-        if not c.grants or any(g.mig_uuid for g in c.grants):
-            continue
-        g = c.grants[0]
-        if all(x.core >= 100 and x.memory_ratio >= 100 for x in c.grants):
-            out.append(Demand.whole(len(c.grants)))
-        else:
-            out.append(Demand.share(g.core * 10, len(c.grants), gpu_memory=g.memory_bytes))
-    return out
 
 
 class ClusterView:
@@ -376,7 +297,7 @@ class ClusterView:
         self.by_node.setdefault(node, set()).add(key)
         if assumed:
             self._assumed.add(key)
-        self._shapes.update(_demand_of_alloc(alloc))
+        self._shapes.update(demands_of_allocation(alloc))
 
     def release(self, key: str, uid: str | None = None) -> Held | None:
         h = self.held.get(key)
@@ -389,7 +310,7 @@ class ClusterView:
         if rec is not None and rec.state is not None:
             rec.state.release_allocation(h.alloc)
             self._sync(h.node)
-        self._shapes.subtract(_demand_of_alloc(h.alloc))
+        self._shapes.subtract(demands_of_allocation(h.alloc))
         return h
 
     @property
@@ -482,7 +403,7 @@ class ClusterView:
             present = ", ".join(sorted(self.nodes[n].models)) or "none"
             failed[n] = f"GPU model {present} not in the allowed {', '.join(sorted(models or ()))}"
             reasons["gpu-model"] += 1
-        simple = _simple_demand(request)
+        simple = simple_demand(request)
         nvlink = requires_nvlink(pod)
         if simple is not None and not nvlink:
             demand = simple
@@ -493,7 +414,7 @@ class ClusterView:
             self._passed_memo = (list(passed), rows[good])
             bad = np.flatnonzero(ok & ~enough)
             if len(bad):
-                texts = _insufficient(cluster, rows[bad], demand)
+                texts = insufficient(cluster, rows[bad], demand)
                 for i, text in zip(bad, texts, strict=True):
                     failed[names_known[i]] = text
                 reasons["insufficient-gpu"] += len(bad)
@@ -511,7 +432,7 @@ class ClusterView:
             short = ok & (cluster.gpu_candidates(d)[rows].sum(axis=1) < d.count)
             bad = np.flatnonzero(short)
             if len(bad):
-                for i, text in zip(bad, _insufficient(cluster, rows[bad], d), strict=True):
+                for i, text in zip(bad, insufficient(cluster, rows[bad], d), strict=True):
                     failed[names_known[i]] = f"container {c.name!r}: {text}"
                 reasons["insufficient-gpu"] += len(bad)
                 ok = ok & ~short
@@ -535,8 +456,8 @@ class ClusterView:
                 break
             rec = self.nodes[n]
             assert rec.state is not None
-            result = fit(rec.state, _for_node(request, rec), gpu_policy=gpu_policy)
-            if result.ok and nvlink and result.choice is not None and not _all_linked(rec, result.choice):
+            result = fit(rec.state, for_node(request, rec), gpu_policy=gpu_policy)
+            if result.ok and nvlink and result.choice is not None and not all_linked(rec, result.choice):
                 failed[n] = "no free set of GPUs is fully NVLink-connected for this pod"
                 reasons["nvlink"] += 1
             elif result.ok:
@@ -579,7 +500,7 @@ class ClusterView:
         request = parse_pod(pod)
         if not request.ok or not request.wants_gpu:
             return [0] * len(names)
-        demand = _scoring_demand(request)
+        demand = scoring_demand(request)
         cluster = self.cluster
         all_rows = self.rows_of(names)
         if demand is not None and demand.models is not None:
@@ -632,10 +553,10 @@ class ClusterView:
             return None, "request refused: " + "; ".join(str(r) for r in request.refusals)
         if request.allowed_models is not None and not rec.allowed_gpu_models(request.allowed_models):
             return None, f"node {node}: GPU model not in the allowed {', '.join(sorted(request.allowed_models))}"
-        result = fit(rec.state, _for_node(request, rec), gpu_policy=gpu_policy)
+        result = fit(rec.state, for_node(request, rec), gpu_policy=gpu_policy)
         if not result.ok or result.choice is None:
             return None, result.reason
-        if requires_nvlink(pod) and not _all_linked(rec, result.choice):
+        if requires_nvlink(pod) and not all_linked(rec, result.choice):
             return None, f"node {node}: no free set of GPUs is fully NVLink-connected for this pod"
         return result.choice.to_allocation(), result.reason
 
@@ -653,36 +574,7 @@ class ClusterView:
         rec = self.nodes.get(node)
         if rec is None or rec.state is None or rec.inventory is None:
             return None
-        state = rec.state
-        detail: dict[str, dict[str, dict[str, str]]] = {"total": {}, "free": {}, "used": {}}
-        sums = {k: [0, 0, 0] for k in detail}
-        for gpu in state.gpus:
-            usable = gpu.healthy and not gpu.mig_enabled
-            cap = (100, gpu.memory_bytes) if gpu.healthy else (0, 0)
-            free = (state.core_free(gpu.uuid), state.memory_free(gpu.uuid)) if usable else cap
-            used = (cap[0] - free[0], cap[1] - free[1])
-            for k, (core, mem) in (("total", cap), ("free", free), ("used", used)):
-                ratio = _pct_of(mem, gpu.memory_bytes)
-                detail[k][str(gpu.minor)] = _res(core, mem, ratio)
-                sums[k][0] += core
-                sums[k][1] += mem
-                sums[k][2] += ratio
-        allocate: dict[str, dict[str, dict[str, str]]] = {}
-        for key in sorted(self.by_node.get(node, ())):
-            h = self.held[key]
-            per: dict[str, dict[str, str]] = {}
-            for g in h.alloc.grants():
-                per[str(g.minor)] = _res(g.core, g.memory_bytes, g.memory_ratio)
-            allocate[key] = per
-        return {
-            "allocateSet": {"gpu": allocate},
-            "deviceFree": _res(*sums["free"]),
-            "deviceFreeDetail": {"gpu": detail["free"]},
-            "deviceTotal": _res(*sums["total"]),
-            "deviceTotalDetail": {"gpu": detail["total"]},
-            "deviceUsed": _res(*sums["used"]),
-            "deviceUsedDetail": {"gpu": detail["used"]},
-        }
+        return node_summary(rec.state, {k: self.held[k].alloc for k in sorted(self.by_node.get(node, ()))})
 
     def gpu_allocation(self) -> Iterable[tuple[str, int, float, float]]:
         """(node, minor, compute used 0..1, memory used 0..1) per healthy GPU."""
@@ -694,109 +586,6 @@ class ClusterView:
                     continue
                 yield (name, gpu.minor, 1 - rec.state.core_free(gpu.uuid) / 100,
                        1 - rec.state.memory_free(gpu.uuid) / gpu.memory_bytes)
-
-
-def _for_node(request: PodRequest, rec: NodeRecord) -> PodRequest:
-    """The request with its allowed models spelled as this node's GPUs name them (placement compares
-    names exactly)."""
-    if request.allowed_models is None:
-        return request
-    return replace(request, allowed_models=rec.allowed_gpu_models(request.allowed_models))
-
-
-def _res(core: int, mem: int, ratio: int) -> dict[str, str]:
-    return {R.GPU_CORE: str(core), R.GPU_MEMORY: format_bytes(mem), R.GPU_MEMORY_RATIO: str(ratio)}
-
-
-def _pct_of(part: int, whole: int) -> int:
-    return 0 if whole <= 0 else round(100 * part / whole)
-
-
-def _simple_demand(request: PodRequest) -> Demand | None:
-    """The array demand when the pod is one app container asking for whole GPUs or a share
-    (the common case, vectorised); None sends the pod through the exact per-node fit."""
-    gpu = request.gpu_containers
-    if len(gpu) != 1 or gpu[0].init:
-        return None
-    req = gpu[0].request
-    assert req is not None
-    if req.kind not in (RequestKind.WHOLE, RequestKind.SHARE):
-        return None
-    return request_demand(req, request.allowed_models)
-
-
-def _scoring_demand(request: PodRequest) -> Demand | None:
-    """The demand prioritize scores with: the largest whole/share container's."""
-    best = None
-    for c in request.gpu_containers:
-        req = c.request
-        if req is None or c.init or req.kind not in (RequestKind.WHOLE, RequestKind.SHARE):
-            continue
-        d = request_demand(req, request.allowed_models)
-        if best is None or d.count * d.milli > best.count * best.milli:
-            best = d
-    return best
-
-
-def _insufficient(cluster: ClusterState, rows: np.ndarray, demand: Demand) -> list[str]:
-    """Readable reasons for nodes that cannot take ``demand``, from the arrays. Nodes in the same
-    situation get the same text (kube-scheduler's event then counts them together), so each distinct
-    situation is worded once: rows are reduced to an integer code, and only unique codes are formatted."""
-    n = len(rows)
-    idx = np.arange(n)
-    ok = cluster.gpu_ok[rows]
-    core = np.where(ok, cluster.core_free[rows], -1).astype(np.int64)
-    n_cand = cluster.gpu_candidates(demand)[rows].sum(axis=1).astype(np.int64)
-    n_ok = ok.sum(axis=1).astype(np.int64)
-    best = core.argmax(axis=1)
-    best_pct = np.maximum(core[idx, best], 0) // 10
-    roomy = core >= demand.milli
-    mem = np.where(roomy, cluster.gmem_free[rows], -1)
-    mem_best = mem.argmax(axis=1)
-    tenth_gib = 2**30 // 10
-    mem_free = np.maximum(mem[idx, mem_best], 0) // tenth_gib
-    mem_need = cluster.gpu_memory_need(demand)[rows][idx, mem_best] // tenth_gib
-    # The situation of each node: 0 no usable GPU, 1 whole GPUs short, 2 too few GPUs with room,
-    # 3 compute short, 4 memory short.
-    case = np.where(n_ok == 0, 0, np.where(demand.exclusive, 1, np.where(
-        (demand.count > 1) & (n_cand > 0), 2, np.where((demand.count > 1) | ~roomy.any(axis=1), 3, 4))))
-    param = np.select(
-        [case == 1, case == 2, case == 3, case == 4],
-        [(n_cand << 24) | (n_ok << 16) | (best << 8) | best_pct, n_cand, (best << 8) | best_pct,
-         (mem_best << 40) | (mem_free << 20) | mem_need], 0)
-    codes = (case.astype(np.int64) << 56) | param
-    uniq, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
-    want = demand.milli // 10
-    texts = []
-    for k in first.tolist():
-        c = int(case[k])
-        if c == 0:
-            texts.append("no healthy GPU available to share (all unhealthy or MIG-enabled)")
-        elif c == 1:
-            texts.append(f"{demand.count} whole GPU(s) requested, {n_cand[k]} of {n_ok[k]} free "
-                         f"(GPU {best[k]}: {best_pct[k]} % compute free)")
-        elif c == 2:
-            texts.append(f"{demand.count} GPUs with {want} % compute each requested, only {n_cand[k]} have room")
-        elif c == 3:
-            texts.append(f"GPU {best[k]}: {best_pct[k]} % compute free, {want} % requested")
-        else:
-            texts.append(f"GPU {mem_best[k]}: {mem_free[k] / 10:.1f} GiB memory free, "
-                         f"{mem_need[k] / 10:.1f} GiB requested")
-    assert len(texts) == len(uniq)
-    return np.asarray(texts, dtype=object)[inverse.reshape(-1)].tolist()
-
-
-def _all_linked(rec: NodeRecord, choice: Any) -> bool:
-    """Every pair of GPUs a container got is joined by NVLink (single-GPU containers trivially are)."""
-    assert rec.inventory is not None
-    by_uuid = {g.uuid: g for g in rec.inventory.gpus}
-    for c in choice.containers:
-        uuids = [g.uuid for g in c.grants if g.mig_uuid is None]
-        for a in range(len(uuids)):
-            for b in range(a + 1, len(uuids)):
-                if by_uuid[uuids[a]].links.get(uuids[b], 0) <= 0:
-                    return False
-    return True
 
 
 __all__ = ["MILLI", "REQUIRE_NVLINK", "ClusterView", "FilterOutcome", "Held", "NodeRecord", "pod_policies"]

@@ -1,0 +1,77 @@
+"""A GPU node as the extender knows it, and the questions asked of one node: which GPU models it offers
+to a pod's allowed list, and whether a choice of GPUs is fully NVLink-connected."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from kubegpu.model import annotations as A
+from kubegpu.model.inventory import NodeInventory
+from kubegpu.model.request import PodRequest
+from kubegpu.placement import NodeState
+
+
+@dataclass(slots=True)
+class NodeRecord:
+    name: str
+    inventory: NodeInventory | None = None
+    state: NodeState | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    device_error: str = ""
+
+    @property
+    def models(self) -> frozenset[str]:
+        """GPU model names of the node: its GPUs' and its product labels' (GFD's dashed form)."""
+        found = {g.model for g in self.inventory.gpus} if self.inventory else set()
+        for labels in (self.labels, self.inventory.labels if self.inventory else {}):
+            for key in (A.GPU_PRODUCT_LABEL, A.LEGACY_GPU_NAME_LABEL):
+                if labels.get(key):
+                    found.add(labels[key])
+        return frozenset(found)
+
+    def allowed_gpu_models(self, allowed: frozenset[str] | None) -> frozenset[str] | None:
+        """The node's GPU model names a pod's allowed list admits (None = no constraint).
+
+        Names compare without case, spaces and dashes alike (``NVIDIA A100-SXM4-80GB`` is GFD's
+        ``NVIDIA-A100-SXM4-80GB``), and a short name matches whole words of a long one (``A100``).
+        When only a node label matches, every GPU of the node is admitted."""
+        if allowed is None or self.inventory is None:
+            return allowed
+        wanted = [_norm(a) for a in allowed]
+        gpu_models = {g.model for g in self.inventory.gpus}
+        direct = frozenset(m for m in gpu_models if any(_model_match(w, _norm(m)) for w in wanted))
+        if direct:
+            return direct
+        if any(_model_match(w, _norm(m)) for m in self.models for w in wanted):
+            return frozenset(gpu_models)
+        return frozenset()
+
+
+def _norm(name: str) -> str:
+    return "-".join(name.lower().replace("_", "-").split()).replace("--", "-")
+
+
+def _model_match(wanted: str, model: str) -> bool:
+    return wanted == model or f"-{wanted}-" in f"-{model}-"
+
+
+def for_node(request: PodRequest, rec: NodeRecord) -> PodRequest:
+    """The request with its allowed models spelled as this node's GPUs name them (placement compares
+    names exactly)."""
+    if request.allowed_models is None:
+        return request
+    return replace(request, allowed_models=rec.allowed_gpu_models(request.allowed_models))
+
+
+def all_linked(rec: NodeRecord, choice: Any) -> bool:
+    """Every pair of GPUs a container got is joined by NVLink (single-GPU containers trivially are)."""
+    assert rec.inventory is not None
+    by_uuid = {g.uuid: g for g in rec.inventory.gpus}
+    for c in choice.containers:
+        uuids = [g.uuid for g in c.grants if g.mig_uuid is None]
+        for a in range(len(uuids)):
+            for b in range(a + 1, len(uuids)):
+                if by_uuid[uuids[a]].links.get(uuids[b], 0) <= 0:
+                    return False
+    return True

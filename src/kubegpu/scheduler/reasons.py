@@ -1,0 +1,55 @@
+"""Why a node cannot take a demand, in words a person reads in kube-scheduler's FailedScheduling event."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kubegpu.placement import ClusterState, Demand
+
+
+def insufficient(cluster: ClusterState, rows: np.ndarray, demand: Demand) -> list[str]:
+    """Readable reasons for nodes that cannot take ``demand``, from the arrays. Nodes in the same
+    situation get the same text (kube-scheduler's event then counts them together), so each distinct
+    situation is worded once: rows are reduced to an integer code, and only unique codes are formatted."""
+    n = len(rows)
+    idx = np.arange(n)
+    ok = cluster.gpu_ok[rows]
+    core = np.where(ok, cluster.core_free[rows], -1).astype(np.int64)
+    n_cand = cluster.gpu_candidates(demand)[rows].sum(axis=1).astype(np.int64)
+    n_ok = ok.sum(axis=1).astype(np.int64)
+    best = core.argmax(axis=1)
+    best_pct = np.maximum(core[idx, best], 0) // 10
+    roomy = core >= demand.milli
+    mem = np.where(roomy, cluster.gmem_free[rows], -1)
+    mem_best = mem.argmax(axis=1)
+    tenth_gib = 2**30 // 10
+    mem_free = np.maximum(mem[idx, mem_best], 0) // tenth_gib
+    mem_need = cluster.gpu_memory_need(demand)[rows][idx, mem_best] // tenth_gib
+    # The situation of each node: 0 no usable GPU, 1 whole GPUs short, 2 too few GPUs with room,
+    # 3 compute short, 4 memory short.
+    case = np.where(n_ok == 0, 0, np.where(demand.exclusive, 1, np.where(
+        (demand.count > 1) & (n_cand > 0), 2, np.where((demand.count > 1) | ~roomy.any(axis=1), 3, 4))))
+    param = np.select(
+        [case == 1, case == 2, case == 3, case == 4],
+        [(n_cand << 24) | (n_ok << 16) | (best << 8) | best_pct, n_cand, (best << 8) | best_pct,
+         (mem_best << 40) | (mem_free << 20) | mem_need], 0)
+    codes = (case.astype(np.int64) << 56) | param
+    uniq, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
+    want = demand.milli // 10
+    texts = []
+    for k in first.tolist():
+        c = int(case[k])
+        if c == 0:
+            texts.append("no healthy GPU available to share (all unhealthy or MIG-enabled)")
+        elif c == 1:
+            texts.append(f"{demand.count} whole GPU(s) requested, {n_cand[k]} of {n_ok[k]} free "
+                         f"(GPU {best[k]}: {best_pct[k]} % compute free)")
+        elif c == 2:
+            texts.append(f"{demand.count} GPUs with {want} % compute each requested, only {n_cand[k]} have room")
+        elif c == 3:
+            texts.append(f"GPU {best[k]}: {best_pct[k]} % compute free, {want} % requested")
+        else:
+            texts.append(f"GPU {mem_best[k]}: {mem_free[k] / 10:.1f} GiB memory free, "
+                         f"{mem_need[k] / 10:.1f} GiB requested")
+    assert len(texts) == len(uniq)
+    return np.asarray(texts, dtype=object)[inverse.reshape(-1)].tolist()

@@ -1,0 +1,52 @@
+"""The DeviceShare debug API's node summary, in the seed's shape (``seed-examples/node-device-summary.json``):
+``allocateSet``, ``deviceTotal`` / ``deviceFree`` / ``deviceUsed`` and their per-minor details."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kubegpu.model import resources as R
+from kubegpu.model.allocation import PodAllocation
+from kubegpu.model.quantity import format_bytes
+from kubegpu.placement import NodeState
+
+
+def node_summary(state: NodeState, held: Mapping[str, PodAllocation]) -> dict[str, Any]:
+    """One node's summary; ``held`` maps ``namespace/name`` to each pod's allocation there."""
+    detail: dict[str, dict[str, dict[str, str]]] = {"total": {}, "free": {}, "used": {}}
+    sums = {k: [0, 0, 0] for k in detail}
+    for gpu in state.gpus:
+        usable = gpu.healthy and not gpu.mig_enabled
+        cap = (100, gpu.memory_bytes) if gpu.healthy else (0, 0)
+        free = (state.core_free(gpu.uuid), state.memory_free(gpu.uuid)) if usable else cap
+        used = (cap[0] - free[0], cap[1] - free[1])
+        for k, (core, mem) in (("total", cap), ("free", free), ("used", used)):
+            ratio = _pct_of(mem, gpu.memory_bytes)
+            detail[k][str(gpu.minor)] = _res(core, mem, ratio)
+            sums[k][0] += core
+            sums[k][1] += mem
+            sums[k][2] += ratio
+    allocate: dict[str, dict[str, dict[str, str]]] = {}
+    for key, alloc in held.items():
+        per: dict[str, dict[str, str]] = {}
+        for g in alloc.grants():
+            per[str(g.minor)] = _res(g.core, g.memory_bytes, g.memory_ratio)
+        allocate[key] = per
+    return {
+        "allocateSet": {"gpu": allocate},
+        "deviceFree": _res(*sums["free"]),
+        "deviceFreeDetail": {"gpu": detail["free"]},
+        "deviceTotal": _res(*sums["total"]),
+        "deviceTotalDetail": {"gpu": detail["total"]},
+        "deviceUsed": _res(*sums["used"]),
+        "deviceUsedDetail": {"gpu": detail["used"]},
+    }
+
+
+def _res(core: int, mem: int, ratio: int) -> dict[str, str]:
+    return {R.GPU_CORE: str(core), R.GPU_MEMORY: format_bytes(mem), R.GPU_MEMORY_RATIO: str(ratio)}
+
+
+def _pct_of(part: int, whole: int) -> int:
+    return 0 if whole <= 0 else round(100 * part / whole)
