@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -139,11 +140,15 @@ class LocalCluster:
         self.kubeconfig = self.api.write_kubeconfig(self.workdir / "kubeconfig")
         self.client = make_client(self.kubeconfig)
         self.say(f"API server (stand-in) on {self.api.url}")
+        self._make_certs()
         self._start_webhook()
         self._start_extender()
         wanted: dict[str, set[str]] = {}
         for spec in self.nodes:
-            wanted[spec.name] = expected_resources(spec)
+            try:
+                wanted[spec.name] = expected_resources(spec)
+            except Exception as exc:  # the daemon would refuse it the same way: say so before starting it
+                raise ClusterError(f"node {spec.name} ({spec.topology} {' '.join(spec.flags)}): {exc}") from None
             self._start_node(spec)
         self._wait_ready(wanted)
         managed = set(MANAGED) | {r for rs in wanted.values() for r in rs}
@@ -163,7 +168,8 @@ class LocalCluster:
         self.procs.append(proc)
         return proc
 
-    def _start_webhook(self) -> None:
+    def _make_certs(self) -> None:
+        """A CA for this run and the webhook's serving certificate for 127.0.0.1 (what a caBundle would hold)."""
         from kubegpu.webhook.certs import generate_ca, issue_serving_cert
 
         certs = self.workdir / "webhook"
@@ -172,6 +178,9 @@ class LocalCluster:
         self.ca_file = certs / "ca.crt"
         self.ca_file.write_bytes(ca.cert_pem)
         issue_serving_cert(ca, ["127.0.0.1", "localhost"]).write(certs / "tls.crt", certs / "tls.key")
+
+    def _start_webhook(self) -> None:
+        certs = self.workdir / "webhook"
         port = free_port()
         self.webhook_url = f"https://127.0.0.1:{port}"
         self._spawn("webhook", [*CLI, "webhook", "--listen", f"127.0.0.1:{port}", "--tls-cert",
@@ -211,12 +220,24 @@ class LocalCluster:
         assert self.api is not None and self.ca_file is not None
         deadline = time.monotonic() + self.startup_timeout_s
         pending = {"webhook", "extender", *(f"node-{n}" for n in wanted)}
-        https = httpx.Client(verify=str(self.ca_file), timeout=2.0)
+        restarts = {"webhook": 2, "extender": 2}
+        https = httpx.Client(verify=ssl.create_default_context(cafile=str(self.ca_file)), timeout=2.0)
         try:
             while pending:
-                for proc in self.procs:
-                    if proc.popen.poll() is not None:
-                        raise ClusterError(f"{proc.name} exited with code {proc.popen.returncode}:\n{proc.tail()}")
+                for proc in list(self.procs):
+                    if proc.popen.poll() is None:
+                        continue
+                    if proc.name in restarts and restarts[proc.name] > 0 and _port_taken(proc.tail(1000)):
+                        # Another process took the port between our probe and the role's bind: once more.
+                        restarts[proc.name] -= 1
+                        self.procs.remove(proc)
+                        self.say(f"{proc.name}: its port was taken meanwhile; starting it on another")
+                        if proc.name == "webhook":
+                            self._start_webhook()
+                        else:
+                            self._start_extender()
+                        continue
+                    raise ClusterError(f"{proc.name} exited with code {proc.popen.returncode}:\n{proc.tail()}")
                 if "webhook" in pending and _healthy(https, f"{self.webhook_url}/healthz"):
                     pending.discard("webhook")
                     self.say("webhook ready")
@@ -289,6 +310,10 @@ class LocalCluster:
             with contextlib.suppress(Exception):
                 self.api.stop()
             self.api = None
+
+
+def _port_taken(log_tail: str) -> bool:
+    return "address already in use" in log_tail.lower() or "errno 98" in log_tail.lower()
 
 
 def _healthy(client: httpx.Client, url: str) -> bool:

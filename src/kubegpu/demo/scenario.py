@@ -16,6 +16,7 @@ Output goes through a :class:`Reporter` (rich, or nothing with ``quiet``); the r
 
 from __future__ import annotations
 
+import ssl
 import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -262,7 +263,8 @@ def _run(opts: DemoOptions, rep: Reporter, workdir: Path, nodes: Sequence[NodeSp
     with cluster:
         startup_s = time.monotonic() - t0
         assert cluster.ca_file is not None
-        with httpx.Client(verify=str(cluster.ca_file), timeout=10.0) as http:
+        with httpx.Client(verify=ssl.create_default_context(cafile=str(cluster.ca_file)),
+                          timeout=10.0) as http:
             rep.step("wave 1: every request style, through the webhook")
             created = submit(cluster, http, first_wave(), tr, rep)
             rep.step("scheduling (stand-in kube-scheduler → kubegpu extender) and admission (kubelet → kubegpu node)")
