@@ -16,7 +16,7 @@ def _pod(name: str) -> dict:
             "spec": {"containers": [{"name": "c", "image": "x"}]}}
 
 
-async def _until(cond, timeout: float = 5.0) -> None:
+async def _until(cond, timeout: float = 20.0) -> None:
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
     while not cond():
@@ -33,7 +33,7 @@ def test_informer_lists_watches_reconnects_and_relists(apiserver: ApiServer, kub
         inf = Informer(make_async_client(kubeconfig), Pod, seen.append, resync_s=30,
                        backoff=Backoff(base_s=0.05, cap_s=0.2))
         task = asyncio.create_task(inf.run())
-        await asyncio.wait_for(inf.synced.wait(), 5)
+        await asyncio.wait_for(inf.synced.wait(), 20)
         await asyncio.to_thread(sync.create, Pod.from_dict(_pod("live")))
         await _until(lambda: "default/live" in inf.cache)
         # The server ends every watch (as a restart does): the informer re-watches from its version.
@@ -82,7 +82,7 @@ def test_informer_survives_server_down_and_handler_errors(tmp_path: Path) -> Non
         again = await asyncio.to_thread(ApiServer().start, port)
         try:
             again.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})
-            await asyncio.wait_for(inf.synced.wait(), 5)
+            await asyncio.wait_for(inf.synced.wait(), 20)
             await _until(lambda: len(calls) >= 1)
         finally:
             inf.stop()

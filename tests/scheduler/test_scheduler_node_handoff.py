@@ -68,11 +68,14 @@ def test_identical_pods_bound_at_once_each_get_their_own_gpus(cluster: Cluster, 
     pods = [pod(f"same-{i}", share(60, ratio=40)) for i in range(8)]  # one per GPU: 60 % leaves no room for two
     assert _concurrent_binds(cluster, pods, NODE) == [""] * 8
     names = {p["metadata"]["name"] for p in pods}
-    for _ in range(100):
-        if len([n for n in kubelet.order if n in names]) == 8:
+    for _ in range(400):  # generous: the machine may be busy
+        with handoff._lock:
+            seen = len(handoff._pending(R.GPU_SLOTS, 1))
+        if len([n for n in kubelet.order if n in names]) == 8 and seen == 8:
             break
         threading.Event().wait(0.05)
     order = kubelet.admission_order(names)
+    assert len(order) == 8
     free = set(_slots())
     for name in order:  # the kubelet admits one pod at a time: GetPreferredAllocation, then Allocate
         hint = handoff.preferred(R.GPU_SLOTS, sorted(free), [], 1)
