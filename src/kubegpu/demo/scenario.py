@@ -31,7 +31,7 @@ from rich.table import Table
 
 from kubegpu.demo.admission import Admission, admit
 from kubegpu.demo.cluster import LocalCluster, NodeSpec
-from kubegpu.demo.pods import DemoPod, first_wave, second_wave
+from kubegpu.demo.pods import NAMESPACE, DemoPod, first_wave, second_wave
 from kubegpu.demo.verify import CORE, MEMORY, VISIBLE, Check, EndState, Run, XidFault, replica_overlaps, verify
 from kubegpu.model.inventory import NodeInventory
 from kubegpu.status.view import ClusterView, build_view
@@ -265,6 +265,7 @@ def _run(opts: DemoOptions, rep: Reporter, workdir: Path, nodes: Sequence[NodeSp
         assert cluster.ca_file is not None
         with httpx.Client(verify=ssl.create_default_context(cafile=str(cluster.ca_file)),
                           timeout=10.0) as http:
+            _create_namespace(cluster, NAMESPACE)
             rep.step("wave 1: every request style, through the webhook")
             created = submit(cluster, http, first_wave(), tr, rep)
             rep.step("scheduling (stand-in kube-scheduler → kubegpu extender) and admission (kubelet → kubegpu node)")
@@ -324,6 +325,18 @@ def _run(opts: DemoOptions, rep: Reporter, workdir: Path, nodes: Sequence[NodeSp
         rep.say("stopping every role")
     ok = all(c.ok for c in checks)
     return DemoResult(ok, checks, summary)
+
+
+def _create_namespace(cluster: LocalCluster, name: str) -> None:
+    from lightkube.core.exceptions import ApiError
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import Namespace
+
+    try:
+        cluster.client.create(Namespace(metadata=ObjectMeta(name=name)))
+    except ApiError as exc:
+        if exc.status.code != 409:
+            raise
 
 
 def _render(view: ClusterView) -> RenderableType:
