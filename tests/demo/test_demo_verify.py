@@ -73,7 +73,8 @@ def _state(**changes: Any) -> EndState:
     base = EndState(expected_refused={"d/bad"}, refusals={"d/bad": "container 'main': memory must be declared"},
                     pods=pods, runs=runs, inventories={"n1": inv}, view=view,
                     xid=XidFault("n1", 2, C, 48, 2.0, 0.1), after_xid={"d/after"},
-                    kubelet_unhealthy={"n1": {C, f"{C}::0"}}, extender_view=view)
+                    kubelet_unhealthy={"n1": {C, f"{C}::0"}}, extender_view=view,
+                    expected_admitted=set(pods))
     return dataclasses.replace(base, **changes)
 
 
@@ -132,6 +133,12 @@ def test_pending_pod_fails_placement() -> None:
 def test_refused_pod_that_was_admitted_fails() -> None:
     s = _state(refusals={})
     assert "d/bad was admitted" in _failed(s)["admission"]
+
+
+def test_pod_the_webhook_could_not_review_fails() -> None:
+    s = _state(expected_admitted={"d/whole", "d/share", "d/after", "d/plain", "d/lost"},
+               admission_errors={"d/lost": "webhook https://x/mutate: connection refused"})
+    assert "d/lost was never created: webhook https://x/mutate: connection refused" in _failed(s)["admission"]
 
 
 def test_unexpected_refusal_fails() -> None:

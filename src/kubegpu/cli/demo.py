@@ -39,6 +39,7 @@ def demo(
     workdir: Path | None = typer.Option(None, "--workdir", file_okay=False,
                                         help="Keep sockets, logs and the kubeconfig here instead of a "
                                              "temporary directory that is removed at the end."),
+    debug: bool = typer.Option(False, "--debug", help="Log the demo's own steps and show tracebacks."),
     settle_timeout: float = typer.Option(30.0, "--settle-timeout", min=1.0, max=600.0, metavar="SECONDS",
                                          help="How long to wait for a wave of pods to run."),
 ) -> None:
@@ -50,6 +51,8 @@ def demo(
     from kubegpu.demo.scenario import DemoOptions, run_demo
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if debug:
+        logging.getLogger("kubegpu").setLevel(logging.DEBUG)
     console = Console(stderr=as_json, highlight=False)
     opts = DemoOptions(short=short, quiet=quiet, keep_running_s=keep_running, workdir=workdir,
                        settle_timeout_s=settle_timeout)
@@ -66,6 +69,12 @@ def demo(
         if as_json:
             print(json.dumps({"ok": False, "error": str(exc)}))
         raise typer.Exit(EXIT_START) from None
+    except Exception as exc:  # every role is stopped by now; say what broke, keep the traceback for --debug
+        logging.getLogger("kubegpu.demo").debug("demo failed", exc_info=True)
+        console.print(f"[red]the demo failed:[/] {type(exc).__name__}: {exc}")
+        if as_json:
+            print(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"}))
+        raise typer.Exit(EXIT_FAILED) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
     passed = sum(c.ok for c in result.checks)

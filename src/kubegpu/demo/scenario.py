@@ -29,7 +29,7 @@ from rich.console import Console, RenderableType
 from rich.markup import escape as esc
 from rich.table import Table
 
-from kubegpu.demo.admission import Admission, admit
+from kubegpu.demo.admission import Admission, AdmissionError, admit
 from kubegpu.demo.cluster import LocalCluster, NodeSpec
 from kubegpu.demo.pods import NAMESPACE, DemoPod, first_wave, second_wave
 from kubegpu.demo.verify import CORE, MEMORY, VISIBLE, Check, EndState, Run, XidFault, replica_overlaps, verify
@@ -94,6 +94,7 @@ class _Tracker:
     seen_runs: set[tuple[str, str]] = field(default_factory=set)
     last_reason: dict[str, str] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)  # pods the webhook could not review
 
 
 def _key(dp: DemoPod) -> str:
@@ -125,7 +126,12 @@ def submit(cluster: LocalCluster, http: httpx.Client, pods: Iterable[DemoPod], t
     for dp in pods:
         key = _key(dp)
         tr.specs[key] = dp
-        result = admit(http, cluster.webhook_url, dp.manifest)
+        try:
+            result = admit(http, cluster.webhook_url, dp.manifest)
+        except AdmissionError as exc:  # the API server would fail the create (failurePolicy: Fail)
+            tr.errors[key] = str(exc)
+            table.add_row(esc(key), esc(dp.style), f"[red]webhook error[/]: {esc(str(exc))}")
+            continue
         tr.admissions[key] = result
         if result.allowed:
             cluster.client.create(Pod.from_dict(result.pod))
@@ -361,6 +367,8 @@ def _end_state(cluster: LocalCluster, tr: _Tracker, inventories: dict[str, NodeI
     return EndState(
         extender_view=extender_view,
         expected_refused={k for k, dp in tr.specs.items() if dp.refused},
+        expected_admitted={k for k, dp in tr.specs.items() if not dp.refused},
+        admission_errors=dict(tr.errors),
         refusals={k: a.message for k, a in tr.admissions.items() if not a.allowed},
         pods=pods, runs=list(tr.runs), inventories=inventories, view=view, xid=xid, after_xid=after,
         kubelet_unhealthy=unhealthy, roles_exited=cluster.alive())

@@ -71,6 +71,8 @@ class EndState:
     after_xid: set[str] = field(default_factory=set)  # pods submitted after the Xid was seen
     kubelet_unhealthy: dict[str, set[str]] = field(default_factory=dict)  # node -> unhealthy device IDs
     roles_exited: list[str] = field(default_factory=list)
+    expected_admitted: set[str] = field(default_factory=set)  # namespace/name
+    admission_errors: dict[str, str] = field(default_factory=dict)  # the webhook could not be asked
     extender_view: ClusterView | None = None  # from the extender's debug API; None when unreadable
 
 
@@ -111,6 +113,9 @@ def check_admission(state: EndState) -> Check:
             wrong.append(f"{key} was refused: {state.refusals[key]}")
     for key in sorted(state.expected_refused & set(state.pods)):
         wrong.append(f"{key} was refused yet exists in the API server")
+    for key in sorted(state.expected_admitted - set(state.pods)):
+        wrong.append(f"{key} was never created" + (f": {state.admission_errors[key]}"
+                                                   if key in state.admission_errors else ""))
     if wrong:
         return Check("admission", False, "; ".join(wrong))
     return Check("admission", True, f"{len(state.pods)} pods admitted, {len(state.refusals)} refused with a reason")
