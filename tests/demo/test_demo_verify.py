@@ -162,6 +162,20 @@ def test_overcommit_in_what_containers_were_given_fails() -> None:
     assert "given 120 % compute" in _failed(s)["no overcommit"]
 
 
+def test_time_slicing_replica_on_a_shared_gpu_is_overcommit() -> None:
+    s = _state()
+    s.runs.append(Run("d/replica", "main", "n1", {"NVIDIA_VISIBLE_DEVICES": B, "KUBEGPU_GPU_CORE_PERCENT": "25"},
+                      {"nvidia.com/sharedgpu": [f"{B}::0"]}, 1.0))
+    assert "given 115 % compute" in _failed(s)["no overcommit"]
+
+
+def test_mig_devices_do_not_count_against_their_gpu() -> None:
+    s = _state()
+    s.runs.append(Run("d/mig", "main", "n1", {"NVIDIA_VISIBLE_DEVICES": "MIG-x", "KUBEGPU_GPU_CORE_PERCENT": "50"},
+                      {"nvidia.com/mig-1g.10gb": ["MIG-x"]}, 1.0))
+    assert "no overcommit" not in _failed(s)
+
+
 def test_healthy_xid_gpu_fails() -> None:
     s = _state(inventory=_inv(healthy_c=True))
     assert "still Healthy" in _failed(s)["Xid GPU unhealthy"]

@@ -1,7 +1,8 @@
 """The demo's story, step by step, through a :class:`~kubegpu.demo.cluster.LocalCluster`.
 
 1. start the cluster (three fake nodes: an 8-GPU DGX A100, a 4-GPU T4 server, an A100 board
-   with MIG in mixed strategy whose whole GPUs are time-sliced as ``nvidia.com/sharedgpu``);
+   with MIG in mixed strategy whose whole GPUs are time-sliced as ``nvidia.com/sharedgpu``, with no
+   share slots);
 2. send the first wave of pods through the webhook, create the admitted ones;
 3. schedule (stand-in kube-scheduler + the extender) and admit (stand-in kubelets + the
    ``kubegpu node`` device plugins) until every pod runs; show the live view and the
@@ -40,8 +41,10 @@ NODE_FLAGS = ("--health-recovery-interval", "0")  # an Xid'd GPU stays out until
 NODES: tuple[NodeSpec, ...] = (
     NodeSpec("dgx-a100", "dgx-a100", NODE_FLAGS),
     NodeSpec("t4-server", "t4x4", NODE_FLAGS),
+    # No share slots here: the kubelet time-slices these GPUs and the extender cannot see its replicas,
+    # so fine-grained shares on them would be promised compute the replicas also use.
     NodeSpec("a100-mig", "a100-mig", (*NODE_FLAGS, "--mig-strategy", "mixed", "--resource-config",
-                                      "gpu:sharedgpu:4")),
+                                      "gpu:sharedgpu:4", "--shared-slots", "0")),
 )
 XID = 48  # double-bit ECC error: critical, the GPU is marked Unhealthy
 XID_MESSAGE = "double-bit ECC error (injected by kubegpu demo)"

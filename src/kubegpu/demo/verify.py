@@ -259,11 +259,11 @@ def check_overcommit(state: EndState) -> Check:
             if g.core_used > 100 or g.memory_used > g.memory_bytes:
                 wrong.append(f"{n.name} GPU {g.index}: {g.core_used} % compute, {g.memory_used} of "
                              f"{g.memory_bytes} bytes recorded")
-    # The runtime side: the compute percents handed out per GPU. Replicas are time-sliced, not
-    # shares, and MIG devices are isolated: only whole GPUs and share slots count here.
+    # The runtime side: the compute percents handed out per GPU, whole GPUs, share slots and
+    # time-slicing replicas alike (a replica is told its part too). MIG devices are isolated.
     given: dict[tuple[str, str], int] = {}
     for r in state.runs:
-        if not r.devices or not set(r.devices) <= ACCOUNTED or CORE not in r.env:
+        if not r.devices or CORE not in r.env or any(res.startswith("nvidia.com/mig-") for res in r.devices):
             continue
         parts = [p.strip() for p in r.env[CORE].split(",")]
         order = [u.strip() for u in r.env.get("KUBEGPU_VISIBLE_GPUS", r.env.get(VISIBLE, "")).split(",")]
