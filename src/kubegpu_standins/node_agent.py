@@ -7,7 +7,9 @@ allocatable into ``status`` as the device manager reports them, and admits the p
 bound to it: for each init container then app container, for each device-plugin
 resource in its limits, one ``allocate`` (GetPreferredAllocation + Allocate). A failed
 Allocate fails the pod with ``UnexpectedAdmissionError``, as the kubelet does; a
-success sets the pod Running and keeps each container's environment for inspection.
+success sets the pod Running and keeps each container's environment for inspection (the
+spec's ``env`` overridden by the plugins', as the runtime sees it). A batch is admitted in the
+kubelet's order: creation time, then the order the pods were bound.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ skipping ``ignoredByScheduler`` resources); the bodies are compact JSON with
 capitalised keys in the order ``Pod``, ``Nodes``, ``NodeNames``; prioritize is called
 only when more than one node survived and its score counts ×10×weight; bind goes to
 the extender, and pods without managed resources are bound by the default binder.
+The in-tree NodeAffinity filter runs too (``nodeSelector`` and required node affinity), so
+pods pinned by label (the seeds' GPU-model selectors, a hostname) reach only those nodes.
 """
 
 from __future__ import annotations

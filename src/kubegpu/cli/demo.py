@@ -60,7 +60,8 @@ def demo(
     try:
         result = run_demo(opts, console)
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted: every role stopped, files removed[/]")
+        console.print("[yellow]interrupted: every role stopped[/]" + (f", files kept in {workdir}" if workdir
+                                                                      else ", files removed"))
         if as_json:
             print(json.dumps({"ok": False, "interrupted": True}))
         raise typer.Exit(EXIT_INTERRUPTED) from None
