@@ -256,7 +256,8 @@ class Extender:
 
     def remember(self, pod: dict[str, Any]) -> None:
         """Keep the scheduler's copy of a pod being scheduled, for its bind (bounded, oldest dropped)."""
-        uid = (pod.get("metadata") or {}).get("uid")
+        meta = pod.get("metadata")
+        uid = meta.get("uid") if isinstance(meta, dict) else None
         if isinstance(uid, str) and uid:
             self._pods[uid] = pod
             self._pods.move_to_end(uid)

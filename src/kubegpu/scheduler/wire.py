@@ -68,7 +68,8 @@ def decode_args(body: bytes) -> ExtenderArgs:
         raise WireError("ExtenderArgs with neither NodeNames nor Nodes")
     if args.Nodes is not None:
         for i, item in enumerate(args.Nodes.items):
-            if not isinstance((item.get("metadata") or {}).get("name"), str):
+            meta = item.get("metadata")
+            if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
                 raise WireError(f"Nodes.items[{i}] has no metadata.name")
     return args
 
