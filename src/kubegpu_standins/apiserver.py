@@ -32,6 +32,8 @@ cluster. This server keeps the behaviour those calls depend on, as the real one 
   ``metadata.annotations`` onto the pod in the same write, as the real server's
   ``setPodHostAndAnnotations`` does (409 when already bound, 404 for a missing pod, 409 on a UID
   mismatch) and answers a 201 ``Status``.
+- **Deletes** are immediate (as with ``gracePeriodSeconds=0``): there is no kubelet here to finish a
+  graceful deletion, so no ``deletionTimestamp`` phase.
 - **Errors**: ``Status`` objects with ``Content-Type: application/json`` (what lightkube turns
   into ``ApiError``); malformed JSON is a 400, bodies over 3 MiB a 413.
 
