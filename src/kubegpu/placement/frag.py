@@ -102,6 +102,7 @@ class FragCache:
         n = cluster.n_nodes
         self.a = np.zeros((len(terms.freq), n), np.int64)
         self.c = np.zeros((len(terms.freq), n), np.int64)
+        self.slots = np.zeros((len(terms.freq), n), np.int64)
         self.s = np.zeros(n, np.int64)
         self.version = np.full(n, -1, np.int64)
         self.sync(cluster)
@@ -114,6 +115,7 @@ class FragCache:
         ge = left[None, :, :] >= self.terms.milli[:, None, None]
         self.a[:, rows] = (left[None, :, :] * ge).sum(axis=2)
         self.c[:, rows] = ge.sum(axis=2)
+        self.slots[:, rows] = (left[None, :, :] // np.maximum(self.terms.milli, 1)[:, None, None]).sum(axis=2)
         self.s[rows] = left.sum(axis=1)
         self.version[rows] = cluster.version[rows]
 
@@ -207,4 +209,91 @@ def frag_delta_per_node(
         take = MILLI if demand.exclusive else demand.milli
         after_left[r, gpu_choice] = np.maximum(after_left[r, gpu_choice] - take, 0)
     after = frag_of(terms, rows, after_left, cpu_after, mem_after)
+    return after - before
+
+
+# ---- the capacity-aware measure (kubegpu's own) ------------------------------------------------------
+#
+# FGD asks whether ONE pod of a shape still fits a node. A node with seven free GPUs and CPU for
+# one more pod passes that test, yet six of its GPUs are stranded. The capacity-aware measure
+# scales each shape's usable compute by the share of its GPU slots that the node's CPU and memory
+# can also serve:  usable_t = A_t * min(1, pods_by_cpu_and_memory / pods_by_gpu).
+
+
+def _usable(
+    terms: FragTerms, rows: np.ndarray, a: np.ndarray, slots: np.ndarray, cpu: np.ndarray, mem: np.ndarray
+) -> np.ndarray:
+    """(X,) expected usable free compute of X node states given per-shape sums (T, X)."""
+    pods_gpu = slots // np.maximum(terms.count, 1)[:, None]
+    runs = _runs(terms, rows, cpu, mem) & (pods_gpu >= 1)
+    supply = np.where(terms.cpu[:, None] > 0, cpu[None, :] // np.maximum(terms.cpu, 1)[:, None], 1 << 30)
+    if terms.use_memory:
+        by_mem = np.where(terms.memory[:, None] > 0, mem[None, :] // np.maximum(terms.memory, 1)[:, None], 1 << 30)
+        supply = np.minimum(supply, by_mem)
+    ratio = np.minimum(1.0, supply / np.maximum(pods_gpu, 1))
+    return terms.freq @ (runs * ratio * a)
+
+
+def capacity_frag(cluster: ClusterState, cache: FragCache, rows: np.ndarray) -> np.ndarray:
+    """(n,) capacity-aware fragment of the nodes ``rows`` now."""
+    cache.sync(cluster)
+    return cache.s[rows] - _usable(
+        cache.terms, rows, cache.a[:, rows], cache.slots[:, rows], cluster.cpu_free[rows], cluster.mem_free[rows]
+    )
+
+
+def capacity_delta_per_gpu(
+    cluster: ClusterState, cache: FragCache, rows: np.ndarray, demand: Demand, candidates: np.ndarray
+) -> np.ndarray:
+    """Like :func:`frag_delta_per_gpu`, for the capacity-aware measure."""
+    terms = cache.terms
+    out = np.full(candidates.shape, np.inf)
+    before = capacity_frag(cluster, cache, rows)
+    ni, gi = np.nonzero(candidates)
+    if len(ni) == 0:
+        return out
+    m = int(demand.milli)
+    node = rows[ni]
+    f = np.where(cluster.gpu_ok[node, gi], cluster.core_free[node, gi], 0).astype(np.int64)
+    values, inverse = np.unique(f, return_inverse=True)
+    tm = terms.milli[:, None]
+    ge_b = values[None, :] >= tm
+    ge_a = (values[None, :] - m) >= tm
+    d_a = (values[None, :] - m) * ge_a - values[None, :] * ge_b
+    mt = np.maximum(terms.milli, 1)[:, None]
+    d_slots = (values[None, :] - m) // mt - values[None, :] // mt
+    a = cache.a[:, node] + d_a[:, inverse]
+    slots = cache.slots[:, node] + d_slots[:, inverse]
+    after = (cache.s[node] - m) - _usable(
+        terms, node, a, slots, cluster.cpu_free[node] - demand.cpu_milli, cluster.mem_free[node] - demand.memory_bytes
+    )
+    out[ni, gi] = after - before[ni]
+    return out
+
+
+def capacity_delta_per_node(
+    cluster: ClusterState, cache: FragCache, rows: np.ndarray, demand: Demand, gpu_choice: np.ndarray | None
+) -> np.ndarray:
+    """Like :func:`frag_delta_per_node`, for the capacity-aware measure."""
+    terms = cache.terms
+    before = capacity_frag(cluster, cache, rows)
+    cpu_after = cluster.cpu_free[rows] - demand.cpu_milli
+    mem_after = cluster.mem_free[rows] - demand.memory_bytes
+    if demand.count == 0 or demand.milli <= 0:
+        a, slots, s_after = cache.a[:, rows], cache.slots[:, rows], cache.s[rows]
+    elif demand.exclusive:
+        k = demand.count
+        gpu = terms.gpu_shape[:, None]
+        a = cache.a[:, rows] - (MILLI * k) * gpu
+        slots = cache.slots[:, rows] - k * (MILLI // np.maximum(terms.milli, 1))[:, None] * gpu
+        s_after = cache.s[rows] - MILLI * k
+    else:
+        left = _free(cluster, rows)
+        r = np.arange(len(rows))[:, None]
+        left[r, gpu_choice] = np.maximum(left[r, gpu_choice] - demand.milli, 0)
+        ge = left[None, :, :] >= terms.milli[:, None, None]
+        a = (left[None, :, :] * ge).sum(axis=2)
+        slots = (left[None, :, :] // np.maximum(terms.milli, 1)[:, None, None]).sum(axis=2)
+        s_after = left.sum(axis=1)
+    after = s_after - _usable(terms, rows, a, slots, cpu_after, mem_after)
     return after - before

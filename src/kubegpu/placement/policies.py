@@ -21,7 +21,14 @@ from typing import ClassVar, Final
 import numpy as np
 
 from kubegpu.placement.cluster import MILLI, ClusterState, Demand, demand_tag
-from kubegpu.placement.frag import FragCache, FragTerms, frag_delta_per_gpu, frag_delta_per_node
+from kubegpu.placement.frag import (
+    FragCache,
+    FragTerms,
+    capacity_delta_per_gpu,
+    capacity_delta_per_node,
+    frag_delta_per_gpu,
+    frag_delta_per_node,
+)
 from kubegpu.placement.workload import Workload
 
 # Normalisers of the FGD simulator (largest node in the Alibaba trace): 128 cores, 8 GPUs.
@@ -320,37 +327,51 @@ class SpreadPolicy(Policy):
 
 
 class KubegpuPolicy(FgdPolicy):
-    """kubegpu's default: exact fragment gradient counting node memory, best fit on near-ties.
+    """kubegpu's default: FGD with a capacity-aware fragment measure.
 
-    Differences from ``fgd``: the fragment delta is used unrounded (FGD's 0..100
-    integer score lumps many different placements together and then picks
-    among them at random); a workload shape that no longer fits the node's
-    memory counts as stranding the node's GPUs; among placements whose delta
-    is within a small tolerance, the one leaving the least free GPU and CPU
-    wins (best fit keeps whole nodes empty for multi-GPU requests).
+    FGD counts a node's free GPUs as usable by a workload shape as soon as one
+    pod of that shape fits. kubegpu also asks how many such pods the node's
+    CPU and memory can feed: a node with seven free GPUs and CPU for one more
+    pod strands six of them. Each shape's usable compute is scaled by that
+    share (see :func:`kubegpu.placement.frag.capacity_frag`). Scores keep
+    FGD's rounding, so near-equal placements tie and the consistent tie-break
+    packs them onto the same nodes.
     """
 
     name = "kubegpu"
     gpu_default = "kubegpu"
-    quantised = False
     use_memory = True
-    tolerance: ClassVar[float] = 1.0  # milli-GPU of fragment treated as a tie
-
-    def _with_fit(self, cluster: ClusterState, rows: np.ndarray, demand: Demand, score: np.ndarray) -> np.ndarray:
-        gpu_left = _free(cluster, rows).sum(axis=1) - demand.gpu_milli_total
-        cpu_left = cluster.cpu_free[rows] - demand.cpu_milli
-        fit = 0.5 * gpu_left / MAX_SPEC_GPU + 0.5 * cpu_left / MAX_SPEC_CPU  # 0..1, lower is tighter
-        return np.round(score / self.tolerance) * self.tolerance - 1e-3 * fit
 
     def node_scores(
-        self,
-        cluster: ClusterState,
-        demand: Demand,
-        rows: np.ndarray,
-        candidates: np.ndarray,
-        ctx: ScoreContext,
+        self, cluster: ClusterState, demand: Demand, rows: np.ndarray, candidates: np.ndarray, ctx: ScoreContext
     ) -> np.ndarray:
-        return self._with_fit(cluster, rows, demand, super().node_scores(cluster, demand, rows, candidates, ctx))
+        if ctx.workload is None or not len(ctx.workload):
+            return BestFitPolicy().node_scores(cluster, demand, rows, candidates, ctx)
+        cache = ctx.frag_cache(cluster, self.use_memory)
+        if demand.count == 1 and not demand.exclusive:
+            score = self._score(capacity_delta_per_gpu(cluster, cache, rows, demand, candidates))
+            score[~candidates] = -np.inf
+            return score.max(axis=1)
+        choice = bestfit_choice(_free(cluster, rows), candidates, demand.count) if demand.count else None
+        return self._score(capacity_delta_per_node(cluster, cache, rows, demand, choice))
+
+    def gpu_scores(
+        self, cluster: ClusterState, node: int, demand: Demand, candidates: np.ndarray, ctx: ScoreContext
+    ) -> np.ndarray:
+        if demand.exclusive or demand.count == 0 or ctx.workload is None or not len(ctx.workload):
+            return Policy.gpu_scores(self, cluster, node, demand, candidates, ctx)
+        single = Demand.share(
+            demand.milli,
+            1,
+            demand.gpu_memory,
+            demand.memory_ratio,
+            demand.cpu_milli,
+            demand.memory_bytes,
+            demand.models,
+        )
+        cache = ctx.frag_cache(cluster, self.use_memory)
+        delta = capacity_delta_per_gpu(cluster, cache, np.array([node]), single, candidates[None, :])[0]
+        return self._score(delta)
 
 
 _POLICIES: Final[dict[str, Callable[[], Policy]]] = {

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -37,23 +37,22 @@ class Workload:
     freq: np.ndarray  # (T,) float64
 
     @classmethod
-    def from_demands(cls, demands: Iterable[Demand], coverage: float = 0.95, with_memory: bool = False) -> Workload:
+    def from_demands(cls, demands: Iterable[Demand], coverage: float = 0.95, memory_quantile: float = 50.0) -> Workload:
         """The most frequent shapes covering ``coverage`` of the demands, renormalised.
 
-        Ties in frequency are ordered by (CPU, per-GPU compute, count, models),
-        larger first, so the result never depends on input order.
+        A shape is (CPU, per-GPU compute, GPU count, models), as in the FGD
+        paper; its ``memory_bytes`` is the ``memory_quantile`` percentile of the
+        memory its pods ask for (used only by memory-aware policies). Ties in
+        frequency are ordered by the shape, larger first, so the result never
+        depends on input order.
         """
         counts: Counter[WorkloadShape] = Counter()
+        memory: dict[WorkloadShape, list[int]] = {}
         total = 0
         for d in demands:
-            shape = WorkloadShape(
-                d.cpu_milli,
-                d.milli if d.count else 0,
-                d.count,
-                d.models,
-                d.memory_bytes if with_memory else 0,
-            )
+            shape = WorkloadShape(d.cpu_milli, d.milli if d.count else 0, d.count, d.models)
             counts[shape] += 1
+            memory.setdefault(shape, []).append(d.memory_bytes)
             total += 1
         if total == 0:
             return cls((), np.zeros(0))
@@ -64,7 +63,8 @@ class Workload:
         for shape, n in ordered:
             if covered >= coverage * total:
                 break
-            chosen.append((shape, n))
+            mem = int(np.percentile(np.asarray(memory[shape], np.float64), memory_quantile))
+            chosen.append((replace(shape, memory_bytes=mem), n))
             covered += n
         freq = np.array([n for _, n in chosen], np.float64)
         return cls(tuple(s for s, _ in chosen), freq / freq.sum())

@@ -69,8 +69,9 @@ def arrival_order(pods: Sequence[TracePod], capacity_milli: int, seed: int, infl
     return order
 
 
-def target_workload(pods: Sequence[TracePod], coverage: float = 0.95, with_memory: bool = False) -> Workload:
-    return Workload.from_demands((p.demand for p in pods), coverage, with_memory=with_memory)
+def target_workload(pods: Sequence[TracePod], coverage: float = 0.95) -> Workload:
+    """The FGD paper's target workload: the most frequent request shapes covering ``coverage`` of the pods."""
+    return Workload.from_demands((p.demand for p in pods), coverage)
 
 
 def replay(
