@@ -68,6 +68,8 @@ def test_every_request_style_was_served(summary: dict[str, Any]) -> None:
     assert share["env"]["KUBEGPU_GPU_CORE_PERCENT"] == "50" and "kubegpu.io/gpu.shared" in share["devices"]
     assert pods["demo/share-core-memory"]["containers"]["main"]["env"]["KUBEGPU_GPU_MEMORY_BYTES"] == str(4 * 2**30)
     assert pods["demo/share-gpu-100"]["containers"]["main"]["recorded"][0]["core"] == 100
+    by_model = pods["demo/a100-by-model"]  # a100-mig has the label too, but no share slots
+    assert by_model["node"] == "dgx-a100" and by_model["containers"]["main"]["recorded"][0]["core"] == 25
     mig = pods["demo/mig-slice"]["containers"]["infer"]
     assert mig["recorded"][0]["mig"] and _visible(mig["env"]) == {mig["recorded"][0]["mig"]}
     replica = pods["demo/replica"]["containers"]["notebook"]

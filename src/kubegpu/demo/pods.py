@@ -14,6 +14,7 @@ from typing import Any, Literal
 NAMESPACE = "demo"
 IMAGE = "registry.k8s.io/pause:3.9"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+PRODUCT_LABEL = "nvidia.com/gpu.product"  # set by kubegpu node as GPU feature discovery does
 
 Wave = Literal["before", "after"]
 
@@ -59,6 +60,11 @@ def first_wave() -> list[DemoPod]:
         DemoPod("share-core-memory", "kubernetes.io/gpu-core 30 + gpu-memory 4Gi",
                 _pod("share-core-memory", [_c("main", requests={"kubernetes.io/gpu-core": "30",
                                                                 "kubernetes.io/gpu-memory": "4Gi"})])),
+        DemoPod("a100-by-model", "koordinator.sh/gpu-core 25 + gpu-memory-ratio 25, nodeSelector on the GFD "
+                "label nvidia.com/gpu.product",
+                _pod("a100-by-model", [_c("main", {"koordinator.sh/gpu-core": "25",
+                                                   "koordinator.sh/gpu-memory-ratio": "25"})],
+                     nodeSelector={PRODUCT_LABEL: "NVIDIA-A100-SXM4-80GB"})),
         DemoPod("mig-slice", "nvidia.com/mig-1g.10gb: 1 (MIG, mixed strategy)",
                 _pod("mig-slice", [_c("infer", {"nvidia.com/mig-1g.10gb": 1})])),
         DemoPod("replica", "nvidia.com/sharedgpu: 1 (time-slicing replica, gpu:sharedgpu:4)",
