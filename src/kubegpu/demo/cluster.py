@@ -285,6 +285,9 @@ class LocalCluster:
     # --- stop -----------------------------------------------------------------------------------
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        if self.scheduler is not None:
+            self.scheduler.http.close()  # an idle keep-alive connection would hold up the extender's stop
+            self.scheduler = None
         for proc in self.procs:
             if proc.popen.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -303,9 +306,6 @@ class LocalCluster:
             with contextlib.suppress(Exception):
                 kubelet.stop()
         self.kubelets.clear()
-        if self.scheduler is not None:
-            self.scheduler.http.close()
-            self.scheduler = None
         if self.api is not None:
             with contextlib.suppress(Exception):
                 self.api.stop()
