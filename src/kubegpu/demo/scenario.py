@@ -279,43 +279,12 @@ def _run(opts: DemoOptions, rep: Reporter, workdir: Path, nodes: Sequence[NodeSp
             created = submit(cluster, http, first_wave(), tr, rep)
             rep.step("scheduling (stand-in kube-scheduler → kubegpu extender) and admission (kubelet → kubegpu node)")
             settle(cluster, created, tr, rep, timeout_s=opts.settle_timeout_s, pause_s=pause)
-            view = live_view(cluster, rep, "live view after wave 1 (kubegpu status)")
+            live_view(cluster, rep, "live view after wave 1 (kubegpu status)")
             rep.show(env_table(tr.runs, "container environments (from the device plugins' Allocate)"))
             if not opts.short:
                 time.sleep(1.0)
 
-            rep.step(f"injecting Xid {XID} ({XID_MESSAGE.split(' (')[0]})")
-            inventories, view = snapshot(cluster)
-            target = choose_xid_target(inventories, view, tr.runs)
-            xid: XidFault | None = None
-            after: list[str] = []
-            if target is None:
-                rep.say("[red]no free GPU to fail[/]")
-            else:
-                node, index, uuid = target
-                at = time.monotonic() - t0
-                cluster.inject(node, {"kind": "xid", "gpu": index, "xid": XID, "message": XID_MESSAGE})
-                rep.say(f"Xid {XID} on {node} GPU {index} ({uuid})")
-                took = wait_unhealthy(cluster, node, uuid, timeout_s=15.0)
-                xid = XidFault(node, index, uuid, XID, at, took)
-                if took is None:
-                    rep.say(f"[red]{node} GPU {index} did not turn Unhealthy in its Device object[/]")
-                else:
-                    rep.say(f"{node} GPU {index} [red]Unhealthy[/] in the Device object after {took:.2f} s")
-                agent = cluster.agents[node]
-                agent.sync_device_status()
-                kubelet = cluster.kubelets[node]
-                counts = [f"{r} {kubelet.allocatable(r)}/{kubelet.capacity(r)}" for r in sorted(kubelet.resources)]
-                rep.say(f"kubelet {node} allocatable/capacity: " + ", ".join(counts))
-                live_view(cluster, rep, "live view after the Xid")
-                free_after = sum(1 for g in inventories[node].gpus if g.healthy and not g.mig_devices
-                                 and g.uuid != uuid and not any(h for n in view.nodes for gv in n.gpus
-                                                                if gv.uuid == g.uuid for h in gv.holders))
-                rep.step(f"wave 2: pods pinned to {node}, beside the unhealthy GPU")
-                after = submit(cluster, http, second_wave(node, whole=free_after >= 2
-                                                          and "nvidia.com/gpu" in kubelet.resources), tr, rep)
-                settle(cluster, after, tr, rep, timeout_s=opts.settle_timeout_s, pause_s=pause)
-                rep.show(env_table([r for r in tr.runs if r.pod in after], "wave 2 environments"))
+            xid, after = fail_a_gpu_then_fill_its_node(cluster, http, tr, rep, opts, pause)
 
             rep.step("end state")
             inventories, view = snapshot(cluster)
@@ -334,6 +303,44 @@ def _run(opts: DemoOptions, rep: Reporter, workdir: Path, nodes: Sequence[NodeSp
         rep.say("stopping every role")
     ok = all(c.ok for c in checks)
     return DemoResult(ok, checks, summary)
+
+
+def fail_a_gpu_then_fill_its_node(cluster: LocalCluster, http: httpx.Client, tr: _Tracker, rep: Reporter,
+                                  opts: DemoOptions, pause: float) -> tuple[XidFault | None, list[str]]:
+    """Step 4 and 5: a critical Xid on a free GPU, then a wave of pods pinned to its node.
+    Returns the fault (None when no GPU was free) and the second wave's pods."""
+    rep.step(f"injecting Xid {XID} ({XID_MESSAGE.split(' (')[0]})")
+    inventories, view = snapshot(cluster)
+    target = choose_xid_target(inventories, view, tr.runs)
+    if target is None:
+        rep.say("[red]no free GPU to fail[/]")
+        return None, []
+    node, index, uuid = target
+    at = time.monotonic() - tr.t0
+    cluster.inject(node, {"kind": "xid", "gpu": index, "xid": XID, "message": XID_MESSAGE})
+    rep.say(f"Xid {XID} on {node} GPU {index} ({uuid})")
+    took = wait_unhealthy(cluster, node, uuid, timeout_s=15.0)
+    if took is None:
+        rep.say(f"[red]{node} GPU {index} did not turn Unhealthy in its Device object[/]")
+    else:
+        rep.say(f"{node} GPU {index} [red]Unhealthy[/] in the Device object after {took:.2f} s")
+    cluster.agents[node].sync_device_status()
+    kubelet = cluster.kubelets[node]
+    counts = [f"{r} {kubelet.allocatable(r)}/{kubelet.capacity(r)}" for r in sorted(kubelet.resources)]
+    rep.say(f"kubelet {node} allocatable/capacity: " + ", ".join(counts))
+    live_view(cluster, rep, "live view after the Xid")
+    if not opts.short:
+        time.sleep(1.0)
+    held = {g.uuid for n in view.nodes for g in n.gpus if g.holders}
+    others_free = sum(1 for g in inventories[node].gpus
+                      if g.healthy and not g.mig_devices and g.uuid != uuid and g.uuid not in held)
+    rep.step(f"wave 2: pods pinned to {node}, beside the unhealthy GPU")
+    # A whole-GPU pod too when room is left beside the two shares' GPU.
+    whole = others_free >= 2 and "nvidia.com/gpu" in kubelet.resources
+    after = submit(cluster, http, second_wave(node, whole=whole), tr, rep)
+    settle(cluster, after, tr, rep, timeout_s=opts.settle_timeout_s, pause_s=pause)
+    rep.show(env_table([r for r in tr.runs if r.pod in after], "wave 2 environments"))
+    return XidFault(node, index, uuid, XID, at, took), after
 
 
 def _create_namespace(cluster: LocalCluster, name: str) -> None:
