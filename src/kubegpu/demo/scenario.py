@@ -33,7 +33,18 @@ from rich.table import Table
 from kubegpu.demo.admission import Admission, AdmissionError, admit
 from kubegpu.demo.cluster import LocalCluster, NodeSpec
 from kubegpu.demo.pods import NAMESPACE, DemoPod, first_wave, second_wave
-from kubegpu.demo.verify import CORE, MEMORY, VISIBLE, Check, EndState, Run, XidFault, replica_overlaps, verify
+from kubegpu.demo.verify import (
+    CORE,
+    MEMORY,
+    VISIBLE,
+    Check,
+    EndState,
+    Run,
+    XidFault,
+    record_of,
+    replica_overlaps,
+    verify,
+)
 from kubegpu.model.inventory import NodeInventory
 from kubegpu.status.view import ClusterView, build_view
 
@@ -397,8 +408,6 @@ def _show_checks(rep: Reporter, checks: Sequence[Check], notes: Sequence[str]) -
 
 def _summary(tr: _Tracker, state: EndState, checks: Sequence[Check], notes: Sequence[str], startup_s: float,
              total_s: float) -> dict[str, Any]:
-    from kubegpu.demo.verify import _record
-
     pods: dict[str, Any] = {}
     for key, dp in tr.specs.items():
         adm = tr.admissions.get(key)
@@ -409,7 +418,7 @@ def _summary(tr: _Tracker, state: EndState, checks: Sequence[Check], notes: Sequ
         if stored is not None:
             entry["node"] = (stored.get("spec") or {}).get("nodeName")
             entry["phase"] = (stored.get("status") or {}).get("phase")
-            record = _record(stored)
+            record = record_of(stored)
             containers: dict[str, Any] = {}
             for r in state.runs:
                 if r.pod != key:

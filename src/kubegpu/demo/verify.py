@@ -81,7 +81,7 @@ def _key(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace', 'default')}/{meta.get('name', '?')}"
 
 
-def _record(pod: Mapping[str, Any]) -> PodAllocation | None:
+def record_of(pod: Mapping[str, Any]) -> PodAllocation | None:
     text = ((pod.get("metadata") or {}).get("annotations") or {}).get(DEVICE_ALLOCATED)
     if not text:
         return None
@@ -141,7 +141,7 @@ def check_records_and_env(state: EndState) -> Check:
         if node is None or inv is None:
             continue
         parsed = parse_pod(pod)
-        record = _record(pod)
+        record = record_of(pod)
         uuids = {g.uuid for g in inv.gpus} | {m.uuid for g in inv.gpus for m in g.mig_devices}
         for creq in parsed.containers:
             run = runs.get((key, creq.name))
@@ -210,7 +210,7 @@ def check_xid(state: EndState) -> list[Check]:
                          f"{x.node} GPU {x.gpu_index} ({x.uuid}) Unhealthy in its Device object{seen}{kubelet}"))
     landed = []
     for key, pod in state.pods.items():
-        record = _record(pod)
+        record = record_of(pod)
         if record and key in state.after_xid and any(g.uuid == x.uuid for g in record.grants()):
             landed.append(f"{key} recorded on it")
     for r in state.runs:
@@ -233,7 +233,7 @@ def check_handoff(state: EndState) -> Check:
     for r in state.runs:
         pod = state.pods.get(r.pod)
         served = {res: ids for res, ids in r.devices.items() if res in ACCOUNTED}
-        if pod is None or not served or _record(pod) is None:
+        if pod is None or not served or record_of(pod) is None:
             continue
         raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(DEVICE_ASSIGNED, "")
         try:
