@@ -10,7 +10,7 @@ import pytest
 from lightkube.types import PatchType
 from typer.testing import CliRunner
 
-from kubegpu.cli.main import app
+from kubegpu.cli.main import app, kubectl_gpu
 from kubegpu.inventory.fake import FakeBackend
 from kubegpu.kube.client import make_client
 from kubegpu.kube.resources import Device
@@ -123,3 +123,13 @@ def test_unreachable_api_server_is_a_clear_error(tmp_path: Path) -> None:
     code, out = _status(kubeconfig, "--json")
     assert code == 1, out
     assert "cannot reach the API server" in out
+
+
+def test_kubectl_gpu_plugin_is_kubegpu_status(cluster: tuple, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    _, kubeconfig, _ = cluster
+    monkeypatch.setattr("sys.argv", ["kubectl-gpu", "--kubeconfig", str(kubeconfig), "--json"])
+    with pytest.raises(SystemExit) as exit_info:
+        kubectl_gpu()
+    assert exit_info.value.code == 0
+    assert json.loads(capsys.readouterr().out)["totals"]["gpus"] == 12
