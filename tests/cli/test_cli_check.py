@@ -12,6 +12,9 @@ from typer.testing import CliRunner
 
 from kubegpu.cli.main import app
 
+# ../shared beside the checkout (as in CI): fixtures, seeds and traces.
+SHARED = Path(__file__).resolve().parents[3] / "shared"
+
 runner = CliRunner()
 
 GPU = {"name": "train", "image": "cuda", "resources": {"limits": {"alpha.kubernetes.io/nvidia-gpu": 2}}}
@@ -158,7 +161,7 @@ def test_declared_replica_resource(tmp_path: Path) -> None:
 
 
 def test_seed_examples_all_pass() -> None:
-    seeds = sorted(str(p) for p in Path("/work/shared/seed-examples").glob("*.yaml"))
+    seeds = sorted(str(p) for p in (SHARED / "seed-examples").glob("*.yaml"))
     code, out = run(*seeds, "--json")
     assert code == 0
     report = json.loads(out)

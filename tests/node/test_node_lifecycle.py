@@ -17,8 +17,11 @@ from kubegpu.node.proto import deviceplugin_pb2 as pb
 from kubegpu.node.proto import deviceplugin_pb2_grpc as pb_grpc
 from kubegpu_standins.kubelet import StandinKubelet
 
+# ../shared beside the checkout (as in CI): fixtures, seeds and traces.
+SHARED = Path(__file__).resolve().parents[3] / "shared"
+
 GPU = "nvidia.com/gpu"
-FIXTURES = Path("/work/shared/fixtures/kubelet-v1.24")
+FIXTURES = SHARED / "fixtures" / "kubelet-v1.24"
 
 
 def test_serves_before_register_and_sends_options_both_ways(kubelet: StandinKubelet, make_daemon: Any) -> None:

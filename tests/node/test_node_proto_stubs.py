@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from kubegpu.node.proto import deviceplugin_pb2 as dp
 from kubegpu.node.proto import podresources_pb2 as pr
 from kubegpu.node.proto.generate import stale_files
+
+# ../shared beside the checkout (as in CI): fixtures, seeds and traces.
+SHARED = Path(__file__).resolve().parents[3] / "shared"
 
 
 def test_committed_stubs_are_fresh() -> None:
@@ -38,9 +43,8 @@ def test_a_recorded_allocate_response_decodes() -> None:
     """The fixture checkpoint's AllocResp (protobuf from a real v1.24 kubelet) decodes with our stubs."""
     import base64
     import json
-    from pathlib import Path
 
-    path = Path("/work/shared/fixtures/kubelet-v1.24/checkpoint-before-kubelet-restart.json")
+    path = SHARED / "fixtures" / "kubelet-v1.24" / "checkpoint-before-kubelet-restart.json"
     if not path.exists():
         return
     data = json.loads(path.read_text())

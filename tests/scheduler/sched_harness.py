@@ -17,7 +17,10 @@ from kubegpu.node.device_object import device_object
 from kubegpu.scheduler.service import ServiceThread
 from kubegpu_standins.apiserver import ApiServer
 
-FIXTURES = Path("/work/shared/fixtures/kube-scheduler-v1.24")
+# ../shared beside the checkout (as in CI): fixtures, seeds and traces.
+SHARED = Path(__file__).resolve().parents[3] / "shared"
+
+FIXTURES = SHARED / "fixtures" / "kube-scheduler-v1.24"
 
 
 def fixture_inventories() -> list[NodeInventory]:
