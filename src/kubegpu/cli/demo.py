@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -47,6 +48,8 @@ def demo(
     the webhook on this machine; submit pods in every request style, inject an Xid, show the live view
     and each container's environment, then verify the end state. Ends by itself.
     """
+    # gRPC core logs every GOAWAY it sees at shutdown on stderr; the story has no use for them.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     from kubegpu.demo.cluster import ClusterError
     from kubegpu.demo.scenario import DemoOptions, run_demo
 
