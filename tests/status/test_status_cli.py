@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -133,3 +134,29 @@ def test_kubectl_gpu_plugin_is_kubegpu_status(cluster: tuple, monkeypatch: pytes
         kubectl_gpu()
     assert exit_info.value.code == 0
     assert json.loads(capsys.readouterr().out)["totals"]["gpus"] == 12
+
+
+def test_extender_debug_api_as_the_source(cluster: tuple) -> None:
+    from kubegpu.scheduler.service import ServiceThread
+
+    _, kubeconfig, _ = cluster
+    extender = ServiceThread(kubeconfig).start()
+    try:
+        code, out = 1, ""
+        for _ in range(50):  # the extender's first sync is asynchronous
+            code, out = _status(kubeconfig, "--json", "--extender", extender.url)
+            if code == 0 and json.loads(out)["totals"]["allocated_gpu"] == 1.75:
+                break
+            time.sleep(0.1)
+        assert code == 0, out
+        view = json.loads(out)
+        assert view["totals"]["gpus"] == 12 and view["totals"]["allocated_gpu"] == 1.75
+        a100 = next(n for n in view["nodes"] if n["name"] == "a100-node")
+        assert [h["pod"] for h in a100["gpus"][1]["holders"]] == ["team-b/half"]
+    finally:
+        extender.stop()
+
+
+def test_unreachable_extender_is_a_clear_error(tmp_path: Path) -> None:
+    code, out = _status(tmp_path / "unused", "--json", "--extender", "http://127.0.0.1:9")
+    assert code == 1 and "cannot read http://127.0.0.1:9" in out
