@@ -60,17 +60,13 @@ def simple_node(
     cpu: int = 32_000,
     unhealthy: set[int] = frozenset(),
 ) -> NodeInventory:  # type: ignore[assignment]
-    gpus = tuple(
-        Gpu(f"{name}-GPU-{i}", i, i, model, memory, healthy=i not in unhealthy, numa_node=0) for i in range(n)
-    )
+    gpus = tuple(Gpu(f"{name}-GPU-{i}", i, i, model, memory, healthy=i not in unhealthy, numa_node=0) for i in range(n))
     return NodeInventory(name, gpus, cpu_milli=cpu, memory_bytes=256 * GIB)
 
 
 def mig_node(name: str = "a100") -> NodeInventory:
     parent = "GPU-A100-0"
-    migs = tuple(
-        MigDevice(f"MIG-{i}", "1g.10gb", parent, gi=i, ci=0, memory_bytes=10 * GIB, index=i) for i in range(7)
-    )
+    migs = tuple(MigDevice(f"MIG-{i}", "1g.10gb", parent, gi=i, ci=0, memory_bytes=10 * GIB, index=i) for i in range(7))
     gpus = (
         Gpu(parent, 0, 0, "A100", 80 * GIB, mig_enabled=True, mig_devices=migs),
         Gpu("GPU-A100-1", 1, 1, "A100", 80 * GIB),
@@ -79,13 +75,9 @@ def mig_node(name: str = "a100") -> NodeInventory:
 
 
 def pod(*containers: dict[str, str], init: tuple[dict[str, str], ...] = (), model: str | None = None) -> dict:
-    spec: dict = {
-        "containers": [{"name": f"c{i}", "resources": {"limits": dict(c)}} for i, c in enumerate(containers)]
-    }
+    spec: dict = {"containers": [{"name": f"c{i}", "resources": {"limits": dict(c)}} for i, c in enumerate(containers)]}
     if init:
-        spec["initContainers"] = [
-            {"name": f"init{i}", "resources": {"limits": dict(c)}} for i, c in enumerate(init)
-        ]
+        spec["initContainers"] = [{"name": f"init{i}", "resources": {"limits": dict(c)}} for i, c in enumerate(init)]
     meta: dict = {"name": "p"}
     if model:
         meta["annotations"] = {"kubegpu.io/gpu-model": model}

@@ -56,13 +56,9 @@ def test_memory_ratio_converts_to_bytes_of_that_gpu():
 
 def test_share_over_k_gpus_uses_k_distinct_gpus():
     st = NodeState(simple_node("n", 4))
-    f = fit(
-        st, req({"kubegpu.io/gpu-core": "100", "kubegpu.io/gpu-memory": "8Gi", "kubegpu.io/gpu.shared": "2"})
-    )
+    f = fit(st, req({"kubegpu.io/gpu-core": "100", "kubegpu.io/gpu-memory": "8Gi", "kubegpu.io/gpu.shared": "2"}))
     grants = f.choice.containers[0].grants
-    assert len({g.uuid for g in grants}) == 2 and all(
-        g.core == 50 and g.memory_bytes == 4 * GIB for g in grants
-    )
+    assert len({g.uuid for g in grants}) == 2 and all(g.core == 50 and g.memory_bytes == 4 * GIB for g in grants)
 
 
 def test_best_fit_fills_the_used_gpu_first_without_a_workload():
@@ -99,9 +95,7 @@ def test_mig_devices():
     st = NodeState(mig_node())
     f = fit(st, req({"nvidia.com/mig-1g.10gb": "2"}))
     grants = f.choice.containers[0].grants
-    assert [g.mig_uuid for g in grants] == ["MIG-0", "MIG-1"] and all(
-        g.mig_profile == "1g.10gb" for g in grants
-    )
+    assert [g.mig_uuid for g in grants] == ["MIG-0", "MIG-1"] and all(g.mig_profile == "1g.10gb" for g in grants)
     st.apply(f.choice)
     assert "MIG-0" not in st.mig_free
     assert not fit(st, req({"nvidia.com/mig-1g.10gb": "6"})).ok

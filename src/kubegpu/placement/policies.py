@@ -327,39 +327,75 @@ class SpreadPolicy(Policy):
 
 
 class KubegpuPolicy(FgdPolicy):
-    """kubegpu's default: FGD with a capacity-aware fragment measure.
+    """kubegpu's default: FGD, with ties settled by a capacity-aware fragment measure.
 
     FGD counts a node's free GPUs as usable by a workload shape as soon as one
     pod of that shape fits. kubegpu also asks how many such pods the node's
     CPU and memory can feed: a node with seven free GPUs and CPU for one more
-    pod strands six of them. Each shape's usable compute is scaled by that
-    share (see :func:`kubegpu.placement.frag.capacity_frag`). Scores keep
-    FGD's rounding, so near-equal placements tie and the consistent tie-break
-    packs them onto the same nodes.
+    pod strands six of them (see :func:`kubegpu.placement.frag.capacity_frag`).
+    FGD's rounded score stays the primary key (its ties, settled by a fixed
+    node order, pack pods onto few nodes and keep whole nodes free for
+    multi-GPU requests); among the placements tied on it, the one that grows
+    the capacity-aware fragment least wins. Only the tied candidates pay for
+    the second measure.
     """
 
     name = "kubegpu"
     gpu_default = "kubegpu"
-    use_memory = True
+    use_memory = False  # for the primary (FGD) term
+    capacity_memory: ClassVar[bool] = True
+    secondary_weight: ClassVar[float] = 1e-3  # times a 0..100 score: always below one primary point
+    used_weight: ClassVar[float] = 0.0
+
+    def _secondary(self, delta: np.ndarray) -> np.ndarray:
+        return self.secondary_weight * np.trunc(MAX_SCORE / (1.0 + np.exp(np.clip(delta, -5e5, 5e5) / 1000.0)))
 
     def node_scores(
         self, cluster: ClusterState, demand: Demand, rows: np.ndarray, candidates: np.ndarray, ctx: ScoreContext
     ) -> np.ndarray:
-        if ctx.workload is None or not len(ctx.workload):
-            return BestFitPolicy().node_scores(cluster, demand, rows, candidates, ctx)
-        cache = ctx.frag_cache(cluster, self.use_memory)
+        primary = super().node_scores(cluster, demand, rows, candidates, ctx)
+        if ctx.workload is None or not len(ctx.workload) or len(rows) < 2:
+            return primary
+        top = np.flatnonzero(primary == primary.max())
+        if len(top) < 2:
+            return primary
+        cache = ctx.frag_cache(cluster, self.capacity_memory)
+        sub, cand = rows[top], candidates[top]
         if demand.count == 1 and not demand.exclusive:
-            score = self._score(capacity_delta_per_gpu(cluster, cache, rows, demand, candidates))
-            score[~candidates] = -np.inf
-            return score.max(axis=1)
-        choice = bestfit_choice(_free(cluster, rows), candidates, demand.count) if demand.count else None
-        return self._score(capacity_delta_per_node(cluster, cache, rows, demand, choice))
+            per_gpu = self._per_gpu_primary(cluster, demand, sub, cand, ctx)
+            tied = cand & (per_gpu == per_gpu.max(axis=1, keepdims=True))
+            second = self._secondary(capacity_delta_per_gpu(cluster, cache, sub, demand, tied))
+            second[~tied] = -np.inf
+            extra = second.max(axis=1)
+        else:
+            choice = bestfit_choice(_free(cluster, sub), cand, demand.count) if demand.count else None
+            extra = self._secondary(capacity_delta_per_node(cluster, cache, sub, demand, choice))
+        # Opening an idle node breaks a whole-node set that multi-GPU requests need: prefer used nodes.
+        gpus = cluster.gpu_ok[sub].sum(axis=1) * MILLI
+        used = (_free(cluster, sub).sum(axis=1) < gpus) | (cluster.cpu_free[sub] < cluster.cpu_cap[sub])
+        out = primary.astype(np.float64).copy()
+        out[top] += self.used_weight * used + extra
+        return out
+
+    def _per_gpu_primary(
+        self, cluster: ClusterState, demand: Demand, rows: np.ndarray, candidates: np.ndarray, ctx: ScoreContext
+    ) -> np.ndarray:
+        terms = ctx.frag_terms(cluster, self.use_memory)
+        delta = frag_delta_per_gpu(cluster, terms, rows, demand, candidates, ctx.frag_cache(cluster, self.use_memory))
+        score = self._score(delta)
+        score[~candidates] = -np.inf
+        return score
 
     def gpu_scores(
         self, cluster: ClusterState, node: int, demand: Demand, candidates: np.ndarray, ctx: ScoreContext
     ) -> np.ndarray:
+        primary = super().gpu_scores(cluster, node, demand, candidates, ctx)
         if demand.exclusive or demand.count == 0 or ctx.workload is None or not len(ctx.workload):
-            return Policy.gpu_scores(self, cluster, node, demand, candidates, ctx)
+            return primary
+        masked = np.where(candidates, primary, -np.inf)
+        tied = candidates & (masked == masked.max())
+        if tied.sum() < 2:
+            return primary
         single = Demand.share(
             demand.milli,
             1,
@@ -369,9 +405,11 @@ class KubegpuPolicy(FgdPolicy):
             demand.memory_bytes,
             demand.models,
         )
-        cache = ctx.frag_cache(cluster, self.use_memory)
-        delta = capacity_delta_per_gpu(cluster, cache, np.array([node]), single, candidates[None, :])[0]
-        return self._score(delta)
+        cache = ctx.frag_cache(cluster, self.capacity_memory)
+        second = self._secondary(capacity_delta_per_gpu(cluster, cache, np.array([node]), single, tied[None, :])[0])
+        out = np.asarray(primary, np.float64).copy()
+        out[tied] += second[tied]
+        return out
 
 
 _POLICIES: Final[dict[str, Callable[[], Policy]]] = {
