@@ -312,3 +312,10 @@ def test_every_option_has_flag_env_and_help() -> None:
         shown = next(r[2] for r in rows if r[0].split(", ")[0] == f"--{o.flag}")
         if shown:
             load_config(flags={o.flag: shown})
+
+
+def test_pod_resources_socket_flag_env_and_default() -> None:
+    assert load_config({}, {}, None).kubegpu.pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert load_config({}, {"KUBEGPU_POD_RESOURCES_SOCKET": "/e.sock"}, None).kubegpu.pod_resources_socket == "/e.sock"
+    cfg = load_config({"pod-resources-socket": "/f.sock"}, {"KUBEGPU_POD_RESOURCES_SOCKET": "/e.sock"}, None)
+    assert cfg.kubegpu.pod_resources_socket == "/f.sock"

@@ -103,8 +103,9 @@ def _cluster_seams(kubeconfig: str | None, node_name: str, flags: Mapping[str, A
     from kubegpu.node.handoff import make_resolver
     from kubegpu.node.kube_publisher import KubeNodePublisher
 
-    publisher = KubeNodePublisher(client, node_name, load_config(flags=flags, env=env))
-    resolver = make_resolver(client, node_name)
+    config = load_config(flags=flags, env=env)
+    publisher = KubeNodePublisher(client, node_name, config)
+    resolver = make_resolver(client, node_name, pod_resources_socket=config.kubegpu.pod_resources_socket)
     return publisher, resolver
 
 

@@ -202,6 +202,8 @@ class LocalCluster:
         plugin_dir.mkdir(parents=True, exist_ok=True)
         kubelet = StandinKubelet(plugin_dir)
         kubelet.start()
+        pod_resources = base / "pod-resources" / "kubelet.sock"
+        kubelet.serve_pod_resources(pod_resources)
         self.kubelets[spec.name] = kubelet
         agent = StandinNode(spec.name, self.client, kubelet)
         agent.register()
@@ -212,7 +214,8 @@ class LocalCluster:
         self._spawn(f"node-{spec.name}", [
             *FAKENODE, str(inbox), "node", "--inventory", spec.topology, "--node-name", spec.name,
             "--kubeconfig", str(self.kubeconfig), "--device-plugin-dir", str(plugin_dir),
-            "--metrics-address", "off", "--log-level", "warning", *spec.flags])
+            "--pod-resources-socket", str(pod_resources), "--metrics-address", "off", "--log-level", "warning",
+            *spec.flags])
         self.say(f"node {spec.name}: stand-in kubelet + kubegpu node --inventory {spec.topology}"
                  + (f" {' '.join(spec.flags)}" if spec.flags else ""))
 

@@ -215,6 +215,8 @@ class KubegpuSettings:
     device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
     metrics_address: str = ":9402"
     resource_config: tuple[str, ...] = ()  # the sharing fork's short forms, as given
+    # The kubelet's PodResources API, used to verify the handoff (full mode).
+    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
     @property
     def kubelet_socket(self) -> str:
@@ -333,6 +335,9 @@ OPTIONS: Final[tuple[Option, ...]] = (
     Option("kubegpu.resourceConfig", "resource-config", "RESOURCE_CONFIG", "list", (),
            "short form <resource>:<new name>:<replicas>, comma separated (gpu:sharedgpu:4)",
            ()),
+    Option("kubegpu.podResourcesSocket", "pod-resources-socket", "KUBEGPU_POD_RESOURCES_SOCKET", "str",
+           "/var/lib/kubelet/pod-resources/kubelet.sock",
+           "the kubelet's PodResources socket, used to verify the handoff (full mode)"),
 )
 
 OPTIONS_BY_KEY: Final = {o.key: o for o in OPTIONS}
@@ -755,6 +760,7 @@ def load_config(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] |
             device_plugin_dir=v["kubegpu.devicePluginDir"],
             metrics_address=v["kubegpu.metricsAddress"],
             resource_config=tuple(v["kubegpu.resourceConfig"]),
+            pod_resources_socket=v["kubegpu.podResourcesSocket"],
         ),
         health=parse_health_env(env),
         config_file=source,
