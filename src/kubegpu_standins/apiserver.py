@@ -46,7 +46,6 @@ stream, as an API server restart does) and a count of requests per verb.
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import logging
 import re
@@ -74,6 +73,13 @@ Match = Callable[[Obj], bool]
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 MAX_BODY_BYTES = 3 * 1024 * 1024  # the real server's default request size limit
 _encode = msgspec.json.encode
+_decode = msgspec.json.decode
+
+
+def _clone(obj: Any) -> Any:
+    """A deep copy of a JSON value (objects here always are): a msgspec round trip, ~8x copy.deepcopy."""
+    return _decode(_encode(obj))
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +136,7 @@ def _now() -> str:
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386 JSON merge patch."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return _clone(patch)
     out = dict(target) if isinstance(target, dict) else {}
     for k, v in patch.items():
         if v is None:
@@ -148,7 +154,7 @@ def strategic_merge_patch(target: Any, patch: Any) -> Any:
     maps merge as in a merge patch; lists of objects that carry a merge key (``name``, ``type``,
     ...) merge item by item on that key; other lists replace; ``$patch: delete`` removes an item."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return _clone(patch)
     out = dict(target) if isinstance(target, dict) else {}
     for k, v in patch.items():
         if k.startswith("$"):
@@ -167,7 +173,7 @@ def _merge_list(old: list[Any], new: list[Any]) -> list[Any]:
                 if new and all(isinstance(x, dict) and mk in x for x in new)
                 and all(isinstance(x, dict) and mk in x for x in old)), None)
     if key is None:
-        return copy.deepcopy(new)
+        return _clone(new)
     merged = [dict(x) for x in old]
     for item in new:
         idx = next((i for i, x in enumerate(merged) if x.get(key) == item[key]), None)
@@ -204,24 +210,24 @@ def json_patch(doc: Any, ops: Any) -> Any:
     """RFC 6902 JSON patch (add, remove, replace, move, copy, test)."""
     if not isinstance(ops, list):
         raise ApiStatusError(400, "BadRequest", "a JSON patch must be a list of operations")
-    doc = copy.deepcopy(doc)
+    doc = _clone(doc)
     for op in ops:
         if not isinstance(op, dict) or "op" not in op or "path" not in op:
             raise ApiStatusError(400, "BadRequest", f"bad JSON patch operation {op!r}")
         name, parts = op["op"], _pointer(op["path"])
         if name in ("move", "copy"):
             src = _pointer(op.get("from", ""))
-            value = copy.deepcopy(_walk(doc, src))
+            value = _clone(_walk(doc, src))
             if name == "move":
                 doc = _remove(doc, src)
             doc = _add(doc, parts, value)
         elif name == "add":
-            doc = _add(doc, parts, copy.deepcopy(op.get("value")))
+            doc = _add(doc, parts, _clone(op.get("value")))
         elif name == "remove":
             doc = _remove(doc, parts)
         elif name == "replace":
             _walk(doc, parts)
-            doc = _add(_remove(doc, parts), parts, copy.deepcopy(op.get("value")))
+            doc = _add(_remove(doc, parts), parts, _clone(op.get("value")))
         elif name == "test":
             if _walk(doc, parts) != op.get("value"):
                 raise ApiStatusError(422, "Invalid", f"JSON patch test failed at {op['path']}")
@@ -381,12 +387,12 @@ class Store:
             obj = self._objects.get((kind, namespace, name))
             if obj is None:
                 raise ApiStatusError(404, "NotFound", f'{kind.plural} "{name}" not found')
-            return copy.deepcopy(obj)
+            return _clone(obj)
 
     def list(self, kind: Kind, namespace: str | None, matches: Callable[[dict[str, Any]], bool]
              ) -> tuple[int, list[dict[str, Any]]]:
         with self._lock:
-            items = [copy.deepcopy(o) for (k, ns, _), o in self._objects.items()
+            items = [_clone(o) for (k, ns, _), o in self._objects.items()
                      if k is kind and (namespace is None or ns == namespace) and matches(o)]
             return self._rv, items
 
@@ -416,7 +422,7 @@ class Store:
                 _default_pod(obj)
             self._objects[key] = self._stamp(obj)
             self._record(kind, "ADDED", None, obj)
-            return copy.deepcopy(obj)
+            return _clone(obj)
 
     def update(self, kind: Kind, namespace: str, name: str, mutate: Callable[[Obj], Obj],
                subresource: str = "") -> Obj:
@@ -427,7 +433,7 @@ class Store:
             old = self._objects.get(key)
             if old is None:
                 raise ApiStatusError(404, "NotFound", f'{kind.plural} "{name}" not found')
-            new = mutate(copy.deepcopy(old))
+            new = mutate(_clone(old))
             if not isinstance(new, dict) or not isinstance(new.get("metadata"), dict):
                 raise ApiStatusError(422, "Invalid", f"{kind.kind} {name!r}: the result must be an object "
                                                      "with metadata")
@@ -455,12 +461,12 @@ class Store:
             new["apiVersion"], new["kind"] = kind.api_version, kind.kind
             old_rv = old["metadata"]["resourceVersion"]
             if dict(new, metadata=dict(new["metadata"], resourceVersion=old_rv)) == old:
-                return copy.deepcopy(old)  # a no-op write keeps the version, as the real server does
+                return _clone(old)  # a no-op write keeps the version, as the real server does
             if old.get("spec") != new.get("spec"):
                 new["metadata"]["generation"] = int(old["metadata"].get("generation", 1)) + 1
             self._objects[key] = self._stamp(new)
             self._record(kind, "MODIFIED", old, new)
-            return copy.deepcopy(new)
+            return _clone(new)
 
     def delete(self, kind: Kind, namespace: str, name: str) -> dict[str, Any]:
         with self._lock:
@@ -468,7 +474,7 @@ class Store:
             old = self._objects.pop(key, None)
             if old is None:
                 raise ApiStatusError(404, "NotFound", f'{kind.plural} "{name}" not found')
-            gone = self._stamp(copy.deepcopy(old))
+            gone = self._stamp(_clone(old))
             self._record(kind, "DELETED", old, gone)
             return gone
 
@@ -504,7 +510,7 @@ class Store:
         with self._lock:
             w = _Watcher(kind, namespace, matches, loop)
             if since is None:
-                replay = [_Change(self._rv, kind, "ADDED", None, copy.deepcopy(o))
+                replay = [_Change(self._rv, kind, "ADDED", None, _clone(o))
                           for (k, ns, _), o in self._objects.items()
                           if k is kind and (namespace is None or ns == namespace) and matches(o)]
             elif since < self._compacted:
@@ -655,7 +661,7 @@ class ApiServer:
         kind = next(k for k in KINDS
                     if k.kind == obj.get("kind") and k.group == group and k.version == version)
         ns = (obj.get("metadata") or {}).get("namespace") or "default"
-        return self.store.create(kind, ns, copy.deepcopy(obj), keep_uid=True)
+        return self.store.create(kind, ns, _clone(obj), keep_uid=True)
 
     def get_object(self, plural: str, name: str, namespace: str = "", group: str = "") -> dict[str, Any]:
         return self.store.get(self.kind(plural, group), namespace, name)
