@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kubegpu.kube import EventType, Informer, Node, Pod, WatchEvent, make_async_client, make_client
 from kubegpu.kube.informer import Backoff
-from kubegpu.kube.writes import aupdate_with_retry, bind_pod, update_with_retry
+from kubegpu.kube.writes import apatch_with_precondition, aupdate_with_retry, bind_pod, update_with_retry
 from kubegpu_standins.apiserver import ApiServer
 
 
@@ -124,3 +124,22 @@ def test_update_with_retry_wins_against_concurrent_writers(kubeconfig: Path) -> 
 
     annotations = asyncio.run(many())
     assert annotations == {f"k{i}": str(i) for i in range(6)}  # no write was lost
+
+    async def patched() -> dict:
+        ac = make_async_client(kubeconfig)
+        seen: list[str] = []
+
+        def build(pod):
+            seen.append(pod.metadata.resourceVersion)
+            if len(seen) == 1:  # someone else writes between our read and our patch: 409, read again
+                c.patch(Pod, "p", {"metadata": {"labels": {"late": "1"}}}, namespace="default")
+            if (pod.metadata.annotations or {}).get("mine") == "1":
+                return None
+            return {"metadata": {"annotations": {"mine": "1"}}}
+
+        await apatch_with_precondition(ac, Pod, "p", build, namespace="default")
+        assert len(seen) == 2 and seen[0] != seen[1]
+        return (await ac.get(Pod, "p", namespace="default")).metadata.to_dict()
+
+    meta = asyncio.run(patched())
+    assert meta["annotations"]["mine"] == "1" and meta["labels"]["late"] == "1"

@@ -146,10 +146,6 @@ async def abind_pod(client: AsyncClient, namespace: str, name: str, uid: str | N
                             namespace=namespace)
 
 
-async def aemit_event(client: AsyncClient, **kw: Any) -> None:
-    await client.create(event_object(**kw))
-
-
 async def retry_async(fn: Callable[[], Awaitable[T]], attempts: int = 3) -> T:
     """Retry a call that failed for a transient reason (5xx, connection)."""
     for attempt in range(attempts):
