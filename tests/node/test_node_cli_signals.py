@@ -112,15 +112,18 @@ def test_fail_on_init_error_false_waits(sockdir: Path) -> None:
 
 
 def test_dry_run_json(sockdir: Path) -> None:
-    out = subprocess.run([*RUN, "--standalone", "--inventory", "dgx1-v100", "--dry-run", "--json",
-                          "--resource-config", "gpu:sharedgpu:4", "--shared-slots", "10"],
-                         capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0, out.stderr
     import json
 
-    plans = {p["resource"]: p for p in json.loads(out.stdout)}
-    assert len(plans["nvidia.com/sharedgpu"]["devices"]) == 32
-    assert len(plans["kubegpu.io/gpu.shared"]["devices"]) == 80
+    def plans(*flags: str) -> dict:
+        out = subprocess.run([*RUN, "--standalone", "--inventory", "dgx1-v100", "--dry-run", "--json", *flags],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        return {p["resource"]: p for p in json.loads(out.stdout)}
+
+    replicated = plans("--resource-config", "gpu:sharedgpu:4")
+    assert len(replicated["nvidia.com/sharedgpu"]["devices"]) == 32
+    assert "kubegpu.io/gpu.shared" not in replicated  # replicated GPUs offer no share slots
+    assert len(plans("--shared-slots", "10")["kubegpu.io/gpu.shared"]["devices"]) == 80
 
 
 def test_full_mode_publishes_and_serves(kubelet: StandinKubelet, sockdir: Path) -> None:

@@ -319,3 +319,13 @@ def test_pod_resources_socket_flag_env_and_default() -> None:
     assert load_config({}, {"KUBEGPU_POD_RESOURCES_SOCKET": "/e.sock"}, None).kubegpu.pod_resources_socket == "/e.sock"
     cfg = load_config({"pod-resources-socket": "/f.sock"}, {"KUBEGPU_POD_RESOURCES_SOCKET": "/e.sock"}, None)
     assert cfg.kubegpu.pod_resources_socket == "/f.sock"
+
+
+def test_replicated_gpus_offer_no_share_slots() -> None:
+    sharing = {"version": "v1", "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}
+    assert load_config({}, {}, sharing).kubegpu.shared_slots == 0
+    assert load_config({"resource-config": "gpu:sharedgpu:4"}, {}, None).kubegpu.shared_slots == 0
+    assert load_config({"resource-config": "gpu:sharedgpu:4", "shared-slots": "0"}, {}, None).kubegpu.shared_slots == 0
+    with pytest.raises(ConfigError, match=r"--shared-slots: 50 share slots .* would overcommit"):
+        load_config({"shared-slots": "50"}, {}, sharing)
+    assert load_config({}, {}, None).kubegpu.shared_slots == 100

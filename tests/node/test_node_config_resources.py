@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from kubegpu.inventory.topology import load_topology, parse_topology
 from kubegpu.model.inventory import NodeInventory
-from kubegpu.node.config import load_config
+from kubegpu.node.config import ConfigError, load_config
 from kubegpu.node.plugin_model import PluginSettings
 from kubegpu.node.resources import (
     ResourceError,
@@ -230,9 +230,14 @@ def test_every_device_is_served_once(name: str, strategy: str, replicas: int, co
     entry: dict = {"name": "gpu", "replicas": replicas}
     if count is not None:
         entry["devices"] = count
-    c = load_config(file={"flags": {"migStrategy": strategy}, "kubegpu": {"sharedSlots": slots},
-                          "sharing": {"timeSlicing": {"renameByDefault": rename, "resources": [entry]}}})
-    plans = expand(inv, c)
+    doc = {"flags": {"migStrategy": strategy}, "kubegpu": {"sharedSlots": slots},
+           "sharing": {"timeSlicing": {"renameByDefault": rename, "resources": [entry]}}}
+    if slots:  # share slots on replicated GPUs would overcommit them
+        with pytest.raises(ConfigError, match="would overcommit"):
+            load_config(file=doc)
+        return
+    plans = expand(inv, c := load_config(file=doc))
+    assert c.kubegpu.shared_slots == 0
     served: dict[str, int] = {}
     for p in plans:
         ids = [d.id for d in p.devices]

@@ -715,6 +715,17 @@ def load_config(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] |
         sharing = Sharing(time_slicing=ReplicaSharing(ts.rename_by_default, ts.fail_requests_greater_than_one,
                                                       ts.resources + short), mps=sharing.mps)
 
+    # Replicas of whole GPUs and fine-grained share slots on the same GPUs would each account the GPU
+    # as theirs and overcommit it: with replica sharing of nvidia.com/gpu the slots default to 0.
+    replicated = sharing.replication("nvidia.com/gpu")
+    if replicated is not None and values["kubegpu.sharedSlots"] > 0:
+        if "kubegpu.sharedSlots" in chosen:
+            raise ConfigError(
+                f"{chosen['kubegpu.sharedSlots'][1]}: {values['kubegpu.sharedSlots']} share slots on GPUs that "
+                f"nvidia.com/gpu replicas ({replicated.replicas} per GPU) also share would overcommit them; "
+                "set it to 0 or remove the replica sharing")
+        values["kubegpu.sharedSlots"] = 0
+
     imex = Imex(channel_ids=tuple(values["imex.channelIDs"]), required=values["imex.required"])
 
     v = values

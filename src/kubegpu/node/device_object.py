@@ -6,7 +6,8 @@ inventory, so the conversion round-trips exactly (``inventory_from_device(device
 ``health`` and the three ``kubegpu.io/*`` per-GPU resources) plus kubegpu's fields per GPU:
 ``index``, ``model``, ``computeCapability``, ``topology`` (NUMA node, PCI bus id, NVLink peers
 with link counts) and ``mig`` (capable, enabled, devices), and ``spec.node`` (CPU, memory,
-driver and CUDA versions, labels). ``kubegpu/install/crd-device.yaml`` (rendered into ``deploy/kubegpu.yaml``) is the schema of exactly this.
+driver and CUDA versions, labels). ``kubegpu/install/crd-device.yaml`` (rendered into
+``deploy/kubegpu.yaml``) is the schema of exactly this.
 
 A corrupt object raises :class:`DeviceObjectError` naming the field
 (``spec.devices[1].resources.kubegpu.io/gpu-memory: 'lots' is not a quantity``).
