@@ -399,14 +399,16 @@ class Verifier:
 
 
 def make_resolver(client: Client, node: str, *, pod_resources_socket: str = POD_RESOURCES_SOCKET,
-                  verify_interval_s: float = 30.0) -> HandoffResolver:
+                  verify_interval_s: float = 30.0, registry: CollectorRegistry | None = None) -> HandoffResolver:
     """The resolver the node daemon plugs into its device plugins: a watch of this node's pods feeds it,
-    a direct list backs it up, PodResources verifies it."""
+    a direct list backs it up, PodResources verifies it. Its counters go to ``registry`` (the daemon's
+    metrics registry) when given; otherwise to ``resolver.metrics.registry``, which a caller can
+    register as a collector elsewhere."""
 
     def refresh() -> Iterable[dict[str, Any]]:
         return [p.to_dict() for p in client.list(Pod, namespace="*", fields={"spec.nodeName": node})]
 
-    resolver = HandoffResolver(node, client=client, refresh=refresh)
+    resolver = HandoffResolver(node, client=client, refresh=refresh, metrics=HandoffMetrics(registry))
     resolver.watch = InformerThread(client, Pod, resolver.on_event, fields={"spec.nodeName": node},
                                     name=f"handoff-{node}").start()
     resolver.watch.wait_synced(10)
