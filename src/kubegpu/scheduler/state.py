@@ -412,12 +412,11 @@ class ClusterView:
             good = ok & enough
             passed.extend(compress(names_known, good.tolist()))
             self._passed_memo = (list(passed), rows[good])
-            bad = np.flatnonzero(ok & ~enough)
-            if len(bad):
-                texts = insufficient(cluster, rows[bad], demand)
-                for i, text in zip(bad, texts, strict=True):
-                    failed[names_known[i]] = text
-                reasons["insufficient-gpu"] += len(bad)
+            short = ok & ~enough
+            if short.any():
+                texts = insufficient(cluster, rows[short], demand)
+                failed.update(zip(compress(names_known, short.tolist()), texts, strict=True))
+                reasons["insufficient-gpu"] += len(texts)
             return FilterOutcome(passed, failed, unresolvable, reasons)
         # Exact path (several GPU containers, MIG, replicas, NVLink): first what the arrays can rule out
         # (each container alone, and the whole GPUs of all app containers together), then placement's
