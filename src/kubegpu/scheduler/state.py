@@ -132,6 +132,7 @@ class ClusterView:
             self._model_masks.clear()
 
     def remove_node(self, name: str) -> None:
+        """The Node object is gone: forget its labels (its GPUs go with its Device object)."""
         rec = self.nodes.get(name)
         if rec is not None:
             rec.labels = {}
@@ -169,10 +170,6 @@ class ClusterView:
             self._rebuild_arrays()
         assert self._cluster is not None
         return self._cluster
-
-    def row(self, name: str) -> int | None:
-        self.cluster  # noqa: B018 - make sure the rows are current
-        return self._row.get(name)
 
     def _rebuild_arrays(self) -> None:
         recs = [r for r in self.nodes.values() if r.state is not None]
