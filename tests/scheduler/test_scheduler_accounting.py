@@ -246,3 +246,22 @@ def test_kept_scores_equal_fresh_scores_after_changes() -> None:
         alloc, _ = view.choose(p, out.passed[step % len(out.passed)], "kubegpu")
         view.hold(f"default/p{step}", f"u{step}", out.passed[step % len(out.passed)], alloc)
     assert np.all(view._row_version >= 0) and get_policy("kubegpu").name == "kubegpu"
+
+
+def test_trace_style_model_names_select_nodes() -> None:
+    view = ClusterView()
+    for topo, name in (("dgx1-v100", "v100"), ("t4x4", "t4"), ("dgx-a100", "a100")):
+        view.set_inventory(name, FakeBackend(topo, node_name=name).discover())
+    names = ["v100", "t4", "a100"]
+
+    def allowed(models: str) -> list[str]:
+        return view.filter(pod("p", {"nvidia.com/gpu": "1"}, {"kubegpu.io/gpu-model": models}), names,
+                           "kubegpu").passed
+
+    assert allowed("V100M16") == ["v100"]  # the trace's gpu_spec: V100 with 16 GB
+    assert allowed("V100M32") == []
+    assert allowed("V100M32|T4") == ["t4"]
+    assert allowed("A100, V100") == ["v100", "a100"]
+    alloc, why = view.choose(pod("p", {"nvidia.com/gpu": "2"}, {"kubegpu.io/gpu-model": "V100M16"}), "v100",
+                             "kubegpu")
+    assert alloc is not None and len(alloc.grants()) == 2, why

@@ -3,6 +3,7 @@ to a pod's allowed list, and whether a choice of GPUs is fully NVLink-connected.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -34,7 +35,8 @@ class NodeRecord:
         """The node's GPU model names a pod's allowed list admits (None = no constraint).
 
         Names compare without case, spaces and dashes alike (``NVIDIA A100-SXM4-80GB`` is GFD's
-        ``NVIDIA-A100-SXM4-80GB``), and a short name matches whole words of a long one (``A100``).
+        ``NVIDIA-A100-SXM4-80GB``), a short name matches whole words of a long one (``A100``), and the
+        trace's ``V100M16`` is a V100 with 16 GB.
         When only a node label matches, every GPU of the node is admitted."""
         if allowed is None or self.inventory is None:
             return allowed
@@ -52,8 +54,14 @@ def _norm(name: str) -> str:
     return "-".join(name.lower().replace("_", "-").split()).replace("--", "-")
 
 
+_TRACE_NAME = re.compile(r"([a-z]+\d+)m(\d+)")  # the Alibaba trace's gpu_spec form: V100M16 = V100, 16 GB
+
+
 def _model_match(wanted: str, model: str) -> bool:
-    return wanted == model or f"-{wanted}-" in f"-{model}-"
+    if wanted == model or f"-{wanted}-" in f"-{model}-":
+        return True
+    trace = _TRACE_NAME.fullmatch(wanted)
+    return trace is not None and f"-{trace[1]}-" in f"-{model}-" and f"-{trace[2]}gb" in f"-{model}"
 
 
 def for_node(request: PodRequest, rec: NodeRecord) -> PodRequest:
