@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import http.client as http_client
 import json
+import operator
 import os
 import random
 import socket
@@ -51,6 +52,7 @@ class _Host(msgspec.Struct):
 
 decode_filter = msgspec.json.Decoder(_Passed).decode  # only what kube-scheduler reads next
 decode_scores = msgspec.json.Decoder(list[_Host]).decode
+_score = operator.attrgetter("Score")
 GPUS_PER_NODE = 8
 GPU_MEMORY = 80 * 2**30
 MODEL = "NVIDIA A100-SXM4-80GB"
@@ -257,7 +259,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 data = post("/prioritize", body)
                 lat["prioritize"].append(time.perf_counter() - t)
                 scores = decode_scores(data)
-                best = max(scores, key=lambda h: h.Score).Host
+                best = max(scores, key=_score).Host
             meta = pod["metadata"]
             t = time.perf_counter()
             data = post("/bind", encode({"PodName": meta["name"], "PodNamespace": meta["namespace"],
@@ -286,6 +288,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "bind_p50_ms": pct(lat["bind"], 50),
             "bind_p99_ms": pct(lat["bind"], 99),
             "pods_per_s": round(len(pending) / elapsed, 1),
+            # What this harness spent per pod outside the three calls (building and reading bodies).
+            "harness_ms_per_pod": round(1000 * (elapsed - sum(map(sum, lat.values()))) / len(pending), 3),
             **{f"{verb}_server_mean_ms": ms for verb, ms in server.items()},
             # The same three verbs counted inside the extender only (without this harness's own HTTP and JSON).
             "pods_per_s_extender": round(1000 / sum(server.values()), 1) if len(server) == 3 else 0.0,
