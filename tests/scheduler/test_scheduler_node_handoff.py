@@ -4,6 +4,7 @@ acknowledgements survive a restart; PodResources mismatches become Events and a 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import threading
 from pathlib import Path
 
@@ -109,6 +110,28 @@ def test_concurrent_allocates_serve_each_container_once(cluster: Cluster, handof
         fresh.wait_s = 0.3
         with pytest.raises(AllocationRefused):
             fresh.resolve(R.GPU_SLOTS, [slots[0]])
+    finally:
+        fresh.close()
+
+
+def test_every_container_of_a_pod_is_acknowledged(cluster: Cluster, handoff: HandoffResolver) -> None:
+    two = pod("two", [{"nvidia.com/gpu": "1"}, share(20, ratio=10)])
+    assert _concurrent_binds(cluster, [two], NODE) == [""]
+    whole = handoff.resolve(R.NVIDIA_GPU, ["GPU-k"])
+    part = handoff.resolve(R.GPU_SLOTS, [_slots()[5]])
+    assert (whole.container, part.container) == ("c0", "c1")
+    for _ in range(200):
+        ack = cluster.api.get_object("pods", "two", "default")["metadata"]["annotations"].get(DEVICE_ASSIGNED, "{}")
+        if set(json.loads(ack).get("containers", {})) == {"c0", "c1"}:
+            break
+        threading.Event().wait(0.05)
+    assert json.loads(ack)["containers"]["c1"]["resource"] == R.GPU_SLOTS
+    fresh = make_resolver(handoff.client, NODE, pod_resources_socket="/nonexistent", verify_interval_s=3600)
+    try:
+        fresh.wait_s = 0.2
+        assert fresh.resolve(R.NVIDIA_GPU, ["GPU-k"]) is None  # served before the restart: not again
+        with pytest.raises(AllocationRefused):
+            fresh.resolve(R.GPU_SLOTS, [_slots()[5]])
     finally:
         fresh.close()
 

@@ -158,6 +158,7 @@ class HandoffResolver:
         self._refresh = refresh
         self.metrics = metrics or HandoffMetrics()
         self._lock = threading.Condition()
+        self._ack_lock = threading.Lock()
         self._pods: dict[str, _PodEntry] = {}
         self._served: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {}  # (uid, container) -> (res, ids)
         self._seq = 0
@@ -259,7 +260,7 @@ class HandoffResolver:
         if {uuid_of(i) for i in ids} != set(cand.uuids):
             log.info("node %s: kubelet chose %s for %s/%s; serving its recorded GPUs %s", self.node,
                      ",".join(ids), cand.pod_key, cand.container, ",".join(cand.uuids))
-        self._acknowledge(cand, resource, ids)
+        self._acknowledge(cand)
         return ResolvedAllocation(
             tuple(GpuShare(g.mig_uuid or g.uuid, g.minor, g.core, g.memory_bytes) for g in cand.grants),
             pod=cand.pod_key, container=cand.container)
@@ -286,22 +287,23 @@ class HandoffResolver:
         return chosen[:size] if len(chosen) >= size else None
 
     # ---- acknowledgement -----------------------------------------------------------------------
-    def _acknowledge(self, cand: Candidate, resource: str, ids: tuple[str, ...]) -> None:
+    def _acknowledge(self, cand: Candidate) -> None:
         if self.client is None:
             return
         ns, name = cand.pod_key.split("/", 1)
-        with self._lock:
-            entry = self._pods.get(cand.pod_key)
-            acked = dict(entry.acked) if entry is not None else {}
-            acked[cand.container] = {"resource": resource, "devices": list(ids)}
-            if entry is not None:
-                entry.acked = acked
-        value = json.dumps({"containers": acked}, separators=(",", ":"), sort_keys=True)
-        try:
-            self.client.patch(Pod, name, {"metadata": {"annotations": {DEVICE_ASSIGNED: value}}}, namespace=ns,
-                              patch_type=PatchType.MERGE)
-        except Exception as e:  # the served set is already updated in memory; the ack is best effort
-            log.warning("pod %s: cannot write %s: %s", cand.pod_key, DEVICE_ASSIGNED, e)
+        # One writer at a time, so a later acknowledgement never lands before an earlier one.
+        with self._ack_lock:
+            with self._lock:
+                # Everything served to this pod so far: the in-memory set is the truth (the watch may
+                # still show an older version of the pod, without the previous acknowledgements).
+                acked = {c: {"resource": r, "devices": list(d)}
+                         for (uid, c), (r, d) in self._served.items() if uid == cand.uid}
+            value = json.dumps({"containers": acked}, separators=(",", ":"), sort_keys=True)
+            try:
+                self.client.patch(Pod, name, {"metadata": {"annotations": {DEVICE_ASSIGNED: value}}},
+                                  namespace=ns, patch_type=PatchType.MERGE)
+            except Exception as e:  # the served set is already updated in memory; the ack is best effort
+                log.warning("pod %s: cannot write %s: %s", cand.pod_key, DEVICE_ASSIGNED, e)
 
     # ---- verification --------------------------------------------------------------------------
     def verify(self, holdings: Iterable[tuple[str, str, str, str, Sequence[str]]]) -> list[str]:
