@@ -19,16 +19,20 @@ def insufficient(cluster: ClusterState, rows: np.ndarray, demand: Demand) -> lis
     n_ok = ok.sum(axis=1).astype(np.int64)
     best = core.argmax(axis=1)
     best_pct = np.maximum(core[idx, best], 0) // 10
-    roomy = core >= demand.milli
-    mem = np.where(roomy, cluster.gmem_free[rows], -1)
-    mem_best = mem.argmax(axis=1)
-    tenth_gib = 2**30 // 10
-    mem_free = np.maximum(mem[idx, mem_best], 0) // tenth_gib
-    mem_need = cluster.gpu_memory_need(demand)[rows][idx, mem_best] // tenth_gib
-    # The situation of each node: 0 no usable GPU, 1 whole GPUs short, 2 too few GPUs with room,
-    # 3 compute short, 4 memory short.
-    case = np.where(n_ok == 0, 0, np.where(demand.exclusive, 1, np.where(
-        (demand.count > 1) & (n_cand > 0), 2, np.where((demand.count > 1) | ~roomy.any(axis=1), 3, 4))))
+    zeros = np.zeros(n, np.int64)
+    mem_best = mem_free = mem_need = zeros
+    if demand.exclusive:  # 0 no usable GPU, 1 whole GPUs short
+        case = np.where(n_ok == 0, 0, 1)
+    elif demand.count > 1:  # 2 too few GPUs with room, 3 compute short
+        case = np.where(n_ok == 0, 0, np.where(n_cand > 0, 2, 3))
+    else:  # 3 compute short, 4 memory short (there is compute, but no GPU with it has the memory)
+        roomy = core >= demand.milli
+        case = np.where(n_ok == 0, 0, np.where(roomy.any(axis=1), 4, 3))
+        mem = np.where(roomy, cluster.gmem_free[rows], -1)
+        mem_best = mem.argmax(axis=1)
+        tenth_gib = 2**30 // 10
+        mem_free = np.maximum(mem[idx, mem_best], 0) // tenth_gib
+        mem_need = cluster.gpu_memory_need(demand)[rows][idx, mem_best] // tenth_gib
     param = np.select(
         [case == 1, case == 2, case == 3, case == 4],
         [(n_cand << 24) | (n_ok << 16) | (best << 8) | best_pct, n_cand, (best << 8) | best_pct,
