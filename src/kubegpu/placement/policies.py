@@ -24,7 +24,6 @@ from kubegpu.placement.cluster import MILLI, ClusterState, Demand, demand_tag
 from kubegpu.placement.frag import (
     FragCache,
     FragTerms,
-    capacity_delta_per_gpu,
     capacity_delta_per_node,
     frag_delta_per_gpu,
     frag_delta_per_node,
@@ -335,17 +334,17 @@ class KubegpuPolicy(FgdPolicy):
     pod strands six of them (see :func:`kubegpu.placement.frag.capacity_frag`).
     FGD's rounded score stays the primary key (its ties, settled by a fixed
     node order, pack pods onto few nodes and keep whole nodes free for
-    multi-GPU requests); among the placements tied on it, the one that grows
-    the capacity-aware fragment least wins. Only the tied candidates pay for
-    the second measure.
+    multi-GPU requests). For pods that take whole GPUs or only CPU and memory,
+    the placement among those tied that grows the capacity-aware fragment
+    least wins; GPU shares keep FGD's choice, which measured better for them
+    on the openb traces. Only tied candidates pay for the second measure.
     """
 
     name = "kubegpu"
-    gpu_default = "kubegpu"
+    gpu_default = "kubegpu"  # at the GPU level it is FGD's choice (inherited)
     use_memory = False  # for the primary (FGD) term
     capacity_memory: ClassVar[bool] = True
     secondary_weight: ClassVar[float] = 1e-3  # times a 0..100 score: always below one primary point
-    used_weight: ClassVar[float] = 0.0
 
     def _secondary(self, delta: np.ndarray) -> np.ndarray:
         return self.secondary_weight * np.trunc(MAX_SCORE / (1.0 + np.exp(np.clip(delta, -5e5, 5e5) / 1000.0)))
@@ -354,61 +353,16 @@ class KubegpuPolicy(FgdPolicy):
         self, cluster: ClusterState, demand: Demand, rows: np.ndarray, candidates: np.ndarray, ctx: ScoreContext
     ) -> np.ndarray:
         primary = super().node_scores(cluster, demand, rows, candidates, ctx)
-        if ctx.workload is None or not len(ctx.workload) or len(rows) < 2:
+        if ctx.workload is None or not len(ctx.workload) or len(rows) < 2 or demand.is_share:
             return primary
         top = np.flatnonzero(primary == primary.max())
         if len(top) < 2:
             return primary
         cache = ctx.frag_cache(cluster, self.capacity_memory)
         sub, cand = rows[top], candidates[top]
-        if demand.count == 1 and not demand.exclusive:
-            per_gpu = self._per_gpu_primary(cluster, demand, sub, cand, ctx)
-            tied = cand & (per_gpu == per_gpu.max(axis=1, keepdims=True))
-            second = self._secondary(capacity_delta_per_gpu(cluster, cache, sub, demand, tied))
-            second[~tied] = -np.inf
-            extra = second.max(axis=1)
-        else:
-            choice = bestfit_choice(_free(cluster, sub), cand, demand.count) if demand.count else None
-            extra = self._secondary(capacity_delta_per_node(cluster, cache, sub, demand, choice))
-        # Opening an idle node breaks a whole-node set that multi-GPU requests need: prefer used nodes.
-        gpus = cluster.gpu_ok[sub].sum(axis=1) * MILLI
-        used = (_free(cluster, sub).sum(axis=1) < gpus) | (cluster.cpu_free[sub] < cluster.cpu_cap[sub])
+        choice = bestfit_choice(_free(cluster, sub), cand, demand.count) if demand.count else None
         out = primary.astype(np.float64).copy()
-        out[top] += self.used_weight * used + extra
-        return out
-
-    def _per_gpu_primary(
-        self, cluster: ClusterState, demand: Demand, rows: np.ndarray, candidates: np.ndarray, ctx: ScoreContext
-    ) -> np.ndarray:
-        terms = ctx.frag_terms(cluster, self.use_memory)
-        delta = frag_delta_per_gpu(cluster, terms, rows, demand, candidates, ctx.frag_cache(cluster, self.use_memory))
-        score = self._score(delta)
-        score[~candidates] = -np.inf
-        return score
-
-    def gpu_scores(
-        self, cluster: ClusterState, node: int, demand: Demand, candidates: np.ndarray, ctx: ScoreContext
-    ) -> np.ndarray:
-        primary = super().gpu_scores(cluster, node, demand, candidates, ctx)
-        if demand.exclusive or demand.count == 0 or ctx.workload is None or not len(ctx.workload):
-            return primary
-        masked = np.where(candidates, primary, -np.inf)
-        tied = candidates & (masked == masked.max())
-        if tied.sum() < 2:
-            return primary
-        single = Demand.share(
-            demand.milli,
-            1,
-            demand.gpu_memory,
-            demand.memory_ratio,
-            demand.cpu_milli,
-            demand.memory_bytes,
-            demand.models,
-        )
-        cache = ctx.frag_cache(cluster, self.capacity_memory)
-        second = self._secondary(capacity_delta_per_gpu(cluster, cache, np.array([node]), single, tied[None, :])[0])
-        out = np.asarray(primary, np.float64).copy()
-        out[tied] += second[tied]
+        out[top] += self._secondary(capacity_delta_per_node(cluster, cache, sub, demand, choice))
         return out
 
 
