@@ -265,3 +265,41 @@ def test_trace_style_model_names_select_nodes() -> None:
     alloc, why = view.choose(pod("p", {"nvidia.com/gpu": "2"}, {"kubegpu.io/gpu-model": "V100M16"}), "v100",
                              "kubegpu")
     assert alloc is not None and len(alloc.grants()) == 2, why
+
+
+def test_policies_kept_per_node_really_score_each_node_on_its_own() -> None:
+    """The contract behind kept scores: for these policies a node's score does not depend on which
+    other nodes are scored with it. A policy that starts comparing nodes must leave ROW_LOCAL_POLICIES."""
+    import numpy as np
+
+    from kubegpu.placement import get_policy, request_demand
+    from kubegpu.scheduler.state import ROW_LOCAL_POLICIES
+
+    view = ClusterView()
+    names = []
+    for i, topo in enumerate(["dgx-a100", "dgx-a100", "dgx1-v100", "t4x4", "dgx-a100", "dgx-h100"]):
+        inv = FakeBackend(topo, node_name=f"n{i}").discover()
+        view.set_inventory(inv.name, inv)
+        names.append(inv.name)
+    for step, (node, limits) in enumerate([("n0", {"nvidia.com/gpu": "3"}), ("n1", share(50, ratio=50)),
+                                           ("n4", share(30, ratio=10)), ("n2", {"nvidia.com/gpu": "1"})]):
+        alloc, _ = view.choose(pod(f"f{step}", limits), node, "kubegpu")
+        view.hold(f"default/f{step}", f"u{step}", node, alloc)
+    cluster, ctx = view.cluster, view.score_context()
+    rows = view.rows_of(names)
+    for limits in ({"nvidia.com/gpu": "1"}, {"nvidia.com/gpu": "2"}, share(25, ratio=25), share(50, mem="4Gi")):
+        from kubegpu.model.request import parse_pod
+
+        req = parse_pod(pod("q", limits)).gpu_containers[0].request
+        demand = request_demand(req)
+        cand = cluster.gpu_candidates(demand)[rows]
+        for name in sorted(ROW_LOCAL_POLICIES):
+            policy = get_policy(name)
+            together = np.asarray(policy.node_scores(cluster, demand, rows, cand, ctx), np.float64)
+            alone = [float(policy.node_scores(cluster, demand, rows[i:i + 1], cand[i:i + 1], ctx)[0])
+                     for i in range(len(rows))]
+            assert np.allclose(together, alone), (name, limits)
+        for name in ("fgd", "bestfit", "spread"):
+            kept = view._node_scores(name, demand, rows, cand)
+            fresh = get_policy(name).node_scores(cluster, demand, rows, cand, ctx)
+            assert np.allclose(kept, fresh), name

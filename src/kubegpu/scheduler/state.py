@@ -59,8 +59,10 @@ from kubegpu.scheduler.summary import node_summary
 log = logging.getLogger(__name__)
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
-# Policies whose node score is a function of that node's row alone (not "random": it draws per call).
-_ROW_LOCAL_POLICIES = frozenset({"kubegpu", "fgd", "bestfit", "dotprod", "packing", "clustering", "spread"})
+# Policies whose node score is a function of that node's row alone, so kept scores stay right (not
+# "random": it draws per call; not "kubegpu": its tie-break compares the nodes scored together).
+# tests/scheduler/test_scheduler_accounting.py checks this property against the placement core.
+ROW_LOCAL_POLICIES = frozenset({"fgd", "bestfit", "dotprod", "packing", "clustering", "spread"})
 # A request shape mix used for fragmentation-aware scoring before any pod has been seen.
 _DEFAULT_SHAPES: tuple[Demand, ...] = (
     *(Demand.whole(1),) * 4, *(Demand.share(500),) * 3, *(Demand.share(250),) * 2, Demand.whole(2),
@@ -521,7 +523,7 @@ class ClusterView:
         computed at, and only rows changed since (a bind, a departure, a health change) are rescored."""
         ctx = self.score_context()
         policy = get_policy(policy_name)
-        if policy.name not in _ROW_LOCAL_POLICIES:
+        if policy.name not in ROW_LOCAL_POLICIES:
             return np.asarray(policy.node_scores(self.cluster, demand, rows, cand, ctx), np.float64)
         key = (policy.name, demand)
         entry = self._scores.get(key)
