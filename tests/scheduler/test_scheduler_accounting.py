@@ -273,7 +273,7 @@ def test_policies_kept_per_node_really_score_each_node_on_its_own() -> None:
     import numpy as np
 
     from kubegpu.placement import get_policy, request_demand
-    from kubegpu.scheduler.state import ROW_LOCAL_POLICIES
+    from kubegpu.scheduler.state import ROW_LOCAL_POLICIES, TIE_BREAKS
 
     view = ClusterView()
     names = []
@@ -299,7 +299,7 @@ def test_policies_kept_per_node_really_score_each_node_on_its_own() -> None:
             alone = [float(policy.node_scores(cluster, demand, rows[i:i + 1], cand[i:i + 1], ctx)[0])
                      for i in range(len(rows))]
             assert np.allclose(together, alone), (name, limits)
-        for name in ("fgd", "bestfit", "spread"):
+        for name in ("fgd", "bestfit", "spread", *TIE_BREAKS):
             kept = view._node_scores(name, demand, rows, cand)
             fresh = get_policy(name).node_scores(cluster, demand, rows, cand, ctx)
-            assert np.allclose(kept, fresh), name
+            assert np.allclose(kept, fresh), (name, limits, kept, fresh)

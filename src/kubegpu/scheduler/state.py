@@ -63,6 +63,9 @@ TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 # "random": it draws per call; not "kubegpu": its tie-break compares the nodes scored together).
 # tests/scheduler/test_scheduler_accounting.py checks this property against the placement core.
 ROW_LOCAL_POLICIES = frozenset({"fgd", "bestfit", "dotprod", "packing", "clustering", "spread"})
+# Policies whose scores are a row-local policy's, refined by the policy itself among the nodes tied at the
+# top (the same test checks that scoring only those reproduces scoring all).
+TIE_BREAKS = {"kubegpu": "fgd"}
 # A request shape mix used for fragmentation-aware scoring before any pod has been seen.
 _DEFAULT_SHAPES: tuple[Demand, ...] = (
     *(Demand.whole(1),) * 4, *(Demand.share(500),) * 3, *(Demand.share(250),) * 2, Demand.whole(2),
@@ -518,13 +521,30 @@ class ClusterView:
         return scores.tolist()
 
     def _node_scores(self, policy_name: str, demand: Demand, rows: np.ndarray, cand: np.ndarray) -> np.ndarray:
-        """The policy's scores of ``rows``. A node's score depends only on its own row (and the target
-        workload), so scores are kept per (policy, demand) with the version of the row they were
-        computed at, and only rows changed since (a bind, a departure, a health change) are rescored."""
+        """The policy's scores of ``rows``.
+
+        For a row-local policy (ROW_LOCAL_POLICIES) scores are kept per (policy, demand) with the version
+        of the row they were computed at, and only rows changed since (a bind, a departure, a health
+        change) are rescored. A policy that refines a row-local one among its best nodes
+        (TIE_BREAKS: ``kubegpu`` is FGD plus a tie-break among FGD's best) gets the kept primary scores,
+        and only the nodes tied at the top are scored by the policy itself, together, as it would."""
         ctx = self.score_context()
         policy = get_policy(policy_name)
+        primary_name = TIE_BREAKS.get(policy.name)
+        if primary_name is not None:
+            primary = self._kept_scores(get_policy(primary_name), demand, rows, cand, ctx)
+            top = np.flatnonzero(primary == primary.max())
+            if len(top) < 2:
+                return primary
+            out = primary.copy()
+            out[top] = np.asarray(policy.node_scores(self.cluster, demand, rows[top], cand[top], ctx), np.float64)
+            return out
         if policy.name not in ROW_LOCAL_POLICIES:
             return np.asarray(policy.node_scores(self.cluster, demand, rows, cand, ctx), np.float64)
+        return self._kept_scores(policy, demand, rows, cand, ctx)
+
+    def _kept_scores(self, policy: Any, demand: Demand, rows: np.ndarray, cand: np.ndarray,
+                     ctx: ScoreContext) -> np.ndarray:
         key = (policy.name, demand)
         entry = self._scores.get(key)
         if entry is None:
