@@ -226,7 +226,8 @@ def test_pods_with_several_containers_are_fitted_exactly_until_enough_nodes() ->
 def test_kept_scores_equal_fresh_scores_after_changes() -> None:
     import numpy as np
 
-    from kubegpu.placement import get_policy
+    from kubegpu.model.request import parse_pod
+    from kubegpu.placement import get_policy, request_demand
 
     view = ClusterView()
     names = []
@@ -243,6 +244,13 @@ def test_kept_scores_equal_fresh_scores_after_changes() -> None:
             # Fresh: the same normalisation over scores computed now, without the kept ones.
             view._scores.clear()
             assert view.prioritize(p, out.passed, policy) == kept
+        rows = view.rows_of(out.passed, remember=False)
+        demand = request_demand(parse_pod(p).gpu_containers[0].request)
+        cand = view.cluster.gpu_candidates(demand)[rows]
+        for policy in ("kubegpu", "fgd", "bestfit"):  # raw scores, before scaling hides small terms
+            assert np.allclose(view._node_scores(policy, demand, rows, cand),
+                               get_policy(policy).node_scores(view.cluster, demand, rows, cand,
+                                                              view.score_context())), (policy, step)
         alloc, _ = view.choose(p, out.passed[step % len(out.passed)], "kubegpu")
         view.hold(f"default/p{step}", f"u{step}", out.passed[step % len(out.passed)], alloc)
     assert np.all(view._row_version >= 0) and get_policy("kubegpu").name == "kubegpu"

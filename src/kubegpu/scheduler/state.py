@@ -242,7 +242,7 @@ class ClusterView:
         self._copy_row(self._cluster, i, rec.state)
         self._row_version[i] += 1
 
-    def rows_of(self, names: Sequence[str]) -> np.ndarray:
+    def rows_of(self, names: Sequence[str], remember: bool = True) -> np.ndarray:
         """Array rows of the named nodes (-1 for unknown ones).
 
         kube-scheduler sends filter the same node list again and again, each time starting at a
@@ -259,7 +259,8 @@ class ClusterView:
                 return rows if p == 0 else np.roll(rows, -p)
         names = list(names)
         rows = np.fromiter(map(self._row.get, names, repeat(-1)), np.int64, len(names))
-        self._rows_memo = (names, rows, {n: i for i, n in enumerate(names)})
+        if remember:  # only filter's full lists: prioritize's would evict them for nothing
+            self._rows_memo = (names, rows, {n: i for i, n in enumerate(names)})
         return rows
 
     def model_mask(self, models: frozenset[str] | None) -> np.ndarray:
@@ -503,7 +504,7 @@ class ClusterView:
             return [0] * len(names)
         demand = scoring_demand(request)
         cluster = self.cluster
-        all_rows = self.rows_of(names)
+        all_rows = self.rows_of(names, remember=False)
         if demand is not None and demand.models is not None:
             demand = replace(demand, models=None)  # models are matched here (GFD spellings), not by exact name
         if demand is None:  # MIG or replicas only: no array demand to score; every known node is as good
@@ -537,15 +538,18 @@ class ClusterView:
             if len(top) < 2:
                 return primary
             out = primary.copy()
-            out[top] = np.asarray(policy.node_scores(self.cluster, demand, rows[top], cand[top], ctx), np.float64)
+            out[top] = self._kept_scores(policy, demand, rows[top], cand[top], ctx, tied=True)
             return out
         if policy.name not in ROW_LOCAL_POLICIES:
             return np.asarray(policy.node_scores(self.cluster, demand, rows, cand, ctx), np.float64)
         return self._kept_scores(policy, demand, rows, cand, ctx)
 
     def _kept_scores(self, policy: Any, demand: Demand, rows: np.ndarray, cand: np.ndarray,
-                     ctx: ScoreContext) -> np.ndarray:
-        key = (policy.name, demand)
+                     ctx: ScoreContext, tied: bool = False) -> np.ndarray:
+        """Kept scores of ``rows``, rescoring only rows changed since. With ``tied`` the rows are a tie
+        at the top of a TIE_BREAKS policy's primary, and what is kept is each row's score when tied
+        there (row-local too); rescored rows are always scored in company, as a tie."""
+        key = (f"{policy.name}:tied" if tied else policy.name, demand)
         entry = self._scores.get(key)
         if entry is None:
             if len(self._scores) >= 64:  # a bounded set of request shapes; start over beyond it
@@ -555,8 +559,13 @@ class ClusterView:
         scores, version = entry
         stale = version[rows] != self._row_version[rows]
         if stale.any():
-            fresh = rows[stale]
-            scores[fresh] = np.asarray(policy.node_scores(self.cluster, demand, fresh, cand[stale], ctx), np.float64)
+            fresh, fresh_cand = rows[stale], cand[stale]
+            if tied and len(fresh) == 1:  # a tie-break needs company: score the row beside itself
+                fresh_cand = np.repeat(fresh_cand, 2, axis=0)
+                got = policy.node_scores(self.cluster, demand, np.repeat(fresh, 2), fresh_cand, ctx)[:1]
+            else:
+                got = policy.node_scores(self.cluster, demand, fresh, fresh_cand, ctx)
+            scores[fresh] = np.asarray(got, np.float64)
             version[fresh] = self._row_version[fresh]
         return scores[rows]
 
