@@ -18,6 +18,7 @@ variables, types and defaults; the CLI builds its ``--help`` from it.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -26,6 +27,8 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 import yaml
+
+log = logging.getLogger(__name__)
 
 CONFIG_VERSION: Final = "v1"
 NVIDIA_DOMAIN: Final = "nvidia.com"
@@ -187,21 +190,58 @@ class Imex:
     required: bool = False
 
 
+def _parse_xids(value: str) -> tuple[bool, set[int]]:
+    """``(all, xids)`` from a comma list; ``all``/``xids`` means every Xid. Malformed entries are
+    logged and skipped, as NVIDIA does."""
+    out: set[int] = set()
+    for item in value.lower().split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if item in ("all", "xids"):
+            return True, set()
+        if not item.isdigit():
+            log.warning("ignoring malformed Xid value %r", item)
+            continue
+        out.add(int(item))
+    return False, out
+
+
 @dataclass(frozen=True, slots=True)
-class HealthChecks:
-    """NVIDIA's ``DP_DISABLE_HEALTHCHECKS`` / ``DP_ENABLE_HEALTHCHECKS`` (contracts.md §6.3)."""
+class XidPolicy:
+    """Which Xids mark a device unhealthy: NVIDIA's ``DP_DISABLE_HEALTHCHECKS`` (``all``, ``xids`` or
+    extra Xids to ignore) and ``DP_ENABLE_HEALTHCHECKS`` (Xids forced on; wins), contracts.md §6.3."""
 
-    disabled: bool = False  # DP_DISABLE_HEALTHCHECKS=all|xids
-    ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
-    enabled_xids: frozenset[int] = frozenset()  # forced on; wins over ignores
+    all_disabled: bool = False
+    disabled: frozenset[int] = DEFAULT_IGNORED_XIDS
+    all_enabled: bool = False
+    enabled: frozenset[int] = frozenset()
 
-    def is_critical(self, xid: int) -> bool:
-        """Does this Xid make the device Unhealthy?"""
-        if xid in self.enabled_xids:
-            return True
-        if self.disabled:
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> XidPolicy:
+        dis_all, dis = _parse_xids(env.get("DP_DISABLE_HEALTHCHECKS", ""))
+        en_all, en = _parse_xids(env.get("DP_ENABLE_HEALTHCHECKS", ""))
+        return cls(all_disabled=dis_all, disabled=frozenset(dis | DEFAULT_IGNORED_XIDS),
+                   all_enabled=en_all, enabled=frozenset(en))
+
+    @property
+    def checks_off(self) -> bool:
+        """Health checks are off entirely: every Xid disabled and none re-enabled."""
+        return self.all_disabled and not self.enabled and not self.all_enabled
+
+    def is_ignored(self, xid: int) -> bool:
+        if self.all_enabled or xid in self.enabled:
             return False
-        return xid not in self.ignored_xids
+        if self.all_disabled:
+            return True
+        return xid in self.disabled
+
+    def describe(self) -> str:
+        if self.checks_off:
+            return "health checks disabled"
+        ign = "all" if self.all_disabled else ",".join(map(str, sorted(self.disabled)))
+        en = "all" if self.all_enabled else ",".join(map(str, sorted(self.enabled))) or "-"
+        return f"ignored Xids: {ign}; forced on: {en}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,7 +273,7 @@ class Config:
     sharing: Sharing = field(default_factory=Sharing)
     imex: Imex = field(default_factory=Imex)
     kubegpu: KubegpuSettings = field(default_factory=KubegpuSettings)
-    health: HealthChecks = field(default_factory=HealthChecks)
+    health: XidPolicy = field(default_factory=XidPolicy)
     config_file: str = ""  # the file it was read from ("" = none)
 
     @property
@@ -581,26 +621,6 @@ def parse_resource_config(items: Iterable[str],
     return tuple(out)
 
 
-def parse_health_env(env: Mapping[str, str]) -> HealthChecks:
-    """``DP_DISABLE_HEALTHCHECKS`` (``all``, ``xids`` or extra Xids) and ``DP_ENABLE_HEALTHCHECKS``."""
-    disabled = False
-    ignored = set(DEFAULT_IGNORED_XIDS)
-    enabled: set[int] = set()
-    for name, target in (("DP_DISABLE_HEALTHCHECKS", ignored), ("DP_ENABLE_HEALTHCHECKS", enabled)):
-        for part in (p.strip() for p in env.get(name, "").split(",")):
-            if not part:
-                continue
-            if part.lower() in ("all", "xids"):
-                if name == "DP_DISABLE_HEALTHCHECKS":
-                    disabled = True
-                    continue
-                raise ConfigError(f"{name}: {part!r} is not an Xid number")
-            if not part.isdigit():
-                raise ConfigError(f"{name}: {part!r} is not an Xid number (or all / xids)")
-            target.add(int(part))
-    return HealthChecks(disabled=disabled, ignored_xids=frozenset(ignored), enabled_xids=frozenset(enabled))
-
-
 # --- loading --------------------------------------------------------------------------------------------
 
 _TOP_KEYS: Final = ("version", "flags", "resources", "sharing", "imex", "kubegpu")
@@ -773,7 +793,7 @@ def load_config(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] |
             resource_config=tuple(v["kubegpu.resourceConfig"]),
             pod_resources_socket=v["kubegpu.podResourcesSocket"],
         ),
-        health=parse_health_env(env),
+        health=XidPolicy.from_env(env),
         config_file=source,
     )
 

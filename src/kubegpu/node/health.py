@@ -20,71 +20,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from kubegpu.inventory.base import HealthEvent, InventoryBackend, InventoryError
+from kubegpu.node.config import XidPolicy
 from kubegpu.node.health_state import HealthState
 
 log = logging.getLogger(__name__)
 
-APPLICATION_XIDS: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
 ENV_DISABLE = "DP_DISABLE_HEALTHCHECKS"
-ENV_ENABLE = "DP_ENABLE_HEALTHCHECKS"
 NOT_ATTRIBUTED = 0xFFFFFFFF  # NVML's gi/ci value for "not one MIG instance"
-
-
-def _parse_xids(value: str) -> tuple[bool, set[int]]:
-    """``(all, xids)`` from a comma list; ``all``/``xids`` means every Xid. Malformed entries are
-    logged and skipped, as NVIDIA does."""
-    out: set[int] = set()
-    for item in value.lower().split(","):
-        item = item.strip()
-        if not item:
-            continue
-        if item in ("all", "xids"):
-            return True, set()
-        try:
-            xid = int(item, 10)
-            if xid < 0:
-                raise ValueError(item)
-        except ValueError:
-            log.warning("ignoring malformed Xid value %r", item)
-            continue
-        out.add(xid)
-    return False, out
-
-
-@dataclass(frozen=True, slots=True)
-class XidPolicy:
-    """Which Xids mark a device unhealthy."""
-
-    all_disabled: bool = False
-    disabled: frozenset[int] = frozenset(APPLICATION_XIDS)
-    all_enabled: bool = False
-    enabled: frozenset[int] = frozenset()
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> XidPolicy:
-        dis_all, dis = _parse_xids(env.get(ENV_DISABLE, ""))
-        en_all, en = _parse_xids(env.get(ENV_ENABLE, ""))
-        return cls(all_disabled=dis_all, disabled=frozenset(dis | set(APPLICATION_XIDS)),
-                   all_enabled=en_all, enabled=frozenset(en))
-
-    @property
-    def checks_off(self) -> bool:
-        """Health checks are off entirely: every Xid disabled and none re-enabled."""
-        return self.all_disabled and not self.enabled and not self.all_enabled
-
-    def is_ignored(self, xid: int) -> bool:
-        if self.all_enabled or xid in self.enabled:
-            return False
-        if self.all_disabled:
-            return True
-        return xid in self.disabled
-
-    def describe(self) -> str:
-        if self.checks_off:
-            return "health checks disabled"
-        ign = "all" if self.all_disabled else ",".join(map(str, sorted(self.disabled)))
-        en = "all" if self.all_enabled else ",".join(map(str, sorted(self.enabled))) or "-"
-        return f"ignored Xids: {ign}; forced on: {en}"
 
 
 @dataclass

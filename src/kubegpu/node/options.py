@@ -15,7 +15,6 @@ from typing import Any
 
 from kubegpu.node.config import Config, load_config
 from kubegpu.node.daemon import NodeOptions
-from kubegpu.node.health import XidPolicy
 from kubegpu.node.resources import expand, plugin_settings
 
 
@@ -31,7 +30,7 @@ def node_options(config: Config, env: Mapping[str, str], **overrides: Any) -> No
         "expand": partial(expand, config=config),
         "settings": settings,
         "fail_on_init_error": config.flags.fail_on_init_error,
-        "xid_policy": XidPolicy.from_env(env),
+        "xid_policy": config.health,
         "recovery_interval_s": config.kubegpu.health_recovery_interval_s,
     }
     values.update(overrides)
