@@ -89,12 +89,13 @@ def test_daemonset_uses_nvidia_chart_placement_by_default() -> None:
 def test_rbac_is_least_privilege_per_role() -> None:
     objs = render(Values())
     roles = {o["metadata"]["name"]: o["rules"] for o in _by_kind(objs, "ClusterRole")}
-    assert set(roles) == {"kubegpu-node", "kubegpu-scheduler"}
+    assert set(roles) == {"kubegpu-node", "kubegpu-scheduler-extender"}
     for rules in roles.values():
         for rule in rules:
             assert "*" not in rule["verbs"] and "*" not in rule["resources"]
             assert "delete" not in rule["verbs"]
-    sched = {(r["apiGroups"][0], res): r["verbs"] for r in roles["kubegpu-scheduler"] for res in r["resources"]}
+    sched = {(r["apiGroups"][0], res): r["verbs"] for r in roles["kubegpu-scheduler-extender"]
+             for res in r["resources"]}
     assert sched[("", "pods/binding")] == ["create"]
     assert ("kubegpu.io", "devices") in sched and "patch" not in sched[("kubegpu.io", "devices")]
     node = {(r["apiGroups"][0], res): r["verbs"] for r in roles["kubegpu-node"] for res in r["resources"]}
@@ -106,7 +107,7 @@ def test_scheduler_configuration_extender_entry() -> None:
     (ext,) = cfg["extenders"]
     assert ext["nodeCacheCapable"] is True
     assert ext["filterVerb"] == "filter" and ext["prioritizeVerb"] == "prioritize" and ext["bindVerb"] == "bind"
-    assert ext["weight"] > 0 and ext["httpTimeout"] == "5s"
+    assert ext["weight"] > 0 and ext["httpTimeout"] == "10s"
     managed = {m["name"] for m in ext["managedResources"]}
     assert {"nvidia.com/gpu", "kubegpu.io/gpu-core", "kubegpu.io/gpu-memory", "kubegpu.io/gpu-memory-ratio",
             "kubegpu.io/gpu.shared"} <= managed

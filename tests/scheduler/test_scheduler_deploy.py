@@ -1,20 +1,24 @@
-"""deploy/scheduler: valid Kubernetes objects, an extender entry that covers every GPU resource, and RBAC that
+"""The scheduler's install (``kubegpu manifests``, from ``kubegpu/install/base/scheduler``): valid Kubernetes
+objects, an extender entry that covers every GPU resource, and RBAC that
 grants exactly what the extender calls."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import kubernetes_validate
-import yaml
 
+from kubegpu.install.render import scheduler_config, scheduler_objects
+from kubegpu.install.values import Values
 from kubegpu.model import resources as R
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "scheduler"
+_FILES = {"rbac.yaml": ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"),
+          "deployment.yaml": ("Deployment", "Service")}
 
 
 def _docs(name: str) -> list[dict]:
-    return [d for d in yaml.safe_load_all((DEPLOY / name).read_text()) if d]
+    """The rendered scheduler objects that came from one base file (or the rendered configuration)."""
+    if name == "scheduler-config.yaml":
+        return [scheduler_config(Values())]
+    return [o for o in scheduler_objects(Values()) if o["kind"] in _FILES[name]]
 
 
 def test_objects_validate_against_the_kubernetes_schema() -> None:

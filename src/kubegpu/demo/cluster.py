@@ -30,7 +30,8 @@ from typing import Any
 import httpx
 
 from kubegpu.demo.child import PARENT_ENV
-from kubegpu.model import resources as R
+from kubegpu.install.render import scheduler_config
+from kubegpu.install.values import Values
 from kubegpu_standins.apiserver import ApiServer
 from kubegpu_standins.kubelet import StandinKubelet
 from kubegpu_standins.node_agent import StandinNode
@@ -41,11 +42,11 @@ log = logging.getLogger(__name__)
 CLI = [sys.executable, "-c", "from kubegpu.demo.child import run; run()"]
 FAKENODE = [sys.executable, "-m", "kubegpu.demo.fakenode"]
 WEBHOOK_NAMESPACE = "kubegpu-system"
-# The extender's managedResources (deploy/scheduler/scheduler-config.yaml): the MIG and renamed
-# replica names a node advertises are added when the nodes are known.
-MANAGED = frozenset({R.NVIDIA_GPU, R.NVIDIA_GPU_SHARED, R.GPU_SLOTS, R.GPU_CORE, R.GPU_MEMORY,
-                     R.GPU_MEMORY_RATIO, R.GPU_PERCENT})
-IGNORED_BY_SCHEDULER = frozenset({R.GPU_PERCENT})
+# The extender's managedResources as installed (the rendered KubeSchedulerConfiguration); the MIG and
+# renamed replica names a node advertises are added when the nodes are known.
+_EXTENDER = scheduler_config(Values())["extenders"][0]
+MANAGED = frozenset(m["name"] for m in _EXTENDER["managedResources"])
+IGNORED_BY_SCHEDULER = frozenset(m["name"] for m in _EXTENDER["managedResources"] if m["ignoredByScheduler"])
 MAX_UNIX_PATH = 107  # sun_path is 108 bytes with its terminating NUL
 
 

@@ -13,12 +13,10 @@ from typing import Any
 import yaml
 
 from kubegpu.install.values import Values, default_affinity
-from kubegpu.model import resources as R
 
 Obj = dict[str, Any]
 
 APP = "kubegpu"
-MANAGED_RESOURCES = (R.NVIDIA_GPU, R.GPU_CORE, R.GPU_MEMORY, R.GPU_MEMORY_RATIO, R.GPU_PERCENT, R.GPU_SLOTS)
 
 
 def _meta(name: str, v: Values, component: str, *, namespaced: bool = True, **extra: Any) -> Obj:
@@ -152,92 +150,42 @@ def node_objects(v: Values) -> list[Obj]:
 
 
 def scheduler_config(v: Values) -> Obj:
-    """The KubeSchedulerConfiguration: a second profile whose extender is kubegpu."""
-    return {
-        "apiVersion": "kubescheduler.config.k8s.io/v1",
-        "kind": "KubeSchedulerConfiguration",
-        "leaderElection": {"leaderElect": v.scheduler.replicas > 1,
-                           "resourceNamespace": v.namespace, "resourceName": v.scheduler.scheduler_name},
-        "profiles": [{"schedulerName": v.scheduler.scheduler_name}],
-        "extenders": [{
-            "urlPrefix": f"http://127.0.0.1:{v.scheduler.port}",
-            "filterVerb": "filter",
-            "prioritizeVerb": "prioritize",
-            "bindVerb": "bind",
-            "weight": v.scheduler.weight,
-            "httpTimeout": v.scheduler.http_timeout,
-            "nodeCacheCapable": True,
-            "enableHTTPS": False,
-            "ignorable": False,
-            "managedResources": [{"name": r, "ignoredByScheduler": r in (R.GPU_PERCENT, R.GPU_SLOTS)}
-                                 for r in MANAGED_RESOURCES],
-        }],
-    }
+    """The KubeSchedulerConfiguration: a second profile whose extender is kubegpu (base file, with the values)."""
+    sv = v.scheduler
+    text = importlib_resources.files("kubegpu.install").joinpath("base", "scheduler", "scheduler-config.yaml")
+    cfg = yaml.safe_load(text.read_text().replace(BASE_NAMESPACE, v.namespace))
+    cfg["leaderElection"]["resourceName"] = sv.scheduler_name
+    cfg["profiles"] = [{"schedulerName": sv.scheduler_name}]
+    (ext,) = cfg["extenders"]
+    ext["urlPrefix"] = f"http://127.0.0.1:{sv.port}/scheduler"
+    ext["weight"], ext["httpTimeout"] = sv.weight, sv.http_timeout
+    return cfg
 
 
 def scheduler_objects(v: Values) -> list[Obj]:
-    name = f"{APP}-scheduler"
-    rules = [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch", "update"]},
-        {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
-        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
-        {"apiGroups": ["kubegpu.io"], "resources": ["devices"], "verbs": ["get", "list", "watch"]},
-    ]
-    objs = _rbac(name, v, "scheduler", rules)
-    # kube-scheduler itself runs with the stock roles.
-    for role in ("system:kube-scheduler", "system:volume-scheduler"):
-        objs.append({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": _meta(f"{name}-{role.split(':')[1]}", v, "scheduler", namespaced=False),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": v.namespace}],
-        })
-    objs.append({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": _meta(f"{name}-auth-reader", v, "scheduler", namespace="kube-system"),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                    "name": "extension-apiserver-authentication-reader"},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": v.namespace}],
-    })
-    objs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(f"{name}-config", v, "scheduler"),
+    sv = v.scheduler
+    objs = _base("scheduler", v)
+    for o in objs:
+        if o["kind"] == "Role" and o["metadata"]["name"] == "kubegpu-scheduler-leader-election":
+            for rule in o["rules"]:
+                if "resourceNames" in rule:
+                    rule["resourceNames"] = [sv.scheduler_name]
+        if o["kind"] != "Deployment":
+            continue
+        o["spec"]["replicas"] = sv.replicas
+        pod = o["spec"]["template"]["spec"]
+        for c in pod["containers"]:
+            if c["name"] == "kube-scheduler":
+                c["image"] = sv.kube_scheduler_image
+            elif c["name"] == "extender":
+                c["args"] = ["scheduler", "--listen", f"127.0.0.1:{sv.port}", "--metrics-listen", "0.0.0.0:9401",
+                             "--node-policy", sv.node_policy, "--gpu-policy", sv.gpu_policy]
+                if sv.resources:
+                    c["resources"] = sv.resources
+    objs.append({"apiVersion": "v1", "kind": "ConfigMap",
+                 "metadata": _meta("kubegpu-scheduler-config", v, "scheduler"),
                  "data": {"scheduler-config.yaml": yaml.safe_dump(scheduler_config(v), sort_keys=False)}})
-    kube_scheduler = {
-        "name": "kube-scheduler",
-        "image": v.scheduler.kube_scheduler_image,
-        "command": ["kube-scheduler", "--config=/etc/kubegpu/scheduler-config.yaml", "--v=2"],
-        "volumeMounts": [{"name": "config", "mountPath": "/etc/kubegpu", "readOnly": True}],
-        "livenessProbe": {"httpGet": {"path": "/healthz", "port": 10259, "scheme": "HTTPS"}},
-        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
-    }
-    extender = _container(
-        v, "extender",
-        ["scheduler", "--listen", f"127.0.0.1:{v.scheduler.port}",
-         "--node-policy", v.scheduler.node_policy, "--gpu-policy", v.scheduler.gpu_policy,
-         "--metrics-listen", "0.0.0.0:9401"],
-        v.scheduler.resources or {"requests": {"cpu": "200m", "memory": "256Mi"}},
-        ports=[{"name": "metrics", "containerPort": 9401}],
-        securityContext={"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                         "runAsNonRoot": True, "runAsUser": 65532},
-    )
-    objs.append({
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(name, v, "scheduler"),
-        "spec": {
-            "replicas": v.scheduler.replicas,
-            "selector": {"matchLabels": _selector("scheduler")},
-            "template": {"metadata": {"labels": _selector("scheduler")}, "spec": {
-                "serviceAccountName": name,
-                "priorityClassName": "system-cluster-critical",
-                "containers": [kube_scheduler, extender],
-                "volumes": [{"name": "config", "configMap": {"name": f"{name}-config"}}],
-            }},
-        },
-    })
-    objs.append({"apiVersion": "v1", "kind": "Service", "metadata": _meta(name, v, "scheduler"),
-                 "spec": {"selector": _selector("scheduler"),
-                          "ports": [{"name": "metrics", "port": 9401, "targetPort": "metrics"}]}})
-    objs.append(_pdb(name, v, "scheduler"))
+    objs.append(_pdb("kubegpu-scheduler", v, "scheduler"))
     return objs
 
 
@@ -247,7 +195,10 @@ def _pdb(name: str, v: Values, component: str) -> Obj:
 
 
 BASE_NAMESPACE = "kubegpu-system"
-BASE_FILES = {"webhook": ("rbac.yaml", "certificate.yaml", "deployment.yaml", "mutating.yaml", "validating.yaml")}
+BASE_FILES = {
+    "webhook": ("rbac.yaml", "certificate.yaml", "deployment.yaml", "mutating.yaml", "validating.yaml"),
+    "scheduler": ("rbac.yaml", "deployment.yaml"),
+}
 
 
 def _base(role: str, v: Values) -> list[Obj]:

@@ -42,14 +42,14 @@ class DevicePluginConfig(_Struct):
 
 
 class SchedulerValues(_Struct):
-    kube_scheduler_image: str = "registry.k8s.io/kube-scheduler:v1.30.6"
+    kube_scheduler_image: str = "registry.k8s.io/kube-scheduler:v1.30.0"
     scheduler_name: str = "kubegpu-scheduler"
     replicas: int = 1
     node_policy: str = "kubegpu"
     gpu_policy: str = "kubegpu"
-    http_timeout: str = "5s"
-    weight: int = 1
-    port: int = 12345
+    http_timeout: str = "10s"  # filter/prioritize answer in ms; bind makes an API call
+    weight: int = 5
+    port: int = 8888
     resources: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
