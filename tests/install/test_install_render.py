@@ -178,3 +178,29 @@ def test_cli_reports_a_bad_values_file(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["manifests", "--values", str(values)])
     assert result.exit_code == 2
     assert "not valid YAML" in result.output
+
+
+def _container_args(objs: list[dict], kind: str, container: str) -> list[str]:
+    for o in _by_kind(objs, kind):
+        for c in o["spec"]["template"]["spec"]["containers"]:
+            if c["name"] == container:
+                return c["args"]
+    raise AssertionError(f"no container {container} in a {kind}")
+
+
+def test_rendered_args_are_accepted_by_the_commands(tmp_path: Path) -> None:
+    from typer.main import get_command
+
+    objs = render(Values())
+    root = get_command(app)
+    for kind, container in (("Deployment", "extender"), ("Deployment", "webhook")):
+        args = _container_args(objs, kind, container)
+        for mounted in ("/tls/tls.crt", "/tls/tls.key"):  # files the Secret mounts; any file will do here
+            (tmp_path / mounted.rsplit("/", 1)[1]).write_text("x")
+            args = [a.replace(mounted, str(tmp_path / mounted.rsplit("/", 1)[1])) for a in args]
+        cmd = root.get_command(root.context_class(root), args[0])  # type: ignore[attr-defined]
+        assert cmd is not None, args[0]
+        cmd.make_context(args[0], list(args[1:]))  # raises a usage error on an unknown flag
+    node_args = _container_args(objs, "DaemonSet", "node")
+    result = CliRunner().invoke(app, [*node_args, "--standalone", "--inventory", "t4x4", "--dry-run", "--json"])
+    assert result.exit_code == 0, result.output
