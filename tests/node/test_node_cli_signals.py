@@ -139,9 +139,13 @@ def test_full_mode_publishes_and_serves(kubelet: StandinKubelet, sockdir: Path) 
         log = sockdir / "node.log"
         proc = _spawn(["--kubeconfig", str(kubeconfig), "--inventory", "t4x4", "--node-name", "gpu-node-1",
                        "--device-plugin-dir", str(kubelet.dir), "--shared-slots", "10",
-                       "--cdi-spec-dir", str(sockdir / "cdi"), "--metrics-address", "0", "--run-for", "60"], log)
+                       "--cdi-spec-dir", str(sockdir / "cdi"), "--metrics-address", "127.0.0.1:0", "--run-for", "60"],
+                      log)
         try:
             assert kubelet.wait_registered("kubegpu.io/gpu.shared", timeout_s=20), log.read_text()
+            port = int(_wait_log(log, r"metrics on http://127\.0\.0\.1:(\d+)/metrics").group(1))
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            assert "kubegpu_handoff_mismatches_total" in text  # the handoff's counters on the daemon's endpoint
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
                 try:

@@ -88,7 +88,7 @@ def _backend(inventory: str | None, node_name: str | None) -> Any:
 
 
 def _cluster_seams(kubeconfig: str | None, node_name: str, flags: Mapping[str, Any],
-                   env: Mapping[str, str]) -> tuple[Any, Any]:
+                   env: Mapping[str, str], registry: Any = None) -> tuple[Any, Any]:
     """(publisher, resolver) for full mode; raises RuntimeError without credentials."""
     try:
         from kubegpu.kube.client import make_client
@@ -105,7 +105,8 @@ def _cluster_seams(kubeconfig: str | None, node_name: str, flags: Mapping[str, A
 
     config = load_config(flags=flags, env=env)
     publisher = KubeNodePublisher(client, node_name, config)
-    resolver = make_resolver(client, node_name, pod_resources_socket=config.kubegpu.pod_resources_socket)
+    resolver = make_resolver(client, node_name, pod_resources_socket=config.kubegpu.pod_resources_socket,
+                             registry=registry)
     return publisher, resolver
 
 
@@ -232,15 +233,16 @@ def node_command(
         _print_plans(console if not as_json else Console(), plans, as_json)
         raise typer.Exit(EXIT_OK)
 
+    metrics = NodeMetrics()
     publisher = resolver = None
     if not standalone:
         try:
-            publisher, resolver = _cluster_seams(kubeconfig, node_name or backend.discover().name, flags, env)
+            publisher, resolver = _cluster_seams(kubeconfig, node_name or backend.discover().name, flags, env,
+                                                 metrics.registry)
         except Exception as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(EXIT_INIT) from None
 
-    metrics = NodeMetrics()
     try:
         from kubegpu.node.config import load_config
 
