@@ -6,6 +6,10 @@ from typing import Final
 DEVICE_ALLOCATED: Final = "kubegpu.io/device-allocated"
 # Allowed GPU models for a pod, separated by "|" or "," (the trace's gpu_spec form).
 GPU_MODEL: Final = "kubegpu.io/gpu-model"
+# Written by the node daemon when it has served a container (the handoff's acknowledgement).
+DEVICE_ASSIGNED: Final = "kubegpu.io/device-assigned"
+# "true": the GPUs of each multi-GPU container must be pairwise NVLink-connected.
+REQUIRE_NVLINK: Final = "kubegpu.io/require-nvlink"
 # Per-pod overrides of the placement policies.
 NODE_POLICY: Final = "kubegpu.io/node-policy"
 GPU_POLICY: Final = "kubegpu.io/gpu-policy"

@@ -52,7 +52,7 @@ from kubegpu.node.resolver import AllocationRefused, GpuShare, ResolvedAllocatio
 
 log = logging.getLogger(__name__)
 
-DEVICE_ASSIGNED = "kubegpu.io/device-assigned"
+DEVICE_ASSIGNED = A.DEVICE_ASSIGNED
 POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 HANDOFF_RESOURCES = (R.GPU_SLOTS, R.NVIDIA_GPU)
 TERMINAL = frozenset({"Succeeded", "Failed"})

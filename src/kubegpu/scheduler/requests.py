@@ -14,8 +14,7 @@ from kubegpu.placement import Demand, get_policy, request_demand
 
 log = logging.getLogger(__name__)
 
-# Pod annotation: "true" asks that the GPUs of each multi-GPU container be pairwise NVLink-connected.
-REQUIRE_NVLINK = "kubegpu.io/require-nvlink"
+REQUIRE_NVLINK = A.REQUIRE_NVLINK
 
 
 def requires_nvlink(pod: Mapping[str, Any]) -> bool:
