@@ -59,6 +59,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import jsonpatch
+import jsonpointer
 import msgspec
 import uvicorn
 from starlette.applications import Starlette
@@ -187,85 +189,18 @@ def _merge_list(old: list[Any], new: list[Any]) -> list[Any]:
     return merged
 
 
-def _pointer(path: str) -> list[str]:
-    if path == "":
-        return []
-    if not path.startswith("/"):
-        raise ApiStatusError(422, "Invalid", f"JSON pointer {path!r} must start with '/'")
-    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
-
-
-def _walk(doc: Any, parts: list[str]) -> Any:
-    for p in parts:
-        if isinstance(doc, dict) and p in doc:
-            doc = doc[p]
-        elif isinstance(doc, list) and p.isdigit() and int(p) < len(doc):
-            doc = doc[int(p)]
-        else:
-            raise ApiStatusError(422, "Invalid", f"JSON patch path segment {p!r} not found")
-    return doc
-
-
 def json_patch(doc: Any, ops: Any) -> Any:
-    """RFC 6902 JSON patch (add, remove, replace, move, copy, test)."""
+    """RFC 6902 JSON patch, by the ``jsonpatch`` library; failures become the API server's 4xx."""
     if not isinstance(ops, list):
         raise ApiStatusError(400, "BadRequest", "a JSON patch must be a list of operations")
-    doc = _clone(doc)
-    for op in ops:
-        if not isinstance(op, dict) or "op" not in op or "path" not in op:
-            raise ApiStatusError(400, "BadRequest", f"bad JSON patch operation {op!r}")
-        name, parts = op["op"], _pointer(op["path"])
-        if name in ("move", "copy"):
-            src = _pointer(op.get("from", ""))
-            value = _clone(_walk(doc, src))
-            if name == "move":
-                doc = _remove(doc, src)
-            doc = _add(doc, parts, value)
-        elif name == "add":
-            doc = _add(doc, parts, _clone(op.get("value")))
-        elif name == "remove":
-            doc = _remove(doc, parts)
-        elif name == "replace":
-            _walk(doc, parts)
-            doc = _add(_remove(doc, parts), parts, _clone(op.get("value")))
-        elif name == "test":
-            if _walk(doc, parts) != op.get("value"):
-                raise ApiStatusError(422, "Invalid", f"JSON patch test failed at {op['path']}")
-        else:
-            raise ApiStatusError(400, "BadRequest", f"unknown JSON patch op {name!r}")
-    return doc
-
-
-def _add(doc: Any, parts: list[str], value: Any) -> Any:
-    if not parts:
-        return value
-    parent = _walk(doc, parts[:-1])
-    last = parts[-1]
-    if isinstance(parent, dict):
-        parent[last] = value
-    elif isinstance(parent, list):
-        if last == "-":
-            parent.append(value)
-        elif last.isdigit() and int(last) <= len(parent):
-            parent.insert(int(last), value)
-        else:
-            raise ApiStatusError(422, "Invalid", f"bad list index {last!r}")
-    else:
-        raise ApiStatusError(422, "Invalid", "JSON patch target is not a container")
-    return doc
-
-
-def _remove(doc: Any, parts: list[str]) -> Any:
-    if not parts:
-        return None
-    parent = _walk(doc, parts[:-1])
-    last = parts[-1]
-    _walk(parent, [last])
-    if isinstance(parent, dict):
-        del parent[last]
-    else:
-        parent.pop(int(last))
-    return doc
+    try:
+        return jsonpatch.JsonPatch(ops).apply(doc)
+    except jsonpatch.JsonPatchTestFailed as exc:
+        raise ApiStatusError(422, "Invalid", f"JSON patch test failed: {exc}") from None
+    except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as exc:
+        raise ApiStatusError(422, "Invalid", f"JSON patch cannot be applied: {exc}") from None
+    except (TypeError, KeyError, AttributeError) as exc:
+        raise ApiStatusError(400, "BadRequest", f"bad JSON patch operation: {exc}") from None
 
 
 # --- selectors -----------------------------------------------------------------------------------------
