@@ -56,6 +56,7 @@ class ScoreContext:
     use_memory: bool = False
     _terms: dict[tuple[int, bool], FragTerms] = field(default_factory=dict)
     _caches: dict[tuple[int, bool], FragCache] = field(default_factory=dict)
+    _scarcity: dict[int, np.ndarray] = field(default_factory=dict)
 
     def frag_terms(self, cluster: ClusterState, use_memory: bool | None = None) -> FragTerms:
         """The workload's fragment terms for this cluster (cached per cluster object)."""
@@ -68,6 +69,27 @@ class ScoreContext:
             terms = FragTerms.build(cluster, self.workload, use_memory=mem)
             self._terms[key] = terms
         return terms
+
+    def model_scarcity(self, cluster: ClusterState) -> np.ndarray:
+        """(N,) how much of each node's GPU capacity the model-constrained shapes of the workload claim.
+
+        Each constrained shape's GPU demand is spread over the capacity of the
+        nodes it may use; a node's value is the sum. Zero everywhere when no
+        shape names a model.
+        """
+        key = id(cluster.gpu_ok)
+        out = self._scarcity.get(key)
+        if out is None or out.shape[0] != cluster.n_nodes:
+            terms = self.frag_terms(cluster, False)
+            gpus = cluster.gpu_ok.sum(axis=1).astype(np.float64)
+            demand = terms.freq * terms.milli * terms.count
+            out = np.zeros(cluster.n_nodes)
+            for t in np.flatnonzero(~terms.access.all(axis=1)):
+                cap = float((gpus * terms.access[t]).sum())
+                if cap > 0:
+                    out += terms.access[t] * demand[t] / cap
+            self._scarcity[key] = out
+        return out
 
     def frag_cache(self, cluster: ClusterState, use_memory: bool | None = None) -> FragCache:
         """Per-node fragment sums of this cluster, refreshed where nodes changed (see ClusterState.version)."""
@@ -334,10 +356,13 @@ class KubegpuPolicy(FgdPolicy):
     pod strands six of them (see :func:`kubegpu.placement.frag.capacity_frag`).
     FGD's rounded score stays the primary key (its ties, settled by a fixed
     node order, pack pods onto few nodes and keep whole nodes free for
-    multi-GPU requests). For pods that take whole GPUs or only CPU and memory,
-    the placement among those tied that grows the capacity-aware fragment
-    least wins; GPU shares keep FGD's choice, which measured better for them
-    on the openb traces. Only tied candidates pay for the second measure.
+    multi-GPU requests). Among the placements tied on it: a GPU pod free to
+    run on any model avoids the models that model-constrained shapes of the
+    workload need most (``ScoreContext.model_scarcity``); then, for pods that
+    take whole GPUs or only CPU and memory, the placement that grows the
+    capacity-aware fragment least wins (GPU shares keep FGD's choice, which
+    measured better for them on the openb traces). Only tied candidates pay
+    for these extra measures.
     """
 
     name = "kubegpu"
@@ -353,16 +378,22 @@ class KubegpuPolicy(FgdPolicy):
         self, cluster: ClusterState, demand: Demand, rows: np.ndarray, candidates: np.ndarray, ctx: ScoreContext
     ) -> np.ndarray:
         primary = super().node_scores(cluster, demand, rows, candidates, ctx)
-        if ctx.workload is None or not len(ctx.workload) or len(rows) < 2 or demand.is_share:
+        if ctx.workload is None or not len(ctx.workload) or len(rows) < 2:
             return primary
         top = np.flatnonzero(primary == primary.max())
         if len(top) < 2:
             return primary
-        cache = ctx.frag_cache(cluster, self.capacity_memory)
         sub, cand = rows[top], candidates[top]
-        choice = bestfit_choice(_free(cluster, sub), cand, demand.count) if demand.count else None
         out = primary.astype(np.float64).copy()
-        out[top] += self._secondary(capacity_delta_per_node(cluster, cache, sub, demand, choice))
+        if demand.count > 0 and demand.models is None:
+            # A pod that may run anywhere leaves the GPU models that constrained pods need to them.
+            scarce = ctx.model_scarcity(cluster)[sub]
+            if scarce.max() > 0:
+                out[top] += 0.5 * (1.0 - scarce / scarce.max())
+        if not demand.is_share:
+            cache = ctx.frag_cache(cluster, self.capacity_memory)
+            choice = bestfit_choice(_free(cluster, sub), cand, demand.count) if demand.count else None
+            out[top] += self._secondary(capacity_delta_per_node(cluster, cache, sub, demand, choice))
         return out
 
 
