@@ -25,7 +25,8 @@ Many nodes (extender prioritize, simulator)
 Policies
     :class:`Policy` (``node_scores``, ``gpu_scores``; higher is better), :func:`get_policy` by
     name, :data:`POLICY_NAMES`, :data:`PAPER_POLICIES`, :data:`DEFAULT_POLICY` (``"kubegpu"``),
-    :class:`ScoreContext` (target :class:`Workload`, tie-break ``rng``).
+    :class:`ScoreContext` (target :class:`Workload`; ``rng`` for ``random``; ties go to the lowest
+    ``node_rank``/index unless ``random_ties``).
     Names: random, dotprod, clustering, packing, bestfit (the FGD paper's baselines), fgd,
     spread, kubegpu. The node level and the GPU level are chosen separately.
 
