@@ -84,3 +84,14 @@ def test_bad_arguments_exit_2(tmp_path: Path) -> None:
                  ["--kubeconfig", str(tmp_path / "missing"), "--listen", "127.0.0.1:0"]):
         r = subprocess.run(_cli(*args), capture_output=True, text=True, timeout=60)
         assert r.returncode == 2, (args, r.stdout, r.stderr)
+
+
+def test_a_taken_port_is_one_clear_line(tmp_path: Path) -> None:
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        r = subprocess.run(_cli("--kubeconfig", str(tmp_path / "unused"), "--listen", f"127.0.0.1:{port}"),
+                           capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in r.stderr and "Traceback" not in r.stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from pathlib import Path
 
 import typer
@@ -35,6 +36,16 @@ def _policy(value: str) -> str:
     except KeyError as e:
         raise typer.BadParameter(str(e).strip('"')) from None
     return value
+
+
+def _cannot_listen(host: str, port: int) -> str:
+    """Why ``host:port`` cannot be served ('' when it can): checked up front, so a taken port is one clear
+    line rather than uvicorn's exit from inside the event loop."""
+    try:
+        with socket.create_server((host, port)):
+            return ""
+    except OSError as e:
+        return e.strerror or str(e)
 
 
 @app.command("scheduler")
@@ -69,6 +80,10 @@ def scheduler(
         if f is not None and not f.is_file():
             typer.echo(f"{f} does not exist", err=True)
             raise typer.Exit(EXIT_CONFIG)
+    for where in (listen, metrics_listen):
+        if where and (why := _cannot_listen(*_listen(where))):
+            typer.echo(f"kubegpu scheduler: cannot listen on {where}: {why}", err=True)
+            raise typer.Exit(EXIT_CONFIG)
     from kubegpu.kube.client import ClientConfigError, make_async_client
     from kubegpu.scheduler.service import ExtenderService
 
@@ -88,6 +103,7 @@ def scheduler(
         try:
             import uvloop
         except ImportError:  # optional: the stock event loop works, a little slower
-            asyncio.run(main())
+            run = asyncio.run
         else:
-            uvloop.run(main())
+            run = uvloop.run
+        run(main())
