@@ -185,13 +185,7 @@ def scheduler_objects(v: Values) -> list[Obj]:
     objs.append({"apiVersion": "v1", "kind": "ConfigMap",
                  "metadata": _meta("kubegpu-scheduler-config", v, "scheduler"),
                  "data": {"scheduler-config.yaml": yaml.safe_dump(scheduler_config(v), sort_keys=False)}})
-    objs.append(_pdb("kubegpu-scheduler", v, "scheduler"))
     return objs
-
-
-def _pdb(name: str, v: Values, component: str) -> Obj:
-    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(name, v, component),
-            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": _selector(component)}}}
 
 
 BASE_NAMESPACE = "kubegpu-system"
