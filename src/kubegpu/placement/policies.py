@@ -28,7 +28,7 @@ from kubegpu.placement.frag import (
     frag_delta_per_gpu,
     frag_delta_per_node,
 )
-from kubegpu.placement.workload import Workload
+from kubegpu.placement.workload import Workload, WorkloadShape
 
 # Normalisers of the FGD simulator (largest node in the Alibaba trace): 128 cores, 8 GPUs.
 MAX_SPEC_CPU: Final = 128_000
@@ -57,6 +57,8 @@ class ScoreContext:
     _terms: dict[tuple[int, bool], FragTerms] = field(default_factory=dict)
     _caches: dict[tuple[int, bool], FragCache] = field(default_factory=dict)
     _scarcity: dict[int, np.ndarray] = field(default_factory=dict)
+    _leftover: np.ndarray | None = None
+    _reserve: dict[int, ReserveTerms] = field(default_factory=dict)
 
     def frag_terms(self, cluster: ClusterState, use_memory: bool | None = None) -> FragTerms:
         """The workload's fragment terms for this cluster (cached per cluster object)."""
@@ -91,6 +93,37 @@ class ScoreContext:
             self._scarcity[key] = out
         return out
 
+    def leftover(self) -> np.ndarray:
+        """(1001,) the least GPU compute a GPU with ``f`` milli free must strand, filled by one-GPU shapes.
+
+        ``leftover[f]`` is the smallest remainder reachable by packing the
+        workload's one-GPU shapes (shares and whole GPUs) into ``f``: an
+        810-milli share on an idle GPU leaves 190, which only a rare small
+        share can still use, while on a GPU already holding a 160 it leaves 30.
+        """
+        if self._leftover is None:
+            if self.workload is None:
+                raise ValueError("this policy needs a target workload (ScoreContext.workload)")
+            sizes = np.unique([s.milli for s in self.workload.shapes if s.count == 1 and 0 < s.milli <= MILLI])
+            out = np.arange(MILLI + 1, dtype=np.float64)
+            for f in range(1, MILLI + 1):
+                fit = sizes[sizes <= f]
+                if len(fit):
+                    out[f] = min(out[f], out[f - fit].min())
+            self._leftover = out
+        return self._leftover
+
+    def reserve_terms(self, cluster: ClusterState) -> ReserveTerms:
+        """The workload's rare large shapes for this cluster (cached per cluster object)."""
+        if self.workload is None:
+            raise ValueError("this policy needs a target workload (ScoreContext.workload)")
+        key = id(cluster.gpu_ok)
+        terms = self._reserve.get(key)
+        if terms is None or terms.access.shape[1] != cluster.n_nodes:
+            terms = ReserveTerms.build(cluster, self.workload)
+            self._reserve[key] = terms
+        return terms
+
     def frag_cache(self, cluster: ClusterState, use_memory: bool | None = None) -> FragCache:
         """Per-node fragment sums of this cluster, refreshed where nodes changed (see ClusterState.version)."""
         mem = self.use_memory if use_memory is None else use_memory
@@ -101,6 +134,82 @@ class ScoreContext:
             cache = FragCache(cluster, terms)
             self._caches[key] = cache
         return cache
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveTerms:
+    """The shapes of a workload (rare ones included) that fewer than half of a cluster's nodes could ever host.
+
+    An 8-GPU pod asking for 120 cores fits only the largest nodes. Once the
+    hosts still able to take such a shape are no more than the pods of it
+    expected while the free GPU lasts, a pod that would take a node's room
+    for it loses (``loss``) against tied nodes that keep theirs. Reserving
+    earlier measured worse: idle large nodes kept too long fill up with
+    shares at the end and strand more.
+    """
+
+    cpu: np.ndarray  # (R,)
+    memory: np.ndarray  # (R,)
+    count: np.ndarray  # (R,) GPUs
+    need: np.ndarray  # (R,) index into ``levels``: the free compute a GPU needs for the shape
+    levels: np.ndarray  # (V,) distinct per-GPU compute needs
+    access: np.ndarray  # (R, N) bool: the node's GPU model is allowed
+    freq: np.ndarray  # (R,) share of all pods
+    mean_gpu: float  # GPU compute (milli) of the average pod of the workload
+
+    @classmethod
+    def build(cls, cluster: ClusterState, workload: Workload, host_share: float = 0.5) -> ReserveTerms:
+        gpus = cluster.gpu_ok.sum(axis=1)
+        picked: list[tuple[WorkloadShape, float, np.ndarray]] = []
+        for s, f in zip(workload.every, workload.every_freq, strict=True):
+            access = cluster.model_mask(s.models) if s.models is not None else np.ones(cluster.n_nodes, bool)
+            hosts = access & (cluster.cpu_cap >= s.cpu_milli) & (cluster.mem_cap >= s.memory_bytes) & (gpus >= s.count)
+            if 0 < hosts.sum() < host_share * cluster.n_nodes:
+                picked.append((s, float(f), access))
+        mean_gpu = float(sum(f * s.count * s.milli for s, f in zip(workload.every, workload.every_freq, strict=True)))
+        need = np.array([s.milli if s.count else 0 for s, _, _ in picked], np.int64)
+        levels, idx = np.unique(need, return_inverse=True)
+        return cls(
+            cpu=np.array([s.cpu_milli for s, _, _ in picked], np.int64),
+            memory=np.array([s.memory_bytes for s, _, _ in picked], np.int64),
+            count=np.array([s.count for s, _, _ in picked], np.int64),
+            need=idx.astype(np.int64),
+            levels=levels,
+            access=np.array([a for _, _, a in picked], bool).reshape(len(picked), cluster.n_nodes),
+            freq=np.array([f for _, f, _ in picked], np.float64),
+            mean_gpu=mean_gpu,
+        )
+
+    def able(self, rows: np.ndarray, free: np.ndarray, cpu: np.ndarray, mem: np.ndarray) -> np.ndarray:
+        """(R, n) bool: node rows[i], with free compute ``free`` (n, G), CPU and memory, could host shape r."""
+        gpus = (free[None, :, :] >= self.levels[:, None, None]).sum(axis=2)  # (V, n)
+        return (
+            self.access[:, rows]
+            & (cpu[None, :] >= self.cpu[:, None])
+            & (mem[None, :] >= self.memory[:, None])
+            & (gpus[self.need] >= self.count[:, None])
+        )
+
+    def loss(self, cluster: ClusterState, rows: np.ndarray, demand: Demand, choice: np.ndarray | None) -> np.ndarray:
+        """(n,) how many short-of-hosts shapes node rows[i] could no longer host after ``demand`` (GPUs ``choice``)."""
+        if not len(self.cpu):
+            return np.zeros(len(rows))
+        every = np.arange(cluster.n_nodes)
+        free_all = _free(cluster, every)
+        hosts = self.able(every, free_all, cluster.cpu_free, cluster.mem_free).sum(axis=1)
+        free = free_all[rows]
+        before = self.able(rows, free, cluster.cpu_free[rows], cluster.mem_free[rows])
+        after_free = free.copy()
+        if choice is not None and demand.count > 0:
+            r = np.arange(len(rows))[:, None]
+            after_free[r, choice] = np.maximum(after_free[r, choice] - (MILLI if demand.exclusive else demand.milli), 0)
+        after = self.able(
+            rows, after_free, cluster.cpu_free[rows] - demand.cpu_milli, cluster.mem_free[rows] - demand.memory_bytes
+        )
+        # Pods of each shape expected while the free GPU lasts (at the workload's mix): a shape is
+        # short of hosts once no more hosts can take it than pods of it are still to come.
+        expected = self.freq * free_all.sum() / max(self.mean_gpu, 1.0)
+        return (expected >= hosts).astype(np.float64) @ (before & ~after)
 
 
 class Policy:
@@ -348,53 +457,101 @@ class SpreadPolicy(Policy):
 
 
 class KubegpuPolicy(FgdPolicy):
-    """kubegpu's default: FGD, with ties settled by a capacity-aware fragment measure.
+    """kubegpu's default: FGD, with ties settled by what the rest of the workload will need.
 
-    FGD counts a node's free GPUs as usable by a workload shape as soon as one
-    pod of that shape fits. kubegpu also asks how many such pods the node's
-    CPU and memory can feed: a node with seven free GPUs and CPU for one more
-    pod strands six of them (see :func:`kubegpu.placement.frag.capacity_frag`).
     FGD's rounded score stays the primary key (its ties, settled by a fixed
     node order, pack pods onto few nodes and keep whole nodes free for
-    multi-GPU requests). Among the placements tied on it: a GPU pod free to
-    run on any model avoids the models that model-constrained shapes of the
-    workload need most (``ScoreContext.model_scarcity``); then, for pods that
-    take whole GPUs or only CPU and memory, the placement that grows the
-    capacity-aware fragment least wins (GPU shares keep FGD's choice, which
-    measured better for them on the openb traces). Only tied candidates pay
-    for these extra measures.
+    multi-GPU requests). Among the placements tied on it, by weight:
+
+    - host reservation (``ReserveTerms``): a pod avoids taking the room for a
+      rare large shape on one of the few nodes able to host it, once those
+      hosts get as few as the pods of that shape still expected (FGD's target
+      workload drops such shapes, so it hands the largest nodes to small pods
+      first and the 8-GPU, 120-core pods then fail);
+    - model scarcity: a GPU pod free to run on any model avoids the models
+      that model-constrained shapes of the workload need most
+      (``ScoreContext.model_scarcity``);
+    - for GPU shares, the GPU whose free compute, once the share is in, can
+      still be filled closest to full by the workload's one-GPU shapes
+      (``ScoreContext.leftover``; also the choice within the node);
+    - for pods that take whole GPUs or only CPU and memory, the placement that
+      grows the capacity-aware fragment least: FGD counts a node's free GPUs as
+      usable as soon as one pod of a shape fits, this measure also asks how
+      many such pods the node's CPU and memory can feed
+      (:func:`kubegpu.placement.frag.capacity_frag`).
+
+    The weights sum below one primary point. Only tied candidates pay for
+    these extra measures, and each term depends on the node and the whole
+    cluster, never on which other nodes are tied, except for the scaling of
+    the scarcity term by its largest tied value.
     """
 
     name = "kubegpu"
-    gpu_default = "kubegpu"  # at the GPU level it is FGD's choice (inherited)
+    gpu_default = "kubegpu"
     use_memory = False  # for the primary (FGD) term
     capacity_memory: ClassVar[bool] = True
-    secondary_weight: ClassVar[float] = 1e-3  # times a 0..100 score: always below one primary point
+    reserve_weight: ClassVar[float] = 0.35
+    scarcity_weight: ClassVar[float] = 0.3
+    leftover_weight: ClassVar[float] = 0.25
+    secondary_weight: ClassVar[float] = 5e-4  # times a 0..100 score
 
     def _secondary(self, delta: np.ndarray) -> np.ndarray:
         return self.secondary_weight * np.trunc(MAX_SCORE / (1.0 + np.exp(np.clip(delta, -5e5, 5e5) / 1000.0)))
 
+    def _leftover_bonus(self, cluster: ClusterState, rows: np.ndarray, milli: int, ctx: ScoreContext) -> np.ndarray:
+        """(n, G) in [0, leftover_weight]: higher where the share leaves a GPU that packs closer to full."""
+        table = ctx.leftover()
+        f = np.clip(_free(cluster, rows), 0, MILLI)
+        change = table[np.clip(f - milli, 0, MILLI)] - table[f]
+        return self.leftover_weight * 0.5 * (1.0 - change / MILLI)
+
     def node_scores(
         self, cluster: ClusterState, demand: Demand, rows: np.ndarray, candidates: np.ndarray, ctx: ScoreContext
     ) -> np.ndarray:
-        primary = super().node_scores(cluster, demand, rows, candidates, ctx)
-        if ctx.workload is None or not len(ctx.workload) or len(rows) < 2:
+        if ctx.workload is None or not len(ctx.workload):
+            return super().node_scores(cluster, demand, rows, candidates, ctx)
+        share = demand.count == 1 and not demand.exclusive
+        if share:
+            terms = ctx.frag_terms(cluster, self.use_memory)
+            per_gpu = self._score(
+                frag_delta_per_gpu(cluster, terms, rows, demand, candidates, ctx.frag_cache(cluster, self.use_memory))
+            )
+            per_gpu[~candidates] = -np.inf
+            primary = per_gpu.max(axis=1)
+        else:
+            primary = super().node_scores(cluster, demand, rows, candidates, ctx)
+        if len(rows) < 2:
             return primary
         top = np.flatnonzero(primary == primary.max())
         if len(top) < 2:
             return primary
         sub, cand = rows[top], candidates[top]
         out = primary.astype(np.float64).copy()
+        choice = bestfit_choice(_free(cluster, sub), cand, demand.count) if demand.count else None
+        loss = ctx.reserve_terms(cluster).loss(cluster, sub, demand, choice)
+        out[top] += self.reserve_weight * (1.0 - np.minimum(loss, 1.0))
         if demand.count > 0 and demand.models is None:
             # A pod that may run anywhere leaves the GPU models that constrained pods need to them.
             scarce = ctx.model_scarcity(cluster)[sub]
             if scarce.max() > 0:
-                out[top] += 0.5 * (1.0 - scarce / scarce.max())
-        if not demand.is_share:
+                out[top] += self.scarcity_weight * (1.0 - scarce / scarce.max())
+        if share:
+            # The node's GPU that FGD ranks first, the one packing closest to full among those.
+            bonus = self._leftover_bonus(cluster, sub, demand.milli, ctx)
+            best = per_gpu[top] == primary[top][:, None]
+            out[top] += np.where(best & cand, bonus, -np.inf).max(axis=1)
+        else:
             cache = ctx.frag_cache(cluster, self.capacity_memory)
-            choice = bestfit_choice(_free(cluster, sub), cand, demand.count) if demand.count else None
             out[top] += self._secondary(capacity_delta_per_node(cluster, cache, sub, demand, choice))
         return out
+
+    def gpu_scores(
+        self, cluster: ClusterState, node: int, demand: Demand, candidates: np.ndarray, ctx: ScoreContext
+    ) -> np.ndarray:
+        scores = super().gpu_scores(cluster, node, demand, candidates, ctx)
+        if demand.exclusive or demand.count == 0 or ctx.workload is None or not len(ctx.workload):
+            return scores
+        return scores + self._leftover_bonus(cluster, np.array([node]), demand.milli, ctx)[0]
 
 
 _POLICIES: Final[dict[str, Callable[[], Policy]]] = {

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -31,10 +31,17 @@ class WorkloadShape:
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """Request shapes and their frequencies (summing to 1), as arrays for vectorised use."""
+    """Request shapes and their frequencies (summing to 1), as arrays for vectorised use.
+
+    ``every`` and ``every_freq`` keep all shapes seen, rare ones included, with
+    their share of all demands: the rare large shapes that the coverage cut
+    drops are the ones the ``kubegpu`` policy keeps hosts free for.
+    """
 
     shapes: tuple[WorkloadShape, ...]
     freq: np.ndarray  # (T,) float64
+    every: tuple[WorkloadShape, ...] = ()
+    every_freq: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @classmethod
     def from_demands(cls, demands: Iterable[Demand], coverage: float = 0.95, memory_quantile: float = 50.0) -> Workload:
@@ -58,16 +65,20 @@ class Workload:
             return cls((), np.zeros(0))
         # Most frequent first; equal counts by the larger shape first (the FGD simulator's order).
         ordered = sorted(counts.items(), key=lambda kv: (kv[1], _shape_key(kv[0])), reverse=True)
+        every = [
+            (replace(shape, memory_bytes=int(np.percentile(np.asarray(memory[shape], np.float64), memory_quantile))), n)
+            for shape, n in ordered
+        ]
         chosen: list[tuple[WorkloadShape, int]] = []
         covered = 0
-        for shape, n in ordered:
+        for shape, n in every:
             if covered >= coverage * total:
                 break
-            mem = int(np.percentile(np.asarray(memory[shape], np.float64), memory_quantile))
-            chosen.append((replace(shape, memory_bytes=mem), n))
+            chosen.append((shape, n))
             covered += n
         freq = np.array([n for _, n in chosen], np.float64)
-        return cls(tuple(s for s, _ in chosen), freq / freq.sum())
+        every_freq = np.array([n for _, n in every], np.float64) / total
+        return cls(tuple(s for s, _ in chosen), freq / freq.sum(), tuple(s for s, _ in every), every_freq)
 
     def __len__(self) -> int:
         return len(self.shapes)
