@@ -161,12 +161,14 @@ class ReserveTerms:
     def build(cls, cluster: ClusterState, workload: Workload, host_share: float = 0.5) -> ReserveTerms:
         gpus = cluster.gpu_ok.sum(axis=1)
         picked: list[tuple[WorkloadShape, float, np.ndarray]] = []
+        mean_gpu = float(sum(f * s.count * s.milli for s, f in zip(workload.every, workload.every_freq, strict=True)))
+        # A shape expected less than once even on an empty cluster never runs short of hosts: skipped.
+        at_most = float(gpus.sum()) * MILLI / max(mean_gpu, 1.0)
         for s, f in zip(workload.every, workload.every_freq, strict=True):
             access = cluster.model_mask(s.models) if s.models is not None else np.ones(cluster.n_nodes, bool)
             hosts = access & (cluster.cpu_cap >= s.cpu_milli) & (cluster.mem_cap >= s.memory_bytes) & (gpus >= s.count)
-            if 0 < hosts.sum() < host_share * cluster.n_nodes:
+            if 0 < hosts.sum() < host_share * cluster.n_nodes and f * at_most >= 1.0:
                 picked.append((s, float(f), access))
-        mean_gpu = float(sum(f * s.count * s.milli for s, f in zip(workload.every, workload.every_freq, strict=True)))
         need = np.array([s.milli if s.count else 0 for s, _, _ in picked], np.int64)
         levels, idx = np.unique(need, return_inverse=True)
         return cls(
@@ -180,24 +182,28 @@ class ReserveTerms:
             mean_gpu=mean_gpu,
         )
 
-    def able(self, rows: np.ndarray, free: np.ndarray, cpu: np.ndarray, mem: np.ndarray) -> np.ndarray:
+    def able(
+        self,
+        rows: np.ndarray,
+        free: np.ndarray,
+        cpu: np.ndarray,
+        mem: np.ndarray,
+        shapes: np.ndarray | slice = slice(None),
+    ) -> np.ndarray:
         """(R, n) bool: node rows[i], with free compute ``free`` (n, G), CPU and memory, could host shape r."""
         gpus = (free[None, :, :] >= self.levels[:, None, None]).sum(axis=2)  # (V, n)
         return (
-            self.access[:, rows]
-            & (cpu[None, :] >= self.cpu[:, None])
-            & (mem[None, :] >= self.memory[:, None])
-            & (gpus[self.need] >= self.count[:, None])
+            self.access[shapes][:, rows]
+            & (cpu[None, :] >= self.cpu[shapes, None])
+            & (mem[None, :] >= self.memory[shapes, None])
+            & (gpus[self.need[shapes]] >= self.count[shapes, None])
         )
 
     def loss(self, cluster: ClusterState, rows: np.ndarray, demand: Demand, choice: np.ndarray | None) -> np.ndarray:
         """(n,) how many short-of-hosts shapes node rows[i] could no longer host after ``demand`` (GPUs ``choice``)."""
         if not len(self.cpu):
             return np.zeros(len(rows))
-        every = np.arange(cluster.n_nodes)
-        free_all = _free(cluster, every)
-        hosts = self.able(every, free_all, cluster.cpu_free, cluster.mem_free).sum(axis=1)
-        free = free_all[rows]
+        free = _free(cluster, rows)
         before = self.able(rows, free, cluster.cpu_free[rows], cluster.mem_free[rows])
         after_free = free.copy()
         if choice is not None and demand.count > 0:
@@ -206,10 +212,18 @@ class ReserveTerms:
         after = self.able(
             rows, after_free, cluster.cpu_free[rows] - demand.cpu_milli, cluster.mem_free[rows] - demand.memory_bytes
         )
+        lost = before & ~after
+        shapes = np.flatnonzero(lost.any(axis=1))
+        if not len(shapes):
+            return np.zeros(len(rows))
+        # Only the shapes some tied node would lose pay for counting their hosts over the whole cluster.
+        every = np.arange(cluster.n_nodes)
+        free_all = _free(cluster, every)
+        hosts = self.able(every, free_all, cluster.cpu_free, cluster.mem_free, shapes).sum(axis=1)
         # Pods of each shape expected while the free GPU lasts (at the workload's mix): a shape is
         # short of hosts once no more hosts can take it than pods of it are still to come.
-        expected = self.freq * free_all.sum() / max(self.mean_gpu, 1.0)
-        return (expected >= hosts).astype(np.float64) @ (before & ~after)
+        expected = self.freq[shapes] * free_all.sum() / max(self.mean_gpu, 1.0)
+        return (expected >= hosts).astype(np.float64) @ lost[shapes]
 
 
 class Policy:
