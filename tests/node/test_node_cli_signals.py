@@ -46,8 +46,15 @@ def test_standalone_sighup_reload_and_sigterm_stop(kubelet: StandinKubelet, sock
         assert kubelet.wait_registered(GPU, timeout_s=15), log.read_text()
         assert kubelet.capacity(GPU) == 4
         port = int(_wait_log(log, r"metrics on http://127\.0\.0\.1:(\d+)/metrics").group(1))
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-        assert 'kubegpu_node_registrations_total{resource="nvidia.com/gpu"} 1.0' in text
+        # The kubelet can stream before the daemon's Register call has returned and been counted: poll.
+        wanted = 'kubegpu_node_registrations_total{resource="nvidia.com/gpu"} 1.0'
+        deadline = time.monotonic() + 10
+        while True:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            if wanted in text or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert wanted in text
         assert text.count("kubegpu_node_gpu_healthy{") == 4
 
         # SIGHUP: the new config (time-slicing, renamed) is served without a restart of the process.
