@@ -5,9 +5,15 @@ from __future__ import annotations
 import numpy as np
 
 from kubegpu.placement import ClusterState, Demand, ScoreContext, Workload, place
-from kubegpu.placement.policies import ReserveTerms
+from kubegpu.placement.policies import KubegpuPolicy, ReserveTerms
 
 GIB = 2**30
+
+
+class Reserving(KubegpuPolicy):
+    """kubegpu with host reservation switched on."""
+
+    reserve_weight = 0.35
 
 
 def one_gpu(cpu: int = 8000) -> Demand:
@@ -67,10 +73,10 @@ def test_small_pods_leave_the_only_big_host_free():
     assert fgd is not None and fgd.node == 0  # FGD hands the big node to the small pod
     k = cl.copy()
     for _ in range(12):  # more small pods than the small nodes' first GPUs
-        p = place(k, one_gpu(), "kubegpu", None, kg_ctx)
+        p = place(k, one_gpu(), Reserving(), None, kg_ctx)
         assert p is not None and p.node != 0
         k.take(p.node, p.gpus, one_gpu())
-    p = place(k, big_pod(), "kubegpu", None, kg_ctx)
+    p = place(k, big_pod(), Reserving(), None, kg_ctx)
     assert p is not None and p.node == 0 and len(p.gpus) == 8
 
 
