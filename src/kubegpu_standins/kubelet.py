@@ -476,6 +476,19 @@ class StandinKubelet:
 
     # ----- admission -------------------------------------------------------------------------
 
+    def _unary(self, resource: str, method: str, call: Callable[..., Any], req: Any, timeout_s: float) -> Any:
+        """One unary DevicePlugin RPC, recorded in :attr:`calls` whether it succeeds or fails (re-raised)."""
+        path = f"/v1beta1.DevicePlugin/{method}"
+        request = MessageToDict(req, preserving_proto_field_name=True)
+        try:
+            resp = call(req, timeout=timeout_s)
+        except grpc.RpcError as exc:
+            self._record(CallRecord(path, request, None, error=exc.details(), resource=resource))  # type: ignore[attr-defined]
+            raise
+        self._record(CallRecord(path, request, MessageToDict(resp, preserving_proto_field_name=True),
+                                resource=resource))
+        return resp
+
     def allocate(self, resource: str, n: int, *, must_include: Sequence[str] = (),
                  reserve: bool = True, timeout_s: float = 10.0, pod: str | None = None,
                  container: str = "", init: bool = False) -> Allocation:
@@ -511,15 +524,9 @@ class StandinKubelet:
                 available_deviceIDs=[*available, *reused], must_include_deviceIDs=reused,
                 allocation_size=n)])
             try:
-                resp = stub.GetPreferredAllocation(req, timeout=timeout_s)
+                resp = self._unary(resource, "GetPreferredAllocation", stub.GetPreferredAllocation, req, timeout_s)
             except grpc.RpcError as exc:
-                self._record(CallRecord("/v1beta1.DevicePlugin/GetPreferredAllocation",
-                                        MessageToDict(req, preserving_proto_field_name=True), None,
-                                        error=exc.details(), resource=resource))  # type: ignore[attr-defined]
                 raise AllocationFailed(f"GetPreferredAllocation failed: {exc.details()}") from None  # type: ignore[attr-defined]
-            self._record(CallRecord("/v1beta1.DevicePlugin/GetPreferredAllocation",
-                                    MessageToDict(req, preserving_proto_field_name=True),
-                                    MessageToDict(resp, preserving_proto_field_name=True), resource=resource))
             preferred = tuple(resp.container_responses[0].deviceIDs) if resp.container_responses else ()
             avail_set = set(available)
             for d in preferred:
@@ -535,15 +542,9 @@ class StandinKubelet:
                 chosen.append(d)
         areq = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=chosen)])
         try:
-            aresp = stub.Allocate(areq, timeout=timeout_s)
+            aresp = self._unary(resource, "Allocate", stub.Allocate, areq, timeout_s)
         except grpc.RpcError as exc:
-            self._record(CallRecord("/v1beta1.DevicePlugin/Allocate",
-                                    MessageToDict(areq, preserving_proto_field_name=True), None,
-                                    error=exc.details(), resource=resource))  # type: ignore[attr-defined]
             raise AllocationFailed(f"Allocate failed: {exc.details()}") from None  # type: ignore[attr-defined]
-        self._record(CallRecord("/v1beta1.DevicePlugin/Allocate",
-                                MessageToDict(areq, preserving_proto_field_name=True),
-                                MessageToDict(aresp, preserving_proto_field_name=True), resource=resource))
         if not aresp.container_responses:
             raise AllocationFailed(f"Allocate for {resource} returned no container response")
         if reserve:
@@ -567,10 +568,7 @@ class StandinKubelet:
         assert channel is not None
         areq = pb.AllocateRequest(container_requests=[
             pb.ContainerAllocateRequest(devices_ids=list(device_ids))])
-        resp = pb_grpc.DevicePluginStub(channel).Allocate(areq, timeout=timeout_s)
-        self._record(CallRecord("/v1beta1.DevicePlugin/Allocate",
-                                MessageToDict(areq, preserving_proto_field_name=True),
-                                MessageToDict(resp, preserving_proto_field_name=True), resource=resource))
+        resp = self._unary(resource, "Allocate", pb_grpc.DevicePluginStub(channel).Allocate, areq, timeout_s)
         return resp.container_responses[0]
 
     def preferred(self, resource: str, available: Sequence[str], size: int,
@@ -593,10 +591,8 @@ class StandinKubelet:
         if not options.pre_start_required or channel is None:
             return
         req = pb.PreStartContainerRequest(devices_ids=list(alloc.device_ids))
-        pb_grpc.DevicePluginStub(channel).PreStartContainer(req, timeout=timeout_s)
-        self._record(CallRecord("/v1beta1.DevicePlugin/PreStartContainer",
-                                MessageToDict(req, preserving_proto_field_name=True), {},
-                                resource=alloc.resource))
+        self._unary(alloc.resource, "PreStartContainer", pb_grpc.DevicePluginStub(channel).PreStartContainer, req,
+                    timeout_s)
 
     def release(self, alloc: Allocation) -> None:
         """The pod is gone: its devices become free at the next admission."""
