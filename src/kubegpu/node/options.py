@@ -18,7 +18,7 @@ from kubegpu.node.daemon import NodeOptions
 from kubegpu.node.resources import expand, plugin_settings
 
 
-def node_options(config: Config, env: Mapping[str, str], **overrides: Any) -> NodeOptions:
+def node_options(config: Config, **overrides: Any) -> NodeOptions:
     """The daemon's options for ``config``; ``overrides`` set NodeOptions fields directly (tests,
     the benchmark) and ``settings=`` may carry PluginSettings overrides as a dict."""
     settings_over = overrides.pop("settings", {})
@@ -39,4 +39,4 @@ def node_options(config: Config, env: Mapping[str, str], **overrides: Any) -> No
 
 def load_node_options(flags: Mapping[str, Any], env: Mapping[str, str], **overrides: Any) -> NodeOptions:
     """Read the config (flag > env > file) and build the options; raises ConfigError."""
-    return node_options(load_config(flags=flags, env=env), env, **overrides)
+    return node_options(load_config(flags=flags, env=env), **overrides)
