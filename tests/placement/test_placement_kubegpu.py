@@ -1,19 +1,14 @@
-"""kubegpu's own tie-breaks: hosts kept for rare large shapes, shares packed by what can still fill a GPU."""
+"""kubegpu's own terms: shares packed by what can still fill a GPU, hosts kept for rare large shapes."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from kubegpu.placement import ClusterState, Demand, ScoreContext, Workload, place
+from kubegpu.placement.fill import cpu_floor, fill_delta_per_gpu, fill_value
 from kubegpu.placement.policies import KubegpuPolicy, ReserveTerms
 
 GIB = 2**30
-
-
-class Reserving(KubegpuPolicy):
-    """kubegpu with host reservation switched on."""
-
-    reserve_weight = 0.35
 
 
 def one_gpu(cpu: int = 8000) -> Demand:
@@ -73,22 +68,55 @@ def test_small_pods_leave_the_only_big_host_free():
     assert fgd is not None and fgd.node == 0  # FGD hands the big node to the small pod
     k = cl.copy()
     for _ in range(12):  # more small pods than the small nodes' first GPUs
-        p = place(k, one_gpu(), Reserving(), None, kg_ctx)
+        p = place(k, one_gpu(), KubegpuPolicy(), None, kg_ctx)
         assert p is not None and p.node != 0
         k.take(p.node, p.gpus, one_gpu())
-    p = place(k, big_pod(), Reserving(), None, kg_ctx)
+    p = place(k, big_pod(), KubegpuPolicy(), None, kg_ctx)
     assert p is not None and p.node == 0 and len(p.gpus) == 8
 
 
-def test_leftover_table_is_the_best_packing_of_one_gpu_shapes():
+def fill_workload() -> Workload:
     share = Demand(1, 810, 0, 0, False, 2000, GIB, None)
     small = Demand(1, 160, 0, 0, False, 2000, GIB, None)
-    ctx = ScoreContext(workload=Workload.from_demands([share] * 10 + [small] * 5 + [one_gpu()] * 10))
-    table = ctx.leftover()
-    assert table[1000] == 0  # a whole-GPU pod fills it
-    assert table[190] == 30  # only a 160 still fits
-    assert table[100] == 100  # nothing fits
-    assert table[840] == 30  # 810 + 30
+    return Workload.from_demands([share] * 10 + [small] * 5 + [one_gpu(2000)] * 10)
+
+
+def test_fill_value_counts_rarely_filled_gaps_as_stranded():
+    share = Demand(1, 810, 0, 0, False, 2000, GIB, None)
+    small = Demand(1, 160, 0, 0, False, 2000, GIB, None)
+    value = fill_value(Workload.from_demands([share] * 40 + [small] + [one_gpu(2000)] * 59), kappa=20)
+    assert value[1000] == 0  # a whole-GPU pod takes an idle GPU
+    assert value[100] == 100 and value[30] == 30  # nothing fits: all of it stays free
+    # Only the 160 (1 % of the one-GPU pods) fits a 190 gap: filled with odds 20 x 1 %, else left.
+    assert np.isclose(value[190], 0.8 * 190 + 0.2 * 30)
+    assert value[840] < 0.5 * value[190]  # an 810 (or a 160) very likely goes there
+    # The common share's gap is what a frequent fill would leave.
+    assert np.isclose(fill_value(fill_workload())[190], 30)
+
+
+def test_fill_value_without_shares_strands_every_gap():
+    value = fill_value(Workload.from_demands([one_gpu()] * 3))
+    assert value[1000] == 0 and value[999] == 999 and value[1] == 1
+
+
+def test_cpu_floor_is_the_least_cpu_of_what_fits():
+    floor = cpu_floor(fill_workload())
+    assert floor[100] == np.inf  # nothing fits
+    assert floor[160] == 2000 and floor[900] == 2000
+    assert floor[1000] == 2000
+
+
+def test_a_gap_on_a_node_without_cpu_counts_whole():
+    cl = ClusterState.from_arrays(["a", "b"], ["T4", "T4"], [2, 2], [64_000, 3_000], [256 * GIB] * 2)
+    share = Demand(1, 810, 0, 0, False, 2000, GIB, None)
+    value, floor = fill_value(fill_workload()), cpu_floor(fill_workload())
+    cand = cl.gpu_candidates(share)
+    delta = fill_delta_per_gpu(cl, np.arange(2), share, cand, value, floor)
+    # On "a" the GPU goes from idle (0) to a 190 gap (value[190]); on "b" the 810 takes the CPU the
+    # other idle GPU and the new gap would need: 1000 + 190 stranded.
+    assert np.isclose(delta[0, 0], value[190])
+    assert np.isclose(delta[1, 0], 1190)
+    assert not np.isfinite(fill_delta_per_gpu(cl, np.arange(2), share, np.zeros_like(cand), value, floor)).any()
 
 
 def test_share_goes_to_the_gpu_it_fills_closest_to_full():
@@ -96,6 +124,21 @@ def test_share_goes_to_the_gpu_it_fills_closest_to_full():
     share = Demand(1, 810, 0, 0, False, 2000, GIB, None)
     small = Demand(1, 160, 0, 0, False, 2000, GIB, None)
     cl.take(0, [1], small)  # GPU 1 has 840 free: an 810 there leaves 30, on GPU 0 it would leave 190
-    wl = Workload.from_demands([share] * 10 + [small] * 5 + [one_gpu(2000)] * 10)
-    p = place(cl, share, "kubegpu", None, ScoreContext(workload=wl))
+    p = place(cl, share, "kubegpu", None, ScoreContext(workload=fill_workload()))
     assert p is not None and p.gpus == (1,)
+
+
+def test_share_scores_depend_on_the_node_alone():
+    cl = cluster(6)
+    share = Demand(1, 470, 0, 0, False, 4000, GIB, None)
+    ctx = ScoreContext(workload=Workload.from_demands([share] * 5 + [one_gpu()] * 5))
+    for node, gpu in ((1, 0), (2, 0), (2, 1), (4, 3)):
+        cl.take(node, [gpu], share)
+    rows = np.arange(cl.n_nodes)
+    cand = cl.gpu_candidates(share)
+    policy = KubegpuPolicy()
+    assert policy.row_local(share) and not policy.row_local(one_gpu())
+    together = policy.node_scores(cl, share, rows, cand, ctx)
+    alone = [policy.node_scores(cl, share, rows[i : i + 1], cand[i : i + 1], ctx)[0] for i in rows]
+    assert np.array_equal(together, alone)
+    assert int(np.argmax(together)) in (1, 4)  # a 470 joins a lone 470 rather than open an idle GPU

@@ -301,7 +301,9 @@ def test_policies_kept_per_node_really_score_each_node_on_its_own() -> None:
         req = parse_pod(pod("q", limits)).gpu_containers[0].request
         demand = request_demand(req)
         cand = cluster.gpu_candidates(demand)[rows]
-        for name in sorted(ROW_LOCAL_POLICIES):
+        row_local = [*sorted(ROW_LOCAL_POLICIES), *(n for n in TIE_BREAKS if get_policy(n).row_local(demand))]
+        assert "kubegpu" in row_local or demand.count != 1 or demand.exclusive  # its shares are row-local
+        for name in row_local:
             policy = get_policy(name)
             together = np.asarray(policy.node_scores(cluster, demand, rows, cand, ctx), np.float64)
             alone = [float(policy.node_scores(cluster, demand, rows[i:i + 1], cand[i:i + 1], ctx)[0])

@@ -60,7 +60,8 @@ log = logging.getLogger(__name__)
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 # Policies whose node score is a function of that node's row alone, so kept scores stay right (not
-# "random": it draws per call; not "kubegpu": its tie-break compares the nodes scored together).
+# "random": it draws per call; not "kubegpu": its tie-break compares the nodes scored together, though
+# its share scores are row-local, which ``Policy.row_local`` says per demand).
 # tests/scheduler/test_scheduler_accounting.py checks this property against the placement core.
 ROW_LOCAL_POLICIES = frozenset({"fgd", "bestfit", "dotprod", "packing", "clustering", "spread"})
 # Policies whose scores are a row-local policy's, refined by the policy itself among the nodes tied at the
@@ -526,12 +527,14 @@ class ClusterView:
 
         For a row-local policy (ROW_LOCAL_POLICIES) scores are kept per (policy, demand) with the version
         of the row they were computed at, and only rows changed since (a bind, a departure, a health
-        change) are rescored. A policy that refines a row-local one among its best nodes
-        (TIE_BREAKS: ``kubegpu`` is FGD plus a tie-break among FGD's best) gets the kept primary scores,
+        change) are rescored; so are a policy's scores for demands it calls row-local (``kubegpu``'s
+        shares). A policy that refines a row-local one among its best nodes (TIE_BREAKS: ``kubegpu``
+        is FGD plus a tie-break among FGD's best for whole GPUs) gets the kept primary scores,
         and only the nodes tied at the top are scored by the policy itself, together, as it would."""
         ctx = self.score_context()
         policy = get_policy(policy_name)
-        primary_name = TIE_BREAKS.get(policy.name)
+        row_local = policy.name in ROW_LOCAL_POLICIES or policy.row_local(demand)
+        primary_name = None if row_local else TIE_BREAKS.get(policy.name)
         if primary_name is not None:
             primary = self._kept_scores(get_policy(primary_name), demand, rows, cand, ctx)
             top = np.flatnonzero(primary == primary.max())
@@ -540,7 +543,7 @@ class ClusterView:
             out = primary.copy()
             out[top] = self._kept_scores(policy, demand, rows[top], cand[top], ctx, tied=True)
             return out
-        if policy.name not in ROW_LOCAL_POLICIES:
+        if not row_local:
             return np.asarray(policy.node_scores(self.cluster, demand, rows, cand, ctx), np.float64)
         return self._kept_scores(policy, demand, rows, cand, ctx)
 
