@@ -260,6 +260,10 @@ class ClusterState:
         return ok & self.model_mask(demand.models) & (candidates.sum(axis=1) >= demand.count)
 
     # ---- commit -------------------------------------------------------------------------------
+    def usable_free(self, rows: int | np.ndarray | slice) -> np.ndarray:
+        """Free compute (milli) of the GPU slots of ``rows``; 0 where a slot is unhealthy or unused."""
+        return np.where(self.gpu_ok[rows], self.core_free[rows], 0).astype(np.int64)
+
     def take(self, node: int, gpus: Sequence[int], demand: Demand) -> None:
         """Subtract a demand placed on ``gpus`` of ``node``. Checks first; changes nothing on error."""
         gpus = list(gpus)

@@ -88,7 +88,7 @@ def fill_delta_per_gpu(
     ``floor[f]``. Entries where ``candidates`` is False are ``+inf``.
     """
     ok = cluster.gpu_ok[rows]
-    free = np.where(ok, cluster.core_free[rows], 0).astype(np.int64)
+    free = cluster.usable_free(rows)
     cpu_before = cluster.cpu_free[rows][:, None]
     cpu_after = cpu_before - demand.cpu_milli
 

@@ -57,10 +57,6 @@ class FragTerms:
         )
 
 
-def _free(cluster: ClusterState, rows: np.ndarray | slice) -> np.ndarray:
-    return np.where(cluster.gpu_ok[rows], cluster.core_free[rows], 0).astype(np.int64)
-
-
 def _runs(terms: FragTerms, rows: np.ndarray | slice, cpu: np.ndarray, mem: np.ndarray) -> np.ndarray:
     """(T, n) bool: shape t could run on node (apart from GPU room), given CPU and memory left."""
     ok = terms.gpu_shape[:, None] & terms.access[:, rows] & (cpu[None, :] >= terms.cpu[:, None])
@@ -71,7 +67,7 @@ def _runs(terms: FragTerms, rows: np.ndarray | slice, cpu: np.ndarray, mem: np.n
 
 def node_frag(cluster: ClusterState, terms: FragTerms, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
     """(n,) fragment (milli) of the selected nodes as they are now."""
-    left = _free(cluster, rows)
+    left = cluster.usable_free(rows)
     return frag_of(terms, rows, left, cluster.cpu_free[rows], cluster.mem_free[rows])
 
 
@@ -111,7 +107,7 @@ class FragCache:
         rows = np.flatnonzero(cluster.version != self.version)
         if len(rows) == 0:
             return
-        left = _free(cluster, rows)
+        left = cluster.usable_free(rows)
         ge = left[None, :, :] >= self.terms.milli[:, None, None]
         self.a[:, rows] = (left[None, :, :] * ge).sum(axis=2)
         self.c[:, rows] = ge.sum(axis=2)
@@ -201,7 +197,7 @@ def frag_delta_per_node(
         runs = _runs(t, rows, cpu_after, mem_after) & (c >= t.count[:, None])
         after = (cache.s[rows] - MILLI * k) - t.freq @ (runs * a)
         return after - before
-    left = _free(cluster, rows)
+    left = cluster.usable_free(rows)
     before = frag_of(terms, rows, left, cluster.cpu_free[rows], cluster.mem_free[rows])
     after_left = left.copy()
     if gpu_choice is not None and demand.count > 0:
@@ -288,7 +284,7 @@ def capacity_delta_per_node(
         slots = cache.slots[:, rows] - k * (MILLI // np.maximum(terms.milli, 1))[:, None] * gpu
         s_after = cache.s[rows] - MILLI * k
     else:
-        left = _free(cluster, rows)
+        left = cluster.usable_free(rows)
         r = np.arange(len(rows))[:, None]
         left[r, gpu_choice] = np.maximum(left[r, gpu_choice] - demand.milli, 0)
         ge = left[None, :, :] >= terms.milli[:, None, None]

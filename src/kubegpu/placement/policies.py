@@ -192,7 +192,7 @@ class ReserveTerms:
         """(n,) how many short-of-hosts shapes node rows[i] could no longer host after ``demand`` (GPUs ``choice``)."""
         if not len(self.cpu):
             return np.zeros(len(rows))
-        free = _free(cluster, rows)
+        free = cluster.usable_free(rows)
         before = self.able(rows, free, cluster.cpu_free[rows], cluster.mem_free[rows])
         after_free = free.copy()
         if choice is not None and demand.count > 0:
@@ -207,7 +207,7 @@ class ReserveTerms:
             return np.zeros(len(rows))
         # Only the shapes some tied node would lose pay for counting their hosts over the whole cluster.
         every = np.arange(cluster.n_nodes)
-        free_all = _free(cluster, every)
+        free_all = cluster.usable_free(every)
         hosts = self.able(every, free_all, cluster.cpu_free, cluster.mem_free, shapes).sum(axis=1)
         # Pods of each shape expected while the free GPU lasts (at the workload's mix): a shape is
         # short of hosts once no more hosts can take it than pods of it are still to come.
@@ -242,11 +242,7 @@ class Policy:
         self, cluster: ClusterState, node: int, demand: Demand, candidates: np.ndarray, ctx: ScoreContext
     ) -> np.ndarray:
         """Scores (G,) of one node's GPUs for one GPU's part of ``demand``; only ``candidates`` count."""
-        return -_free(cluster, node).astype(np.float64)  # best fit by default
-
-
-def _free(cluster: ClusterState, node: int | np.ndarray) -> np.ndarray:
-    return np.where(cluster.gpu_ok[node], cluster.core_free[node], 0).astype(np.int64)
+        return -cluster.usable_free(node).astype(np.float64)  # best fit by default
 
 
 def bestfit_choice(left: np.ndarray, candidates: np.ndarray, k: int) -> np.ndarray:
@@ -295,7 +291,7 @@ class BestFitPolicy(Policy):
         candidates: np.ndarray,
         ctx: ScoreContext,
     ) -> np.ndarray:
-        gpu_left = _free(cluster, rows).sum(axis=1)
+        gpu_left = cluster.usable_free(rows).sum(axis=1)
         cpu_left = cluster.cpu_free[rows]
         waste = (
             0.5 * (cpu_left - demand.cpu_milli) / MAX_SPEC_CPU
@@ -317,7 +313,7 @@ class DotProductPolicy(Policy):
         candidates: np.ndarray,
         ctx: ScoreContext,
     ) -> np.ndarray:
-        gpu_left = _free(cluster, rows).sum(axis=1)
+        gpu_left = cluster.usable_free(rows).sum(axis=1)
         cpu_left = cluster.cpu_free[rows]
         dot = (cpu_left / MAX_SPEC_CPU) * (demand.cpu_milli / MAX_SPEC_CPU) + (gpu_left / MAX_SPEC_GPU) * (
             demand.gpu_milli_total / MAX_SPEC_GPU
@@ -340,7 +336,7 @@ class PackingPolicy(Policy):
     ) -> np.ndarray:
         if demand.count == 0 or demand.milli <= 0:
             return np.zeros(len(rows))
-        left = _free(cluster, rows)
+        left = cluster.usable_free(rows)
         ok = cluster.gpu_ok[rows]
         n_gpus = ok.sum(axis=1)
         fully_free = ((left == MILLI) & ok).sum(axis=1)
@@ -373,7 +369,7 @@ class ClusteringPolicy(Policy):
         tags = cluster.tags[rows]
         kinds = (tags > 0).sum(axis=1)
         same = tags[:, tag] > 0
-        used = (MAX_SCORE // 4) * (MAX_SPEC_GPU - _free(cluster, rows).sum(axis=1)) // MAX_SPEC_GPU
+        used = (MAX_SCORE // 4) * (MAX_SPEC_GPU - cluster.usable_free(rows).sum(axis=1)) // MAX_SPEC_GPU
         base = np.where(same, np.where(kinds == 1, 3, 2), np.where(kinds == 0, 1, 0)) * (MAX_SCORE // 4)
         return (base + used).astype(float)
 
@@ -414,7 +410,7 @@ class FgdPolicy(Policy):
             score = self._score(delta)
             score[~candidates] = -np.inf
             return score.max(axis=1)
-        choice = bestfit_choice(_free(cluster, rows), candidates, demand.count) if demand.count else None
+        choice = bestfit_choice(cluster.usable_free(rows), candidates, demand.count) if demand.count else None
         return self._score(frag_delta_per_node(cluster, terms, rows, demand, choice, cache))
 
     def gpu_scores(
@@ -454,14 +450,14 @@ class SpreadPolicy(Policy):
         ctx: ScoreContext,
     ) -> np.ndarray:
         gpu_cap = np.maximum(cluster.gpu_ok[rows].sum(axis=1) * MILLI, 1)
-        gpu = _free(cluster, rows).sum(axis=1) / gpu_cap
+        gpu = cluster.usable_free(rows).sum(axis=1) / gpu_cap
         cpu = cluster.cpu_free[rows] / np.maximum(cluster.cpu_cap[rows], 1)
         return gpu + 0.1 * cpu
 
     def gpu_scores(
         self, cluster: ClusterState, node: int, demand: Demand, candidates: np.ndarray, ctx: ScoreContext
     ) -> np.ndarray:
-        return _free(cluster, node).astype(np.float64)
+        return cluster.usable_free(node).astype(np.float64)
 
 
 class KubegpuPolicy(FgdPolicy):
@@ -549,7 +545,7 @@ class KubegpuPolicy(FgdPolicy):
             return primary
         sub, cand = rows[top], candidates[top]
         out = primary.astype(np.float64).copy()
-        choice = bestfit_choice(_free(cluster, sub), cand, demand.count) if demand.count else None
+        choice = bestfit_choice(cluster.usable_free(sub), cand, demand.count) if demand.count else None
         if self.reserve_weight > 0:
             loss = ctx.reserve_terms(cluster).loss(cluster, sub, demand, choice)
             out[top] += self.reserve_weight * (1.0 - np.minimum(loss, 1.0))
