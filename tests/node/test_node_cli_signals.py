@@ -164,7 +164,11 @@ def test_full_mode_publishes_and_serves(kubelet: StandinKubelet, sockdir: Path) 
                 raise AssertionError("no Device object: " + log.read_text()[-2000:])
             assert len(dev["spec"]["devices"]) == 4
             assert all(g["health"] is True for g in dev["spec"]["devices"])
+            # The publisher writes the labels, the Device, then the share capacity: wait for the last.
             node = api.get_object("nodes", "gpu-node-1")
+            while "kubegpu.io/gpu-core" not in node["status"].get("capacity", {}) and time.monotonic() < deadline:
+                time.sleep(0.1)
+                node = api.get_object("nodes", "gpu-node-1")
             assert node["metadata"]["labels"]["nvidia.com/gpu.count"] == "4"
             assert node["status"]["capacity"]["kubegpu.io/gpu-core"] == "400"
             proc.send_signal(signal.SIGTERM)
