@@ -74,7 +74,7 @@ def parse_extra_flags(args: list[str]) -> dict[str, Any]:
     return out
 
 
-def _backend(inventory: str | None, node_name: str | None) -> Any:
+def _backend(inventory: str | None, node_name: str | None, driver_root: str | None = None) -> Any:
     if inventory:
         from kubegpu.inventory.fake import FakeBackend
 
@@ -84,7 +84,8 @@ def _backend(inventory: str | None, node_name: str | None) -> Any:
     except ImportError as exc:
         raise RuntimeError(f"the NVML backend is not available ({exc}); use --inventory for a topology file") \
             from None
-    return NvmlBackend(node_name=node_name)
+    # NVML from the host driver root mounted in the container (as NVIDIA's plugin), else the library path.
+    return NvmlBackend(node_name=node_name, driver_root=driver_root)
 
 
 def _cluster_seams(kubeconfig: str | None, node_name: str, flags: Mapping[str, Any],
@@ -219,7 +220,10 @@ def node_command(
         console.print(f"[red]configuration error:[/red] {exc}")
         raise typer.Exit(EXIT_CONFIG) from None
     try:
-        backend = _backend(inventory, node_name)
+        from kubegpu.node.config import load_config
+
+        backend = _backend(inventory, node_name,
+                           load_config(flags=flags, env=env).flags.plugin.container_driver_root)
     except Exception as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(EXIT_INIT) from None
