@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from kubegpu.cli.main import app
 
-# ../shared beside the checkout (as in CI): fixtures, seeds and traces.
-SHARED = Path(__file__).resolve().parents[3] / "shared"
+# The seed examples, shipped with the tests (copied from the project's shared seed-examples).
+SEEDS = Path(__file__).resolve().parents[1] / "fixtures" / "seed-examples"
 
 runner = CliRunner()
 
@@ -161,9 +161,22 @@ def test_declared_replica_resource(tmp_path: Path) -> None:
 
 
 def test_seed_examples_all_pass() -> None:
-    seeds = sorted(str(p) for p in (SHARED / "seed-examples").glob("*.yaml"))
+    seeds = sorted(str(p) for p in SEEDS.glob("*.yaml"))
     code, out = run(*seeds, "--json")
     assert code == 0
     report = json.loads(out)
     assert sum(1 for o in report["objects"] if o["kind"] == "Pod") == 8
     assert all(o["allowed"] for o in report["objects"])
+
+
+def test_error_lines_are_never_wrapped_without_a_terminal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No COLUMNS and no terminal (CI, a pipe, `kubectl logs`): one error is one line, however long."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    deep = tmp_path / ("d" * 120) / ("e" * 120)
+    deep.mkdir(parents=True)
+    path = deep / "bad.yaml"
+    path.write_text("a: [\n")
+    code, out = run(str(path))
+    assert code == 2
+    lines = out.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error {path}: not valid YAML at line 2"), out

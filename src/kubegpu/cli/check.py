@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from kubegpu.cli.console import make_console
 from kubegpu.cli.main import app
 from kubegpu.model.manifests import ManifestError, pods_in_text
 from kubegpu.model.normalise import AdmissionPolicy, PodReview, request_summary, review_pod
@@ -131,7 +132,7 @@ def check(
     """
     policy = AdmissionPolicy(add_toleration=toleration, void_env=void_env,
                              replica_resources=frozenset(replica_resource))
-    console = Console()
+    console = make_console()
     objects: list[dict[str, Any]] = []
     errors: list[dict[str, str]] = []
     for file in files:
@@ -150,7 +151,7 @@ def check(
         for o in objects:
             _print_object(console, o)
         for e in errors:
-            Console(stderr=True).print(f"[bold red]error[/] {e['file']}: {e['error']}")
+            make_console(stderr=True).print(f"[bold red]error[/] {e['file']}: {e['error']}")
         if not objects and not errors:
             console.print("no pod specs found")
     raise typer.Exit(code)

@@ -17,8 +17,8 @@ from pathlib import Path
 from types import FrameType
 
 import typer
-from rich.console import Console
 
+from kubegpu.cli.console import make_console
 from kubegpu.cli.main import app
 
 EXIT_OK, EXIT_FAILED, EXIT_START, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -56,7 +56,7 @@ def demo(
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if debug:
         logging.getLogger("kubegpu").setLevel(logging.DEBUG)
-    console = Console(stderr=as_json, highlight=False)
+    console = make_console(stderr=as_json, highlight=False)
     opts = DemoOptions(short=short, quiet=quiet, keep_running_s=keep_running, workdir=workdir,
                        settle_timeout_s=settle_timeout)
     previous = signal.signal(signal.SIGTERM, _interrupt)

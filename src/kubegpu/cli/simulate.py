@@ -118,10 +118,11 @@ def _fail(message: str, as_json: bool) -> None:
 
 
 def _progress_bar(as_json: bool):  # type: ignore[no-untyped-def]
-    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    console = Console(stderr=True)
+    from kubegpu.cli.console import make_console
+
+    console = make_console(stderr=True)
     if as_json or not console.is_terminal:
         return None
     return Progress(
@@ -175,13 +176,13 @@ def _run_study(
 
 
 def _print_table(results: Any, trace: dict[str, Any], seeds: int, plot: Path | None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
+    from kubegpu.cli.console import make_console
     from kubegpu.sim.replay import CHECKPOINTS
     from kubegpu.sim.study import PAPER_AT_100
 
-    console = Console(width=max(Console().width, 150))
+    console = make_console(width=150)
     console.print(
         f"Replayed [bold]{trace['pods']}[/] ({trace['pod_list']} pods, resampled to {trace['inflate']:.0%} of "
         f"GPU capacity) on [bold]{trace['nodes']}[/] ({trace['node_count']} nodes, {trace['gpus']} GPUs), "
@@ -244,10 +245,11 @@ def _run_timeline(
     if as_json:
         print(json.dumps({"trace": trace, "policies": {n: r.to_json() for n, r in results.items()}}))
         return
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=max(Console().width, 150))
+    from kubegpu.cli.console import make_console
+
+    console = make_console(width=150)
     console.print(
         f"Replayed [bold]{trace['pods']}[/] in time (creation and deletion timestamps, with departures) "
         f"on {trace['node_count']} nodes, {trace['gpus']} GPUs."

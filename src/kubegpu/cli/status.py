@@ -7,10 +7,11 @@ import time
 from pathlib import Path
 
 import typer
-from rich.console import Console, Group
+from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
 
+from kubegpu.cli.console import make_console
 from kubegpu.cli.main import app
 from kubegpu.model.quantity import format_bytes
 from kubegpu.status.view import ClusterView, build_view
@@ -91,10 +92,7 @@ def status(
         view = build_view(inventories, records, node=node, model=model, namespace=namespace)
         return ClusterView(view.nodes, view.totals, tuple(problems) + view.problems)
 
-    console = Console()
-    if not console.is_terminal:
-        # Piped output is read by scripts and people's pagers: never fold rows.
-        console = Console(width=220)
+    console = make_console()  # piped output is read by scripts and pagers: never fold rows
     try:
         if as_json:
             typer.echo(json.dumps(snapshot().to_json()))

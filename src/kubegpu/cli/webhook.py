@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
+from kubegpu.cli.console import make_console
 from kubegpu.cli.main import app
 
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -100,5 +100,5 @@ def webhook_certs(
     (out / "ca.crt").write_bytes(ca.cert_pem)
     serving = issue_serving_cert(ca, service_names(service, namespace), days=days)
     serving.write(out / "tls.crt", out / "tls.key")
-    Console(stderr=True).print(f"wrote {out}/ca.crt, tls.crt, tls.key; caBundle:")
+    make_console(stderr=True).print(f"wrote {out}/ca.crt, tls.crt, tls.key; caBundle:")
     print(base64.b64encode(ca.cert_pem).decode())
