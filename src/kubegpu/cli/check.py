@@ -110,13 +110,14 @@ def _print_object(console: Console, obj: dict[str, Any]) -> None:
         console.print(f"  [cyan]+[/] {escape(change)}")
 
 
-@app.command("check")
+@app.command("check", short_help="Validate GPU requests in manifests with the webhook's rules.")
 def check(
     files: list[str] = typer.Argument(
-        ..., help="Manifest files (YAML or JSON, multi-document); '-' reads stdin."),
+        ..., metavar="FILE...", show_default=False,
+        help="Manifest files (YAML or JSON, multi-document); '-' reads stdin."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
     replica_resource: list[str] = typer.Option(
-        [], "--replica-resource",
+        [], "--replica-resource", metavar="NAME",
         help="A renamed replica resource whose name does not say 'gpu' (e.g. nvidia.com/small); repeatable."),
     toleration: bool = typer.Option(
         True, "--toleration/--no-toleration",

@@ -14,18 +14,20 @@ from kubegpu.cli.main import app
 DEFAULT_SEEDS_NOTE = "one seed by default; the paper's study is --seeds 10"
 
 
-@app.command("simulate")
+@app.command("simulate", short_help="Replay a GPU cluster trace through the placement policies.")
 def simulate(
     nodes: Annotated[
         Path | None,
         typer.Option(
-            "--nodes", help="openb-format node list (default: the packaged Alibaba openb GPU node list, 1,213 nodes)."
+            "--nodes", metavar="CSV",
+            help="openb-format node list (default: the packaged Alibaba openb GPU node list, 1,213 nodes)."
         ),
     ] = None,
     pods: Annotated[
         Path | None,
         typer.Option(
-            "--pods", help="openb-format pod list (default: the packaged openb_pod_list_default.csv, 8,152 pods)."
+            "--pods", metavar="CSV",
+            help="openb-format pod list (default: the packaged openb_pod_list_default.csv, 8,152 pods)."
         ),
     ] = None,
     policy: Annotated[
@@ -33,6 +35,7 @@ def simulate(
         typer.Option(
             "--policy",
             "-p",
+            metavar="POLICY",
             help="Node-level policy; repeat for "
             "several (default: the six FGD-paper policies and kubegpu). "
             "Known: random, dotprod, clustering, packing, bestfit, fgd, "
@@ -41,11 +44,13 @@ def simulate(
     ] = None,
     gpu_policy: Annotated[
         str | None,
-        typer.Option("--gpu-policy", help="GPU-level policy for every run (default: each node policy's own pairing)."),
+        typer.Option("--gpu-policy", metavar="POLICY",
+                     help="GPU-level policy for every run (default: each node policy's own pairing)."),
     ] = None,
     seeds: Annotated[
         int,
-        typer.Option("--seeds", min=1, max=1000, help="Seeds per policy (42, 43, ...); " + DEFAULT_SEEDS_NOTE + "."),
+        typer.Option("--seeds", min=1, max=1000, metavar="N",
+                     help="Seeds per policy (42, 43, ...); " + DEFAULT_SEEDS_NOTE + "."),
     ] = 1,
     inflate: Annotated[
         float,
@@ -53,13 +58,15 @@ def simulate(
             "--inflate",
             min=0.1,
             max=10.0,
+            metavar="X",
             help="Resample pods until the GPU request reaches this multiple of capacity.",
         ),
     ] = 1.3,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (last line) instead of a table.")
     ] = False,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write the paper's figure 9a (PNG).")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", metavar="PNG",
+                                              help="Write the paper's figure 9a (PNG).")] = None,
     replay_time: Annotated[
         bool,
         typer.Option(
