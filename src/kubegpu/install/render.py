@@ -355,6 +355,19 @@ def policy_objects(v: Values) -> list[Obj]:
     return objs
 
 
+def notes(v: Values) -> list[str]:
+    """What the operator must know about this render (printed by ``kubegpu manifests`` on stderr)."""
+    out = []
+    if v.mode == "full" and not has_match_conditions(v):
+        out.append(f"Kubernetes {v.kube_version or 'release'} has no webhook matchConditions: the webhook is sent "
+                   f"every pod outside the excluded namespaces, so its failurePolicy is "
+                   f"{webhook_failure_policy(v)} (with Ignore, GPU pods are admitted unchecked while it is down)")
+    if not has_admission_policies(v):
+        out.append("before Kubernetes 1.30 there are no ValidatingAdmissionPolicies: the node daemon's RBAC is not "
+                   "narrowed to its own node, and the record annotations are guarded by the webhook alone")
+    return out
+
+
 def render(v: Values) -> list[Obj]:
     """All objects for ``v.mode``, in an order ``kubectl apply`` can take."""
     check_values(v)
@@ -366,5 +379,10 @@ def render(v: Values) -> list[Obj]:
 
 
 def to_yaml(objs: list[Obj]) -> str:
-    header = "# Rendered by `kubegpu manifests`; edit the values, not this file.\n"
+    header = ("# Rendered by `kubegpu manifests`; edit the values, not this file.\n"
+              "# Prerequisites: the NVIDIA driver and the NVIDIA Container Toolkit on every GPU node (the NVIDIA\n"
+              "# runtime as the default runtime, or a RuntimeClass named in runtimeClassName).\n")
+    if any(o["apiVersion"].startswith("cert-manager.io/") for o in objs):
+        header += ("# Full mode with certManager: true needs cert-manager installed first (its Issuer and Certificate\n"
+                   "# are below); without it set webhook.certManager: false and webhook.caBundle.\n")
     return header + yaml.safe_dump_all(objs, sort_keys=False, default_flow_style=False)

@@ -7,8 +7,8 @@ unchanged. Unknown keys and bad values are errors that name the key.
 
 from __future__ import annotations
 
-from pathlib import Path
 import re
+from pathlib import Path
 from typing import Any, Final, Literal
 
 import msgspec
