@@ -34,6 +34,8 @@ from kubegpu.node.config.parse import (
     _replica_sharing,
     parse_resource_config,
 )
+from kubegpu.node.config.refused import check_refused
+from kubegpu.node.config.select import CONFIG_DIR_FLAG
 
 _TOP_KEYS: Final = ("version", "flags", "resources", "sharing", "imex", "kubegpu")
 
@@ -84,7 +86,7 @@ def load_config(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] |
     flags = dict(flags or {})
     env = env or {}
     for name in flags:
-        if name not in OPTIONS_BY_FLAG and name != CONFIG_FILE_FLAG:
+        if name not in OPTIONS_BY_FLAG and name not in (CONFIG_FILE_FLAG, CONFIG_DIR_FLAG):
             raise ConfigError(f"--{name}: unknown flag")
     for opt in OPTIONS:
         given = [n for n in (opt.flag, *opt.aliases) if flags.get(n) is not None]
@@ -124,6 +126,7 @@ def load_config(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] |
     values = {o.key: o.default for o in OPTIONS}
     for key, (raw, where) in chosen.items():
         values[key] = _parse_value(OPTIONS_BY_KEY[key], raw, where)
+    check_refused(values, chosen)
 
     resources_doc = _mapping(doc.get("resources"), "config.resources", ("gpus", "migs"))
     resources = Resources(gpus=_patterns(resources_doc.get("gpus"), "config.resources.gpus"),
