@@ -19,6 +19,7 @@ from kubegpu.install.values import (
     check_values,
     default_affinity,
     default_config_entry,
+    gpu_resources,
     has_admission_policies,
     has_match_conditions,
     kube_scheduler_image,
@@ -27,6 +28,7 @@ from kubegpu.install.values import (
     target_namespace,
     webhook_failure_policy,
 )
+from kubegpu.model import resources as R
 
 Obj = dict[str, Any]
 
@@ -136,6 +138,7 @@ def node_objects(v: Values) -> list[Obj]:
     ]
     if mig_monitoring(v):
         env.append({"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"})
+    env += resources_env(v)
     for key, value in (
         ("MIG_STRATEGY", v.mig_strategy),
         ("FAIL_ON_INIT_ERROR", v.fail_on_init_error),
@@ -205,6 +208,26 @@ def node_objects(v: Values) -> list[Obj]:
     return objs
 
 
+def resources_env(v: Values) -> list[Obj]:
+    """The renamed GPU resources the nodes serve, for every role that reads pods (model/resources.py)."""
+    names = gpu_resources(v)
+    return [{"name": R.GPU_RESOURCES_ENV, "value": ",".join(names)}] if names else []
+
+
+def managed_resources(v: Values) -> list[Obj]:
+    """The extender's managedResources: kubegpu's own, every MIG profile of the table (and the values'), every
+    renamed resource. A pod asking for none of these never reaches the extender."""
+    base = ["nvidia.com/gpu", "nvidia.com/gpu.shared", R.GPU_SLOTS, R.GPU_CORE, R.GPU_MEMORY, R.GPU_MEMORY_RATIO]
+    out = [{"name": n, "ignoredByScheduler": False} for n in base]
+    out.append({"name": R.GPU_PERCENT, "ignoredByScheduler": True})  # shorthand; the webhook expands it
+    seen = {m["name"] for m in out}
+    for n in (*R.mig_resources(v.mig_profiles), *gpu_resources(v)):
+        if n not in seen:
+            seen.add(n)
+            out.append({"name": n, "ignoredByScheduler": False})
+    return out
+
+
 def config_map_name(v: Values) -> str:
     return v.config.name or f"{APP}-device-plugin-config"
 
@@ -237,6 +260,7 @@ def scheduler_config(v: Values) -> Obj:
     (ext,) = cfg["extenders"]
     ext["urlPrefix"] = f"http://127.0.0.1:{sv.port}/scheduler"
     ext["weight"], ext["httpTimeout"] = sv.weight, sv.http_timeout
+    ext["managedResources"] = managed_resources(v)
     return cfg
 
 
@@ -262,6 +286,7 @@ def scheduler_objects(v: Values) -> list[Obj]:
                              "--node-policy", sv.node_policy, "--gpu-policy", sv.gpu_policy]
                 if sv.resources:
                     c["resources"] = sv.resources
+                c["env"] = c.get("env", []) + resources_env(v)
     objs += [
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
          "metadata": _meta("kubegpu-scheduler-extender", v, "scheduler", namespaced=False),
@@ -326,6 +351,10 @@ def webhook_objects(v: Values) -> list[Obj]:
                 o["spec"]["template"]["spec"]["runtimeClassName"] = w.runtime_class_name
             if w.resources:
                 o["spec"]["template"]["spec"]["containers"][0]["resources"] = w.resources
+            extra = resources_env(v)
+            if extra:
+                c0 = o["spec"]["template"]["spec"]["containers"][0]
+                c0["env"] = c0.get("env", []) + extra
         if o["kind"] not in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
             continue
         if not w.cert_manager:

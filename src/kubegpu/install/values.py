@@ -15,6 +15,7 @@ import msgspec
 import yaml
 
 from kubegpu import __version__
+from kubegpu.model import resources as R
 
 
 class ValuesError(ValueError):
@@ -142,6 +143,11 @@ class Values(_Struct):
     metrics_port: int = 9400
     scheduler: SchedulerValues = msgspec.field(default_factory=SchedulerValues)
     webhook: WebhookValues = msgspec.field(default_factory=WebhookValues)
+    # MIG profiles beyond kubegpu's table (model/resources.py), e.g. "1g.30gb" for a GPU newer than it.
+    mig_profiles: list[str] = msgspec.field(default_factory=list)
+    # GPU resource names the nodes serve beyond those config.map declares (renames in ConfigMaps given by
+    # config.name, --resource-config flags set elsewhere).
+    gpu_resources: list[str] = msgspec.field(default_factory=list)
 
 
 MIN_KUBE: Final = (1, 24)
@@ -214,6 +220,24 @@ def default_config_entry(v: Values) -> str:
     return ""
 
 
+def gpu_resources(v: Values) -> tuple[str, ...]:
+    """Renamed GPU resources the nodes serve: every config.map entry's replica renames, resource patterns and
+    short forms, plus ``gpuResources``; the one list the webhook, the extender and the CLI are told."""
+    from kubegpu.node.config import ConfigError, load_config
+
+    names = set(v.gpu_resources)
+    for entry, text in v.config.map.items():
+        try:
+            doc = yaml.safe_load(text) or {}
+            cfg = load_config(file=doc)
+        except (yaml.YAMLError, ConfigError) as exc:
+            raise ValuesError(f"config.map.{entry}: {exc}") from None
+        for section in (cfg.sharing.time_slicing, cfg.sharing.mps):
+            names.update(section.served_name(r) for r in section.resources)
+        names.update(p.name for p in (*cfg.resources.gpus, *cfg.resources.migs))
+    return tuple(sorted(n for n in names if n))
+
+
 def check_values(v: Values) -> None:
     """What the types cannot say: settings that would render and then fail on the cluster."""
     kube_version(v)
@@ -242,6 +266,13 @@ def check_values(v: Values) -> None:
         raise ValuesError("webhook.caBundle: without cert-manager (webhook.certManager: false) the API server "
                           "needs the CA that signed the webhook's certificate; run `kubegpu webhook-certs` and "
                           "set webhook.caBundle, or install cert-manager")
+    for p in v.mig_profiles:
+        if not R.MIG_PROFILE_RE.match(p):
+            raise ValuesError(f"migProfiles: {p!r} is not a MIG profile name such as 1g.10gb or 1g.10gb+me")
+    for n in v.gpu_resources:
+        if "/" not in n:
+            raise ValuesError(f"gpuResources: {n!r} is not a domain-qualified resource name (nvidia.com/small)")
+    gpu_resources(v)  # every config.map entry must load as the node daemon would load it
     for i, s in enumerate(v.image_pull_secrets):
         if set(s) != {"name"} or not s.get("name"):
             raise ValuesError(f"imagePullSecrets[{i}]: expected {{name: <secret>}}")

@@ -47,7 +47,7 @@ def mig_device(g: Gpu, m: MigDevice) -> AdvertisedDevice:
 
 def mig_resource_name(profile: str) -> str:
     """``1g.10gb+me`` -> ``nvidia.com/mig-1g.10gb.me`` (``+`` is not allowed in resource names)."""
-    return R.NVIDIA_MIG_PREFIX + profile.replace("+", ".")
+    return R.mig_resource(profile)
 
 
 def _match(patterns: Sequence[ResourcePattern], value: str) -> str | None:
