@@ -85,7 +85,8 @@ def test_a_bad_config_map_entry_is_refused_at_render_time() -> None:
 
 def _small_pod() -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "a"},
-            "spec": {"containers": [{"name": "c", "image": "cuda", "resources": {"limits": {"nvidia.com/small": "1"}}}]}}
+            "spec": {"containers": [{"name": "c", "image": "cuda",
+                                     "resources": {"limits": {"nvidia.com/small": "1"}}}]}}
 
 
 def test_declared_names_are_gpu_resources_to_the_parser_webhook_and_check(monkeypatch: pytest.MonkeyPatch,
