@@ -51,8 +51,8 @@ def test_rbac_is_what_the_extender_uses() -> None:
     grants = {(g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"]
               for r in rule["resources"]}
     assert grants == {
-        ("", "pods"): {"get", "list", "watch", "patch"},     # informer, bind's read, annotation patch
-        ("", "pods/binding"): {"create"},                     # the Binding
-        ("", "nodes"): {"get", "list", "watch"},              # informer (labels)
-        ("kubegpu.io", "devices"): {"get", "list", "watch"},  # informer (GPUs)
+        ("", "pods"): {"get", "list", "watch"},        # informer, bind's read (the record rides on the Binding)
+        ("", "pods/binding"): {"create"},               # the Binding
+        ("", "nodes"): {"list", "watch"},               # informer (labels)
+        ("kubegpu.io", "devices"): {"list", "watch"},   # informer (GPUs)
     }

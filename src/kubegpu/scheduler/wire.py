@@ -12,6 +12,8 @@ from typing import Any
 
 import msgspec
 
+from kubegpu.scheduler.reasons import readable
+
 
 class WireError(ValueError):
     """A request body that is not a valid extender message."""
@@ -41,6 +43,12 @@ class ExtenderFilterResult(msgspec.Struct):
     FailedNodes: dict[str, str]
     FailedAndUnresolvableNodes: dict[str, str]
     Error: str = ""
+
+    def __post_init__(self) -> None:
+        # kube-scheduler formats these into Events: worded for that (scheduler/reasons.py).
+        self.FailedNodes = {k: readable(v) for k, v in self.FailedNodes.items()}
+        self.FailedAndUnresolvableNodes = {k: readable(v) for k, v in self.FailedAndUnresolvableNodes.items()}
+        self.Error = readable(self.Error) if self.Error else ""
 
 
 class HostPriority(msgspec.Struct):
