@@ -118,7 +118,6 @@ def node_security_context(v: Values) -> Obj:
     ctx: Obj = {
         "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,
-        "runAsUser": 0,
         "seccompProfile": {"type": "RuntimeDefault"},
         "capabilities": {"drop": ["ALL"]},
     }
@@ -180,6 +179,9 @@ def node_objects(v: Values) -> list[Obj]:
         securityContext=v.security_context if v.security_context is not None else node_security_context(v),
     )
     pod_spec: Obj = {
+        # Root (the image's default user is 65532): the kubelet's device-plugin directory and /var/run/cdi
+        # are root's. At pod level, so a securityContext given in the values keeps it.
+        "securityContext": {"runAsUser": 0, "runAsGroup": 0},
         "serviceAccountName": name,
         "priorityClassName": v.priority_class_name,
         "tolerations": v.tolerations,
