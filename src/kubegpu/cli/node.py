@@ -125,14 +125,19 @@ def _print_plans(console: Console, plans: list[Any], as_json: bool) -> None:
     console.print(table)
 
 
-def _metrics(address: str, metrics: Any) -> None:
+def _metrics(address: str, metrics: Any, daemon: Any = None) -> None:
+    """Serve /metrics, /healthz and /readyz; raises MetricsAddressError (the address is taken, ...)."""
     if not address or address in ("0", "off", "none"):
         return
-    from kubegpu.node.metrics import serve
+    from kubegpu.node.metrics import MetricsAddressError, serve
 
     host, _, port = address.rpartition(":")
-    server, _ = serve(metrics, int(port or 0), host or "0.0.0.0")
-    log.info("metrics on http://%s:%d/metrics", host or "0.0.0.0", server.server_port)
+    try:
+        number = int(port or 0)
+    except ValueError:
+        raise MetricsAddressError(f"cannot serve metrics on {address!r}: the port is not a number") from None
+    server, _ = serve(metrics, number, host or "0.0.0.0", daemon)
+    log.info("metrics on http://%s:%d/metrics (and /healthz, /readyz)", host or "0.0.0.0", server.server_port)
 
 
 def run_daemon(daemon: Any, *, stop: threading.Event, reload: threading.Event,
@@ -244,14 +249,14 @@ def node_command(
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(EXIT_INIT) from None
 
+    daemon = NodeDaemon(backend, load, publisher=publisher, resolver=resolver, metrics=metrics)
     try:
         from kubegpu.node.config import load_config
 
-        _metrics(load_config(flags=flags, env=env).kubegpu.metrics_address, metrics)
-    except (OSError, ValueError) as exc:
-        log.warning("metrics endpoint not started: %s", exc)
-
-    daemon = NodeDaemon(backend, load, publisher=publisher, resolver=resolver, metrics=metrics)
+        _metrics(load_config(flags=flags, env=env).kubegpu.metrics_address, metrics, daemon)
+    except OSError as exc:  # the address is taken or not this host's: say which, and stop
+        console.print(f"[red]error:[/red] {exc} (set --metrics-address, or 0 to serve no metrics)")
+        raise typer.Exit(EXIT_INIT) from None
     stop, reload = threading.Event(), threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

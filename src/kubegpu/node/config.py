@@ -253,7 +253,7 @@ class KubegpuSettings:
     health_recovery_interval_s: float = 60.0  # quiet time before a probe may recover a GPU; 0 = never
     cdi_spec_dir: str = "/var/run/cdi"
     device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
-    metrics_address: str = ":9402"
+    metrics_address: str = ":9400"  # the port the manifests expose (install values metricsPort)
     resource_config: tuple[str, ...] = ()  # the sharing fork's short forms, as given
     # The kubelet's PodResources API, used to verify the handoff (full mode).
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -370,8 +370,8 @@ OPTIONS: Final[tuple[Option, ...]] = (
            "where the node's CDI spec is written"),
     Option("kubegpu.devicePluginDir", "device-plugin-dir", "KUBEGPU_DEVICE_PLUGIN_DIR", "str",
            "/var/lib/kubelet/device-plugins", "the kubelet's device-plugin directory"),
-    Option("kubegpu.metricsAddress", "metrics-address", "KUBEGPU_METRICS_ADDRESS", "str", ":9402",
-           "host:port of the Prometheus endpoint ('' disables it)"),
+    Option("kubegpu.metricsAddress", "metrics-address", "KUBEGPU_METRICS_ADDRESS", "str", ":9400",
+           "host:port of /metrics, /healthz and /readyz ('' or 0 disables them)"),
     Option("kubegpu.resourceConfig", "resource-config", "RESOURCE_CONFIG", "list", (),
            "short form <resource>:<new name>:<replicas>, comma separated (gpu:sharedgpu:4)",
            ()),
