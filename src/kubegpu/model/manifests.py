@@ -118,7 +118,8 @@ def pods_in(obj: object, document: int = 0) -> tuple[list[PodSource], list[Skipp
     """Every pod spec in one parsed document (recursing into ``List`` items)."""
     if not isinstance(obj, Mapping):
         return [], [Skipped(document, type(obj).__name__, "")]
-    kind = obj.get("kind") if isinstance(obj.get("kind"), str) else ""
+    raw_kind = obj.get("kind")
+    kind = raw_kind if isinstance(raw_kind, str) else ""
     name, ns = _meta(obj)
     if kind.endswith("List") and isinstance(obj.get("items"), list):
         found: list[PodSource] = []

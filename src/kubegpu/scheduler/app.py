@@ -252,7 +252,7 @@ class Extender:
         """After a 409 on the Binding: is the pod bound to ``node`` with our record (a retry that raced)?"""
         pod = await self.client.get(Pod, name, namespace=ns)  # type: ignore[union-attr]
         return bool(pod.spec and pod.spec.nodeName == node
-                    and (pod.metadata.annotations or {}).get(A.DEVICE_ALLOCATED) == value)
+                    and ((pod.metadata and pod.metadata.annotations) or {}).get(A.DEVICE_ALLOCATED) == value)
 
     def remember(self, pod: dict[str, Any]) -> None:
         """Keep the scheduler's copy of a pod being scheduled, for its bind (bounded, oldest dropped)."""

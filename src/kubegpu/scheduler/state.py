@@ -388,7 +388,7 @@ class ClusterView:
         all_rows = self.rows_of(names)
         known = all_rows >= 0
         for i in np.flatnonzero(~known):
-            n = names[i]
+            n = names[int(i)]
             rec = self.nodes.get(n)
             if rec is not None and rec.device_error:
                 failed[n] = f"its Device object is unreadable: {rec.device_error}"
@@ -397,7 +397,7 @@ class ClusterView:
             reasons["no-device-object"] += 1
         if not known.any():
             return FilterOutcome(passed, failed, unresolvable, reasons)
-        names_known = [names[i] for i in np.flatnonzero(known)] if not known.all() else list(names)
+        names_known = [names[int(i)] for i in np.flatnonzero(known)] if not known.all() else list(names)
         rows_known = all_rows[known]
         rows = rows_known
         models = request.allowed_models
