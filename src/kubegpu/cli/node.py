@@ -44,11 +44,9 @@ def _epilog() -> str:
         from kubegpu.node.config import flag_help
     except ImportError:  # pragma: no cover - config module missing in a partial checkout
         return ""
-    from rich.markup import escape
-
     lines = ["NVIDIA device-plugin and kubegpu options (flag / env / default):"]
     for flag, env, default, _help in flag_help():
-        lines.append(escape(f"{flag} ({env}) [{default}]"))
+        lines.append(f"{flag} ({env}) [{default}]")  # plain click help: no rich markup to escape
     return "\n\n".join(lines)
 
 
