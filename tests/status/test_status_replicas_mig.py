@@ -178,3 +178,19 @@ def test_missing_crd_and_non_json_404_are_clear_errors(tmp_path: Path, json_stat
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_some_gpus_replicated_are_taken_off_the_whole_free_count() -> None:
+    """One of four T4s time-sliced (NVIDIA's `devices:` subset): the Node says how many, not which, so
+    no GPU is marked but the whole free count drops by one."""
+    from kubegpu.status.view import NodeInfo, ReplicaRecord, build_view
+
+    inv = FakeBackend("t4x4", node_name="t4").discover()
+    info = {"t4": NodeInfo({"nvidia.com/gpu": 3, "nvidia.com/gpu.shared": 4}, {"nvidia.com/gpu.replicas": "4"})}
+    view = build_view([inv], [], node_info=info,
+                      replica_pods=[ReplicaRecord("ns", "p", "t4", "c", "nvidia.com/gpu.shared", 1)])
+    t = view.totals
+    assert (t.whole_free_gpus, t.replica_gpus, t.replicas_total, t.replicas_held) == (3, 1, 4, 1)
+    assert not any(g.replica_only for g in view.nodes[0].gpus)
+    no_info = build_view([inv], [])
+    assert no_info.totals.whole_free_gpus == 4 and no_info.nodes[0].replicas == ()
