@@ -101,5 +101,14 @@ def webhook_certs(
     (out / "ca.crt").write_bytes(ca.cert_pem)
     serving = issue_serving_cert(ca, service_names(service, namespace), days=days)
     serving.write(out / "tls.crt", out / "tls.key")
-    make_console(stderr=True).print(f"wrote {out}/ca.crt, tls.crt, tls.key; caBundle:")
-    print(base64.b64encode(ca.cert_pem).decode())
+    bundle = base64.b64encode(ca.cert_pem).decode()
+    make_console(stderr=True).print(
+        f"wrote {out}/ca.crt, tls.crt, tls.key (tls.key readable by you only). Next steps:\n"
+        f"  1. kubectl create namespace {namespace} (if needed), then\n"
+        f"     kubectl -n {namespace} create secret tls {service}-tls --cert={out}/tls.crt --key={out}/tls.key\n"
+        "  2. in the values file: webhook: {certManager: false, caBundle: <the line on stdout>}, then\n"
+        "     kubegpu manifests -f values.yaml | kubectl apply -f -\n"
+        f"  3. delete {out}/tls.key once the Secret exists; before {days} days pass, run this again and\n"
+        "     replace the Secret and the caBundle.\n"
+        "caBundle:", markup=False, highlight=False)
+    print(bundle)
