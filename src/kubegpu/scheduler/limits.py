@@ -95,6 +95,13 @@ class Aggregate:
     memory_bytes: int  # GPU memory asked in bytes
     memory_ratio: int  # GPU memory asked in percent of a GPU (summed over GPUs)
     whole: int  # GPUs taken whole
+    containers: tuple[str, ...] = ()  # the app containers counted
+
+    @property
+    def who(self) -> str:
+        shown = ", ".join(repr(c) for c in self.containers[:4])
+        more = f" and {len(self.containers) - 4} more" if len(self.containers) > 4 else ""
+        return f"containers {shown}{more}" if len(self.containers) > 1 else f"container {shown}"
 
     @property
     def empty(self) -> bool:
@@ -105,10 +112,12 @@ def aggregate(request: PodRequest) -> Aggregate:
     """The sum over app containers (init containers run before them and are checked one by one).
     MIG and replica containers use their own resources and add nothing here."""
     milli = mem = ratio = whole = 0
+    names: list[str] = []
     for c in request.gpu_containers:
         req = c.request
         if c.init or req is None or req.kind not in (RequestKind.WHOLE, RequestKind.SHARE):
             continue
+        names.append(c.name)
         if req.exclusive:
             whole += req.count
             milli += MILLI * req.count
@@ -119,7 +128,7 @@ def aggregate(request: PodRequest) -> Aggregate:
             mem += req.memory_bytes * req.count
         else:
             ratio += (req.memory_ratio or 0) * req.count
-    return Aggregate(milli, mem, ratio, whole)
+    return Aggregate(milli, mem, ratio, whole, tuple(names))
 
 
 def aggregate_short(view: ClusterView, rows: np.ndarray, need: Aggregate) -> list[str]:
@@ -137,12 +146,12 @@ def aggregate_short(view: ClusterView, rows: np.ndarray, need: Aggregate) -> lis
     out = [""] * len(rows)
     for i in np.flatnonzero((core < need.milli) | (gmem_free < mem_need) | (whole_free < need.whole)):
         if whole_free[i] < need.whole:
-            out[i] = f"{need.whole} whole GPUs requested in all, {int(whole_free[i])} free"
+            out[i] = f"{need.who}: {need.whole} whole GPUs requested in all, {int(whole_free[i])} free"
         elif core[i] < need.milli:
-            out[i] = (f"the pod's containers need {need.milli / 10:g} % of a GPU's compute in all, "
+            out[i] = (f"{need.who} need {need.milli / 10:g} % of a GPU's compute in all, "
                       f"the node has {int(core[i]) / 10:g} % free")
         else:
-            out[i] = (f"the pod's containers need {int(mem_need[i]) / 2**30:.1f} GiB of GPU memory in all, "
+            out[i] = (f"{need.who} need {int(mem_need[i]) / 2**30:.1f} GiB of GPU memory in all, "
                       f"the node has {int(gmem_free[i]) / 2**30:.1f} GiB free")
     return out
 
