@@ -19,9 +19,9 @@ from pathlib import Path
 import typer
 
 from kubegpu.cli.main import app
+from kubegpu.model.limits import DEFAULT_MAX_GPU_CONTAINERS
 
 EXIT_CONFIG = 2
-MAX_GPU_CONTAINERS = 32  # = kubegpu.scheduler.limits.DEFAULT_MAX_GPU_CONTAINERS (not imported: numpy at --help)
 
 
 def _listen(value: str) -> tuple[str, int]:
@@ -70,7 +70,7 @@ def scheduler(
     metrics_debug_api: bool = typer.Option(False, "--metrics-debug-api",
                                            help="also serve the DeviceShare debug API (every GPU pod's "
                                                 "namespace, name and GPUs) on --metrics-listen"),
-    max_gpu_containers: int = typer.Option(MAX_GPU_CONTAINERS, "--max-gpu-containers", min=1,
+    max_gpu_containers: int = typer.Option(DEFAULT_MAX_GPU_CONTAINERS, "--max-gpu-containers", min=1,
                                            help="pods with more GPU containers are refused (each needs an "
                                                 "exact fit per node); keep equal to the webhook's"),
     filter_budget_ms: float = typer.Option(500.0, "--filter-budget-ms", min=10.0,

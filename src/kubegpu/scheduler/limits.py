@@ -8,7 +8,7 @@ cheap and the loop answering:
 
 * a cap on GPU containers per pod (:attr:`Limits.max_gpu_containers`), counted on the raw pod before
   it is parsed; the webhook refuses the same pods at admission with the same message
-  (:func:`too_many_gpu_containers`);
+  (:func:`kubegpu.model.limits.too_many_gpu_containers`);
 * an aggregate-capacity prefilter: a node whose free compute, free memory or free whole GPUs summed
   over its GPUs cannot hold the sum of the pod's app containers is ruled out by array arithmetic
   before any per-node fit;
@@ -32,16 +32,13 @@ from typing import Any
 
 import numpy as np
 
-from kubegpu.model import resources as R
+from kubegpu.model.limits import DEFAULT_MAX_GPU_CONTAINERS, count_gpu_containers, too_many_gpu_containers
 from kubegpu.model.request import PodRequest, RequestKind, parse_pod
 from kubegpu.placement import MILLI, Demand, fit, request_demand
 from kubegpu.scheduler.nodes import all_linked, for_node
 from kubegpu.scheduler.reasons import insufficient
 from kubegpu.scheduler.requests import requires_nvlink, simple_demand
 from kubegpu.scheduler.state import ClusterView, FilterOutcome
-
-DEFAULT_MAX_GPU_CONTAINERS = 32
-_CONTAINER_KEYS = ("initContainers", "containers")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,39 +48,6 @@ class Limits:
     max_gpu_containers: int = DEFAULT_MAX_GPU_CONTAINERS
     filter_budget_s: float = 0.5  # per-node fits of one filter; kube-scheduler's httpTimeout is 10 s
     slice_s: float = 0.005  # the event loop is given back after this much fitting
-
-
-def count_gpu_containers(pod: object, replica_resources: frozenset[str] = frozenset()) -> int:
-    """Containers (init and app) whose limits or requests name a GPU resource, counted on the raw pod
-    without parsing it (so a pod of 100,000 containers costs one pass over their resource keys)."""
-    spec = pod.get("spec") if isinstance(pod, Mapping) else None
-    if not isinstance(spec, Mapping):
-        return 0
-    n = 0
-    for key in _CONTAINER_KEYS:
-        items = spec.get(key)
-        for c in items if isinstance(items, list) else ():
-            res = c.get("resources") if isinstance(c, Mapping) else None
-            if not isinstance(res, Mapping):
-                continue
-            for section in (res.get("limits"), res.get("requests")):
-                if isinstance(section, Mapping) and any(
-                        isinstance(k, str) and R.is_gpu_resource(k, replica_resources) for k in section):
-                    n += 1
-                    break
-    return n
-
-
-def too_many_gpu_containers(pod: object, cap: int, replica_resources: frozenset[str] = frozenset()) -> str:
-    """Why the pod is refused for its number of GPU containers ('' when it is within ``cap``)."""
-    if cap <= 0:
-        return ""
-    n = count_gpu_containers(pod, replica_resources)
-    if n <= cap:
-        return ""
-    return (f"the pod has {n} containers that ask for GPUs; kubegpu places at most {cap} per pod "
-            "(each needs an exact fit on every candidate node); merge containers or ask the "
-            "administrator to raise --max-gpu-containers")
 
 
 # ---- aggregate prefilter ------------------------------------------------------------------------
@@ -256,3 +220,7 @@ async def _exact(view: ClusterView, pod: Mapping[str, Any], request: PodRequest,
             failed[n] = result.reason
             reasons["insufficient-gpu"] += 1
     return FilterOutcome(passed, failed, {}, reasons)
+
+
+__all__ = ["DEFAULT_MAX_GPU_CONTAINERS", "Aggregate", "Limits", "aggregate", "aggregate_short", "bounded_filter",
+           "count_gpu_containers", "refused_outcome", "too_many_gpu_containers"]

@@ -38,6 +38,7 @@ class AdmissionRequest:
     object: Mapping[str, Any] | None
     dry_run: bool
     old_object: Mapping[str, Any] | None = None
+    username: str = ""  # userInfo.username of whoever sent the request
 
 
 def _str(data: Mapping[str, Any], key: str) -> str:
@@ -76,6 +77,7 @@ def read_review(body: bytes) -> AdmissionRequest:
         object=obj if isinstance(obj, dict) else None,
         dry_run=req.get("dryRun") is True,
         old_object=old if isinstance(old := req.get("oldObject"), dict) else None,
+        username=_str(user, "username") if isinstance(user := req.get("userInfo"), dict) else "",
     )
 
 
