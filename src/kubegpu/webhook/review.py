@@ -52,7 +52,9 @@ def read_review(body: bytes) -> AdmissionRequest:
     try:
         data = _decoder.decode(body)
     except msgspec.DecodeError as exc:
-        raise BadReview(f"body is not JSON: {exc}") from None
+        raise BadReview(f"body is not JSON: {str(exc)[:200]}") from None
+    except RecursionError:
+        raise BadReview("body is JSON nested too deeply") from None
     if not isinstance(data, dict):
         raise BadReview("body is not a JSON object")
     if data.get("apiVersion") != API_VERSION or data.get("kind") != KIND:
