@@ -21,7 +21,6 @@ from typing import Any
 from kubegpu.model import resources as R
 from kubegpu.model.quantity import QuantityError, format_bytes, parse_int
 
-
 # The API server caps all of an object's annotations at 256 KiB together; a record is far smaller.
 MAX_RECORD_BYTES = 256 * 1024
 
