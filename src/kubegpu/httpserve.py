@@ -86,6 +86,10 @@ _TIMEOUT_408 = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; char
                 b"content-length: 32\r\nconnection: close\r\n\r\nrequest headers not sent in time")
 
 
+_TOO_LARGE_431 = (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n"
+                  b"connection: close\r\n\r\n")
+
+
 class GuardedH11(H11Protocol):
     """uvicorn's h11 protocol with a header deadline, a connection cap and an abrupt idle shutdown."""
 
@@ -95,6 +99,7 @@ class GuardedH11(H11Protocol):
         super().connection_made(transport)
         self._deadline: asyncio.TimerHandle | None = None
         self._cycle_at_arm: Any = None
+        self._header_bytes = 0
         if len(self.connections) > self.limits.max_connections:
             log.warning("connection from %s dropped: %d connections open (limit %d)", self.client,
                         len(self.connections) - 1, self.limits.max_connections)
@@ -113,8 +118,18 @@ class GuardedH11(H11Protocol):
             self._deadline = None
 
     def data_received(self, data: bytes) -> None:
-        if self._deadline is None and self.conn.their_state is h11.IDLE:
-            self._arm()  # the first bytes of the next request on a kept-alive connection
+        if self.conn.their_state is h11.IDLE:  # reading a request's headers
+            if self._deadline is None:
+                self._arm()  # the first bytes of the next request on a kept-alive connection
+                self._header_bytes = 0
+            end = data.find(b"\r\n\r\n")
+            self._header_bytes += len(data) if end < 0 else end
+            if self._header_bytes > self.limits.max_header_bytes:  # h11 only bounds what it cannot parse yet
+                self._disarm()
+                with contextlib.suppress(Exception):
+                    self.transport.write(_TOO_LARGE_431)
+                self.transport.close()
+                return
         super().data_received(data)
         if self.cycle is not self._cycle_at_arm:  # the headers arrived: the app bounds the body
             self._disarm()

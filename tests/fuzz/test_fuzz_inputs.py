@@ -6,6 +6,7 @@ RecursionError, OverflowError, TypeError or anything else."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -72,24 +73,20 @@ def test_record_round_trips(alloc: PodAllocation) -> None:
 @given(text_or_deep.map(str.encode) | st.binary(max_size=200))
 def test_extender_decoders_raise_only_wire_error(body: bytes) -> None:
     for fn in (decode_args, decode_binding):
-        try:
+        with contextlib.suppress(WireError):
             fn(body)
-        except WireError:
-            pass
 
 
 @FAST
 @given(text_or_deep.map(str.encode) | st.binary(max_size=200))
 def test_admission_review_reader_raises_only_bad_review(body: bytes) -> None:
-    try:
+    with contextlib.suppress(BadReview):
         read_review(body)
-    except BadReview:
-        pass
 
 
 def test_deep_bodies_are_clear_errors() -> None:
     for text in DEEP[:2]:
-        with pytest.raises(WireError, match="nested too deeply|not an ExtenderArgs"):
+        with pytest.raises(WireError, match=r"nested too deeply|not an ExtenderArgs"):
             decode_args(('{"Pod": ' + text).encode())
         with pytest.raises(BadReview):
             read_review(('{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": '
@@ -106,10 +103,8 @@ def test_node_config_file_loads_or_says_why(tmp_path_factory: pytest.TempPathFac
         doc = read_config_file(path)
     except ConfigError:
         return
-    try:
+    with contextlib.suppress(ConfigError):
         load_config(file=doc)
-    except ConfigError:
-        pass
 
 
 config_keys = st.sampled_from(["version", "flags", "sharing", "resources", "migStrategy", "failOnInitError",
@@ -123,19 +118,15 @@ config_docs = st.recursive(st.none() | st.booleans() | st.integers(-5, 10**12) |
 @FAST
 @given(doc=st.dictionaries(config_keys, config_docs, max_size=4))
 def test_node_config_documents_load_or_say_why(doc: dict[str, Any]) -> None:
-    try:
+    with contextlib.suppress(ConfigError):
         load_config(file=doc)
-    except ConfigError:
-        pass
 
 
 @FAST
 @given(text=text_or_deep)
 def test_manifests_load_or_say_why(text: str) -> None:
-    try:
+    with contextlib.suppress(ManifestError):
         load_documents(text)
-    except ManifestError:
-        pass
 
 
 @FAST
@@ -143,10 +134,8 @@ def test_manifests_load_or_say_why(text: str) -> None:
 def test_topology_files_load_or_say_why(tmp_path_factory: pytest.TempPathFactory, text: str) -> None:
     path = tmp_path_factory.mktemp("topo") / "t.yaml"
     path.write_text(text)
-    try:
+    with contextlib.suppress(TopologyError):
         load_topology(path)
-    except TopologyError:
-        pass
 
 
 csv_cells = st.sampled_from(["", "1", "0", "-1", "1.5", "1.0e999", "nan", "inf", "9" * 5000, "abc", "8000",
@@ -166,10 +155,8 @@ def test_trace_csv_loads_or_says_why(tmp_path_factory: pytest.TempPathFactory, r
         p: Path = d / name
         p.write_text(text)
         for loader in (load_nodes, load_pods):
-            try:
+            with contextlib.suppress(TraceError):
                 loader(p)
-            except TraceError:
-                pass
 
 
 def test_trace_numbers_that_overflow_are_a_trace_error(tmp_path: Path) -> None:
