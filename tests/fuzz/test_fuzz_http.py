@@ -241,3 +241,39 @@ def test_corrupt_or_empty_certificate_is_one_clear_line(tmp_path: Path, pair: tu
     with pytest.raises(CertificateError, match="no such file"):
         server_context(tmp_path / "missing.crt", key)
     assert cert.exists()
+
+
+def test_status_verifies_the_extenders_certificate(pair: tuple[Path, Path, Path]) -> None:
+    from kubegpu.status.sources import SourceError, from_extender
+
+    cert, key, ca = pair
+    ext = extender()
+    s = Served(ext.app, LIMITS, server_context(cert, key))
+    try:
+        url = f"https://127.0.0.1:{s.port}"
+        with pytest.raises(SourceError, match="CERTIFICATE_VERIFY_FAILED"):
+            from_extender(url)
+        inventories, _, problems = from_extender(url, ca=str(ca))
+        assert [inv.name for inv in inventories] == ["n0"] and not problems
+    finally:
+        s.stop()
+
+
+def test_metrics_listener_serves_no_debug_api_unless_asked() -> None:
+    ext = extender()
+    s = Served(ext.metrics_app, LIMITS)
+    try:
+        base = f"http://127.0.0.1:{s.port}"
+        assert httpx.get(base + "/metrics").status_code == 200
+        assert httpx.get(base + "/apis/v1/plugins/DeviceShare/nodeDeviceSummaries").status_code == 404
+    finally:
+        s.stop()
+
+
+def test_scheduler_cli_listens_on_loopback_by_default() -> None:
+    from kubegpu.cli.scheduler import _listen, scheduler
+
+    assert _listen(":8888") == ("127.0.0.1", 8888)
+    defaults = {p.name: p.default for p in __import__("inspect").signature(scheduler).parameters.values()}
+    assert defaults["listen"].default.startswith("127.0.0.1:")
+    assert defaults["metrics_debug_api"].default is False

@@ -58,7 +58,10 @@ def status(
     kubeconfig: Path | None = typer.Option(None, envvar="KUBECONFIG", help="kubeconfig (default: in-cluster "
                                            "credentials or ~/.kube/config)."),
     extender: str | None = typer.Option(None, help="Read the extender's debug API at this base URL instead "
-                                        "of the API server (e.g. http://127.0.0.1:12345)."),
+                                        "of the API server (e.g. http://127.0.0.1:8888 through "
+                                        "`kubectl port-forward`). HTTPS is verified."),
+    extender_ca: str | None = typer.Option(None, "--extender-ca", help="CA bundle (PEM) that signed the "
+                                           "extender's HTTPS certificate (default: the system's)."),
     node: str | None = typer.Option(None, help="Show only this node."),
     model: str | None = typer.Option(None, help="Show only GPUs whose model contains this text (e.g. A100)."),
     namespace: str | None = typer.Option(None, "--namespace", "-n",
@@ -78,7 +81,7 @@ def status(
     def snapshot() -> ClusterView:
         nonlocal client
         if extender:
-            inventories, records, problems = from_extender(extender)
+            inventories, records, problems = from_extender(extender, ca=extender_ca)
         else:
             if client is None:
                 from kubegpu.kube.client import ClientConfigError, make_client
