@@ -47,7 +47,7 @@ class Limits:
 
     max_gpu_containers: int = DEFAULT_MAX_GPU_CONTAINERS
     filter_budget_s: float = 0.5  # per-node fits of one filter; kube-scheduler's httpTimeout is 10 s
-    slice_s: float = 0.005  # the event loop is given back after this much fitting
+    slice_s: float = 0.002  # the event loop is given back after this much fitting (a request needs several turns)
 
 
 # ---- aggregate prefilter ------------------------------------------------------------------------
