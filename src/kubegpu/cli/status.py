@@ -125,7 +125,11 @@ def status(
                                            "credentials or ~/.kube/config)."),
     extender: str | None = typer.Option(None, metavar="URL",
                                         help="Read the extender's debug API at this base URL instead "
-                                        "of the API server (e.g. http://127.0.0.1:12345)."),
+                                        "of the API server (e.g. http://127.0.0.1:8888 through "
+                                        "`kubectl port-forward`). HTTPS is verified."),
+    extender_ca: str | None = typer.Option(None, "--extender-ca", metavar="FILE",
+                                           help="CA bundle (PEM) that signed the "
+                                           "extender's HTTPS certificate (default: the system's)."),
     node: str | None = typer.Option(None, metavar="NAME", help="Show only this node."),
     model: str | None = typer.Option(None, metavar="TEXT",
                                      help="Show only GPUs whose model contains this text (e.g. A100)."),
@@ -146,7 +150,7 @@ def status(
     def snapshot() -> ClusterView:
         nonlocal client
         if extender:
-            snap = from_extender(extender)
+            snap = from_extender(extender, ca=extender_ca)
         else:
             if client is None:
                 from kubegpu.kube.client import ClientConfigError, make_client

@@ -109,8 +109,8 @@ def load_topology(name_or_path: str | Path, node_name: str | None = None) -> Top
     source, text = resolve(name_or_path)
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise TopologyError(f"{source}: not valid YAML: {exc}") from exc
+    except (yaml.YAMLError, RecursionError) as exc:  # RecursionError: nested too deeply
+        raise TopologyError(f"{source}: not valid YAML: {str(exc)[:300]}") from None
     return parse_topology(data, node_name=node_name, source=source)
 
 

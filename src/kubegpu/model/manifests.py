@@ -65,6 +65,8 @@ def load_documents(text: str) -> list[Any]:
     """Every document of a (multi-document) YAML or JSON text; empty documents dropped."""
     try:
         return [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]
+    except RecursionError:
+        raise ManifestError("not valid YAML: nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

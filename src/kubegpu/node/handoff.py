@@ -127,7 +127,7 @@ def pod_candidates(pod: dict[str, Any], seen: int) -> tuple[_PodEntry | None, st
             parsed = json.loads(raw_ack)
             if isinstance(parsed, dict) and isinstance(parsed.get("containers"), dict):
                 acked = {str(k): v for k, v in parsed["containers"].items() if isinstance(v, dict)}
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: "[" * 100000
             log.warning("pod %s: unreadable %s annotation ignored", key, DEVICE_ASSIGNED)
     return _PodEntry(key, str(meta.get("uid") or ""), created, seen, out, acked), ""
 

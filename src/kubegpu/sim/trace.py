@@ -108,7 +108,7 @@ def _int(path: Path, line: int, row: dict[str, str], field: str, lo: int, hi: in
         return default
     try:
         value = int(float(raw)) if raw and "." in raw else int(raw)
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: "1.0e999" is inf
         raise TraceError(f"{path}:{line}: {field}={raw!r} is not a number") from None
     if not lo <= value <= hi:
         raise TraceError(f"{path}:{line}: {field}={value} is out of range {lo}..{hi}")

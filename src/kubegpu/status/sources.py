@@ -7,6 +7,7 @@ Both end in the same :class:`~kubegpu.status.view.ClusterView`, so the table and
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -193,16 +194,18 @@ def _summary_records(node: str, summary: Mapping[str, Any]) -> list[PodRecord]:
     return out
 
 
-def from_extender(url: str, timeout_s: float = 5.0) -> Snapshot:
-    """Read the extender's debug API (the seed's node device summaries)."""
+def from_extender(url: str, timeout_s: float = 5.0, ca: str | None = None) -> Snapshot:
+    """Read the extender's debug API (the seed's node device summaries). HTTPS is verified: against
+    ``ca`` (a PEM bundle) when given, else the system's trust store."""
     try:
-        resp = httpx.get(url.rstrip("/") + SUMMARIES_PATH, timeout=timeout_s, verify=False)
+        verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca) if ca else True
+        resp = httpx.get(url.rstrip("/") + SUMMARIES_PATH, timeout=timeout_s, verify=verify)
         resp.raise_for_status()
         body = resp.json()
     except httpx.HTTPStatusError as exc:
         raise SourceError(f"{url}{SUMMARIES_PATH} answered {exc.response.status_code}: is this the kubegpu "
                           "extender's address (its --listen or --metrics-listen)?") from None
-    except (httpx.HTTPError, ValueError) as exc:
+    except (httpx.HTTPError, ValueError, OSError) as exc:  # OSError, ssl.SSLError: an unreadable CA file
         raise SourceError(f"cannot read {url}{SUMMARIES_PATH}: {exc}") from None
     if not isinstance(body, Mapping):
         raise SourceError(f"{url}{SUMMARIES_PATH} did not answer a JSON object")
