@@ -88,6 +88,7 @@ def replay(
     start = time.perf_counter()
     pol = get_policy(policy)
     gpol = gpu_policy or pol.gpu_default
+    gpu = pol if gpol == pol.name else get_policy(gpol)  # one instance each, so their caches last the run
     cluster: ClusterState = nodes.cluster()
     capacity = int(cluster.gpu_ok.sum()) * MILLI
     if capacity <= 0:
@@ -109,7 +110,7 @@ def replay(
         pod = pods[i]
         d = pod.demand
         cum_arrived += d.gpu_milli_total
-        where = place(cluster, d, pol, gpol, ctx)
+        where = place(cluster, d, pol, gpu, ctx)
         if where is None:
             failed[pod.kind] += 1
         else:
