@@ -5,6 +5,8 @@ fragment when the requests that usually arrive cannot use it. Following the
 FGD paper, the target workload is the set of most frequent request shapes
 (CPU, per-GPU compute, GPU count, GPU model constraint) that together cover a
 share of all pods (95 % by default), with their normalised frequencies.
+:class:`LearnedWorkload` learns it online from the live GPU pods, the same
+way in the extender and in the simulator.
 """
 
 from __future__ import annotations
@@ -86,3 +88,112 @@ class Workload:
 
 def _shape_key(s: WorkloadShape) -> tuple[int, int, int, str, int]:
     return (s.cpu_milli, s.milli, s.count, "|".join(sorted(s.models)) if s.models else "", s.memory_bytes)
+
+
+def workload_from_counts(counts: Counter[Demand], coverage: float = 0.95) -> Workload:
+    """``Workload.from_demands`` over a multiset of demands (the result does not depend on their order)."""
+    return Workload.from_demands((d for d, n in counts.items() for _ in range(n) if n > 0), coverage)
+
+
+# A request mix for fragmentation-aware scoring before enough pods have been seen (no CPU: unknown yet).
+PRIOR_SHAPES: tuple[Demand, ...] = (
+    *(Demand.whole(1),) * 4, *(Demand.share(500),) * 3, *(Demand.share(250),) * 2, Demand.whole(2),
+    Demand.whole(4), Demand.whole(8),
+)
+
+
+class LearnedWorkload:
+    """The target workload learned online from the GPU pods a scheduler holds, identically everywhere.
+
+    The window is the set of live GPU pods: what the cluster hosts now is the
+    demand it must keep room for, departed pods no longer claim capacity, and
+    it is exactly what an extender can rebuild after a restart (the
+    annotations of live pods; departed pods are gone from the API). Below
+    ``min_pods`` live pods the mix is padded with :data:`PRIOR_SHAPES`.
+
+    The workload is rebuilt when the pods added or removed since the last
+    rebuild reach ``refresh_fraction`` of the live pods (at least
+    ``refresh_min``): frequencies then move by at most about that fraction
+    between rebuilds, while a cluster filling from empty rebuilds only
+    O(log n) times (each rebuild resets the policies' kept scores). The rebuild
+    happens at the event that crosses the threshold, so the result is a
+    function of the event sequence alone, whoever calls :attr:`current` and
+    when: the simulator and the extender, fed the same pods in the same
+    order, score with the same workload. :meth:`rebuild` forces one (an
+    extender after its first full list).
+    """
+
+    def __init__(self, coverage: float = 0.95, refresh_fraction: float = 0.05, refresh_min: int = 8,
+                 min_pods: int = 10) -> None:
+        self.coverage = coverage
+        self.refresh_fraction = refresh_fraction
+        self.refresh_min = refresh_min
+        self.min_pods = min_pods
+        self._counts: Counter[Demand] = Counter()
+        self._live = 0
+        self._events = 0
+        self._threshold = refresh_min
+        self.generation = 0
+        self.built_from = 0  # live pods at the last rebuild
+        self.current = Workload((), np.zeros(0))
+        self.rebuild()
+
+    @staticmethod
+    def shape_of(d: Demand) -> Demand | None:
+        """What is learned of a demand: GPU pods only (None for CPU-only ones)."""
+        return d if d.count > 0 and d.milli > 0 else None
+
+    def add(self, d: Demand | None) -> None:
+        if d is None or self.shape_of(d) is None:
+            return
+        self._counts[d] += 1
+        self._live += 1
+        self._event()
+
+    def remove(self, d: Demand | None) -> None:
+        if d is None or self._counts.get(d, 0) <= 0:
+            return
+        self._counts[d] -= 1
+        if not self._counts[d]:
+            del self._counts[d]
+        self._live -= 1
+        self._event()
+
+    def _event(self) -> None:
+        self._events += 1
+        if self._events >= self._threshold:
+            self.rebuild()
+
+    def rebuild(self) -> Workload:
+        counts = Counter(self._counts)
+        if self._live < self.min_pods:
+            counts.update(PRIOR_SHAPES)
+        self.current = workload_from_counts(counts, self.coverage)
+        self.generation += 1
+        self.built_from = self._live
+        self._events = 0
+        self._threshold = max(self.refresh_min, int(np.ceil(self.refresh_fraction * self._live)))
+        return self.current
+
+    @property
+    def live(self) -> int:
+        return self._live
+
+    def summary(self) -> dict[str, object]:
+        """What the debug API shows: size, generation and the shapes with their frequencies."""
+        wl = self.current
+        return {
+            "live_gpu_pods": self._live,
+            "generation": self.generation,
+            "built_from_pods": self.built_from,
+            "rebuild_after_events": self._threshold,
+            "events_since_rebuild": self._events,
+            "prior_padded": self.built_from < self.min_pods,
+            "coverage": self.coverage,
+            "shapes": [
+                {"cpu_milli": s.cpu_milli, "gpu_milli": s.milli, "gpus": s.count,
+                 "models": sorted(s.models) if s.models else None, "memory_bytes": s.memory_bytes,
+                 "frequency": round(float(f), 6)}
+                for s, f in zip(wl.shapes, wl.freq, strict=True)
+            ],
+        }

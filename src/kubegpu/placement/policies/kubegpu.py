@@ -295,4 +295,5 @@ class KubegpuPolicy(FgdPolicy):
         if self.row_local(demand):
             return self._gpu_matrix(cluster, demand, np.array([node]), candidates[None, :], ctx)[0]
         # A share over several GPUs: FGD's per-GPU score of one GPU's part (not kept).
-        return FgdPolicy._share_scores(self, cluster, self._single(demand), np.array([node]), candidates[None, :], ctx)[0]
+        one = np.array([node])
+        return FgdPolicy._share_scores(self, cluster, self._single(demand), one, candidates[None, :], ctx)[0]
