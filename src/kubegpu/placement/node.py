@@ -22,7 +22,6 @@ from kubegpu.placement.cluster import MILLI, ClusterState, Demand
 from kubegpu.placement.engine import choose_gpus
 from kubegpu.placement.policies import Policy, ScoreContext
 
-
 # CPU (millicores) or memory (bytes) of a node whose inventory does not say: never the limit.
 UNKNOWN_CAPACITY = 1 << 50
 
