@@ -116,6 +116,8 @@ class ClusterState:
     # This object's layout generation: caches derived from a cluster are keyed by (layout, row version).
     # A new one for every object, every copy and every change of rows, slots or models; never reused.
     layout: int = 0
+    # Row changes so far (every version bump): a cache that saw this epoch has nothing to refresh.
+    epoch: int = 0
 
     def __post_init__(self) -> None:
         if self.version.shape != self.cpu_cap.shape:
@@ -125,6 +127,7 @@ class ClusterState:
     def touch(self, node: int) -> None:
         """Record that a node's arrays changed."""
         self.version[node] += 1
+        self.epoch += 1
 
     # ---- what the extender writes -----------------------------------------------------------
     def set_models(self, names: Sequence[str]) -> None:
@@ -337,7 +340,7 @@ class ClusterState:
         need = self.gpu_memory_need(demand)[node]
         self.cpu_free[node] -= demand.cpu_milli
         self.mem_free[node] -= demand.memory_bytes
-        self.version[node] += 1
+        self.touch(node)
         tag = demand_tag(demand)
         if tag >= 0:
             self.tags[node, tag] += 1
@@ -354,7 +357,7 @@ class ClusterState:
         need = self.gpu_memory_need(demand)[node]
         self.cpu_free[node] = min(self.cpu_cap[node], self.cpu_free[node] + demand.cpu_milli)
         self.mem_free[node] = min(self.mem_cap[node], self.mem_free[node] + demand.memory_bytes)
-        self.version[node] += 1
+        self.touch(node)
         tag = demand_tag(demand)
         if tag >= 0 and self.tags[node, tag] > 0:
             self.tags[node, tag] -= 1
