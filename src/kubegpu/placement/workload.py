@@ -55,22 +55,30 @@ class Workload:
         frequency are ordered by the shape, larger first, so the result never
         depends on input order.
         """
-        counts: Counter[WorkloadShape] = Counter()
-        memory: dict[WorkloadShape, list[int]] = {}
-        total = 0
+        per: dict[WorkloadShape, list[tuple[int, int]]] = {}
         for d in demands:
             shape = WorkloadShape(d.cpu_milli, d.milli if d.count else 0, d.count, d.models)
-            counts[shape] += 1
-            memory.setdefault(shape, []).append(d.memory_bytes)
-            total += 1
+            per.setdefault(shape, []).append((d.memory_bytes, 1))
+        return cls.from_shape_counts(per, coverage, memory_quantile)
+
+    @classmethod
+    def from_shape_counts(
+        cls, per: dict[WorkloadShape, list[tuple[int, int]]], coverage: float = 0.95, memory_quantile: float = 50.0
+    ) -> Workload:
+        """As :meth:`from_demands`, from each shape's (memory, pods) pairs."""
+        counts = {shape: sum(n for _, n in pairs) for shape, pairs in per.items()}
+        total = sum(counts.values())
         if total == 0:
             return cls((), np.zeros(0))
+
+        def memory(shape: WorkloadShape) -> int:
+            pairs = per[shape]
+            values = np.repeat(np.array([m for m, _ in pairs], np.float64), [n for _, n in pairs])
+            return int(np.percentile(values, memory_quantile))
+
         # Most frequent first; equal counts by the larger shape first (the FGD simulator's order).
         ordered = sorted(counts.items(), key=lambda kv: (kv[1], _shape_key(kv[0])), reverse=True)
-        every = [
-            (replace(shape, memory_bytes=int(np.percentile(np.asarray(memory[shape], np.float64), memory_quantile))), n)
-            for shape, n in ordered
-        ]
+        every = [(replace(shape, memory_bytes=memory(shape)), n) for shape, n in ordered]
         chosen: list[tuple[WorkloadShape, int]] = []
         covered = 0
         for shape, n in every:
@@ -91,8 +99,14 @@ def _shape_key(s: WorkloadShape) -> tuple[int, int, int, str, int]:
 
 
 def workload_from_counts(counts: Counter[Demand], coverage: float = 0.95) -> Workload:
-    """``Workload.from_demands`` over a multiset of demands (the result does not depend on their order)."""
-    return Workload.from_demands((d for d, n in counts.items() for _ in range(n) if n > 0), coverage)
+    """``Workload.from_demands`` over a multiset of demands, in time linear in the distinct demands (the
+    result is the same; it never depends on the demands' order)."""
+    per: dict[WorkloadShape, list[tuple[int, int]]] = {}
+    for d, n in counts.items():
+        if n > 0:
+            shape = WorkloadShape(d.cpu_milli, d.milli if d.count else 0, d.count, d.models)
+            per.setdefault(shape, []).append((d.memory_bytes, n))
+    return Workload.from_shape_counts(per, coverage)
 
 
 # A request mix for fragmentation-aware scoring before enough pods have been seen (no CPU: unknown yet).
