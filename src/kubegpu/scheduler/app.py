@@ -90,6 +90,7 @@ class Extender:
         return [
             Route("/apis/v1/plugins/DeviceShare/nodeDeviceSummaries", self.summaries, methods=["GET"]),
             Route("/apis/v1/plugins/DeviceShare/nodeDeviceSummaries/{node}", self.summary, methods=["GET"]),
+            Route("/apis/v1/plugins/DeviceShare/workload", self.workload, methods=["GET"]),
             Route("/metrics", self.prometheus, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
         ]
@@ -220,7 +221,7 @@ class Extender:
             self.metrics.bind_failures.labels("no-fit").inc()
             return f"kubegpu bind: {why}"
         try:
-            self.view.hold(key, uid, node, alloc, assumed=True)
+            self.view.hold(key, uid, node, alloc, assumed=True, pod=pod)
         except PlacementConflict as e:  # cannot happen right after choose; refuse rather than over-commit
             self.metrics.bind_failures.labels("no-fit").inc()
             return f"kubegpu bind: {e}"
@@ -269,6 +270,10 @@ class Extender:
         if s is None:
             return JSONResponse({"error": f"node {node} has no GPUs known to kubegpu"}, status_code=404)
         return _json(wire.encode(s))
+
+    async def workload(self, request: Request) -> Response:
+        """The target workload learned from the live GPU pods (what fragmentation-aware scoring uses)."""
+        return JSONResponse(self.view.scoring.learner.summary())
 
     async def prometheus(self, request: Request) -> Response:
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
