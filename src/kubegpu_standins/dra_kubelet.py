@@ -8,8 +8,8 @@ What it enforces, as the real one does:
   then ``NodeWatchResources`` is opened (on every registration). A replaced socket (new inode)
   unregisters and registers again.
 - **slices**: on start it deletes every ResourceSlice of its node (``spec.nodeName=<node>``); when
-  a registered plugin's connection drops and does not come back within ``wipe_delay_s`` (30 s
-  upstream) it deletes that driver's slices of the node.
+  a registered plugin's connection drops, or its registration socket is removed, and it does not
+  come back within ``wipe_delay_s`` (30 s upstream) it deletes that driver's slices of the node.
 - **prepare before container start**: a pod's claims (from ``spec.resourceClaims``, the pod's
   ``resourceClaimStatuses`` and its extended-resource claim) must be allocated and reserved for
   the pod; those not prepared yet in this run go to one ``NodePrepareResources`` call per driver
@@ -30,6 +30,7 @@ import contextlib
 import json
 import logging
 import os
+import stat
 import threading
 import time
 import zlib
@@ -74,7 +75,7 @@ class Call:
 class _Plugin:
     name: str
     socket: str
-    inode: int | None
+    inode: tuple[int, int] | None
     endpoint: str
     version: str
     channel: grpc.Channel
@@ -110,6 +111,8 @@ class DraKubelet:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._wake = threading.Event()
+        self._sync_lock = threading.Lock()
+        self._pending_wipes: dict[str, float] = {}  # driver -> when it was unregistered
         self._next_try: dict[str, float] = {}  # pod uid -> when to retry its prepare
 
     # ----- lifecycle ---------------------------------------------------------------------------
@@ -162,13 +165,18 @@ class DraKubelet:
             self._stop.wait(self.poll_s)
 
     def _scan(self) -> None:
-        seen: dict[str, int] = {}
+        seen: dict[str, tuple[int, int]] = {}
         for entry in os.scandir(self.registry):
-            if entry.name.startswith(".") or not entry.is_socket():
+            if entry.name.startswith("."):
                 continue
-            seen[entry.path] = entry.inode()
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISSOCK(st.st_mode):
+                seen[entry.path] = (st.st_ino, st.st_ctime_ns)  # inodes are reused: ctime tells files apart
         with self._lock:
             by_socket = {p.socket: p for p in self.plugins.values()}
+        for path, p in by_socket.items():
+            if path not in seen:  # fsnotify Remove: the plugin is deregistered
+                self._unregister(p)
         for path, ino in seen.items():
             p = by_socket.get(path)
             if p is not None and p.inode == ino:
@@ -179,7 +187,7 @@ class DraKubelet:
                 self._unregister(p)
             self._register(path, ino)
 
-    def _register(self, path: str, ino: int) -> None:
+    def _register(self, path: str, ino: tuple[int, int]) -> None:
         ch = grpc.insecure_channel(f"unix://{path}")
         try:
             stub = pluginregistration_pb2_grpc.RegistrationStub(ch)
@@ -211,6 +219,7 @@ class DraKubelet:
             if old is not None:
                 self._unregister(old)
             self.plugins[info.name] = plugin
+            self._pending_wipes.pop(info.name, None)
         self.events.append(f'Registered DRA plugin {info.name} chosenService="{version}" endpoint={endpoint}')
         t = threading.Thread(target=self._health_stream, args=(plugin,), name=f"dra-health-{info.name}",
                              daemon=True)
@@ -222,6 +231,7 @@ class DraKubelet:
         with self._lock:
             if self.plugins.get(p.name) is p:
                 del self.plugins[p.name]
+                self._pending_wipes[p.name] = time.monotonic()  # slices go unless it comes back in time
         p.channel.close()
         self.events.append(f"Unregistered DRA plugin {p.name}")
 
@@ -249,6 +259,11 @@ class DraKubelet:
         now = time.monotonic()
         with self._lock:
             plugins = list(self.plugins.values())
+            due = [n for n, t in self._pending_wipes.items() if now - t >= self.wipe_delay_s and n not in self.plugins]
+            for n in due:
+                del self._pending_wipes[n]
+        for n in due:
+            self._delete_slices(f"spec.driver={n},spec.nodeName={self.node}")
         for p in plugins:
             alive = os.path.exists(p.endpoint) and p.health_thread is not None and p.health_thread.is_alive()
             if alive:
@@ -323,6 +338,10 @@ class DraKubelet:
         return out
 
     def _sync_pod(self, pod_uid: str) -> bool:
+        with self._sync_lock:  # one pod worker at a time (the kubelet has one per pod)
+            return self._sync_pod_locked(pod_uid)
+
+    def _sync_pod_locked(self, pod_uid: str) -> bool:
         with self._lock:
             pod = self.pods.get(pod_uid)
         if pod is None or pod_uid in self.running:

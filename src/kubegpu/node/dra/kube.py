@@ -10,6 +10,7 @@ content bumps the pool generation, so schedulers drop the old slices of the pool
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -51,10 +52,6 @@ def _content(spec: dict[str, Any]) -> dict[str, Any]:
     return dict(spec, pool=pool)
 
 
-def _strip_server(spec: dict[str, Any]) -> dict[str, Any]:
-    return spec
-
-
 class SlicePublisher:
     """Keeps ``desired()`` published as the node's ResourceSlices of this driver."""
 
@@ -87,9 +84,12 @@ class SlicePublisher:
             w.start()
             self._threads.append(w)
 
-    def stop(self) -> None:
+    def stop(self, close_client: bool = True) -> None:
         self._stop.set()
         self._wake.set()
+        if close_client:
+            with contextlib.suppress(Exception):
+                self.client.close()  # ends a watch blocked on the stream
         for t in self._threads:
             t.join(timeout=2)
         self._threads = []
