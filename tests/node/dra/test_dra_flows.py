@@ -7,6 +7,7 @@ import json
 import shutil
 import tempfile
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -197,11 +198,13 @@ def test_consumable_capacity_three_shares_fourth_waits(root: Path) -> None:
         assert "KUBEGPU_GPU_CORE_PERCENT=30" in env and f"KUBEGPU_GPU_MEMORY_BYTES={20 * 2**30}" in env
         assert not any(e.startswith("CUDA_MPS_") for e in env)
         # PodResources reports the share ID (s8).
-        res = bed.kubelet.pod_resources(pods[0]["metadata"]["uid"])["ctr"][0]["claim_resources"][0]
+        dyn = bed.kubelet.pod_resources(pods[0]["metadata"]["uid"])["ctr"][0]
+        res = dyn["claim_resources"][0]
         assert res["share_id"] == sid
-        assert set(res) == set(fixture("s8-podresources-consumable-capacity.json")["get"][0]["pod_resources"]
-                               ["containers"][0]["dynamic_resources"][0]["claim_resources"][0]) \
-            if "get" in fixture("s8-podresources-consumable-capacity.json") else True
+        rec_dyn = fixture("s8-podresources-consumable-capacity.json")["List"]["pod_resources"][0]["containers"][0][
+            "dynamic_resources"][0]
+        assert set(dyn) == set(rec_dyn) and set(res) == set(rec_dyn["claim_resources"][0])
+        assert res["cdi_devices"] == [{"name": f"k8s.gpu.kubegpu.io/device={uid}-gpu-0-{sid}"}]
         # Pod 1 ends: the waiting claim now fits and is prepared.
         bed.delete(pods[0])
         assert bed.run(pods[3]) and bed.wait(lambda: bed.running(pods[3]))
@@ -223,11 +226,9 @@ def test_consumable_capacity_three_shares_fourth_waits(root: Path) -> None:
 
 def test_mps_variables_for_shares(root: Path) -> None:
     bed = make_bed(root, shared="all")
-    bed.settings = bed.settings.__class__(**{**bed.settings.__dict__, "mps": True}) if hasattr(
-        bed.settings, "__dict__") else bed.settings
     try:
-        from dataclasses import replace
-        bed.settings = replace(bed.settings, mps=True)  # type: ignore[arg-type]
+        assert bed.settings is not None
+        bed.settings = replace(bed.settings, mps=True)
         _ready(bed)
         _classes(bed)
         _claim(bed, "s", {"deviceClassName": "shared-gpu.kubegpu.io", "allocationMode": "ExactCount", "count": 1,
