@@ -11,7 +11,9 @@ def test_committed_stubs_are_fresh() -> None:
 
 
 def test_wire_names() -> None:
-    for pb, pkg in ((dra_v1_pb2, "k8s.io.kubelet.pkg.apis.dra.v1"), (dra_v1beta1_pb2, "k8s.io.kubelet.pkg.apis.dra.v1beta1")):
+    versions = ((dra_v1_pb2, "k8s.io.kubelet.pkg.apis.dra.v1"),
+                (dra_v1beta1_pb2, "k8s.io.kubelet.pkg.apis.dra.v1beta1"))
+    for pb, pkg in versions:
         svc = pb.DESCRIPTOR.services_by_name["DRAPlugin"]
         assert pb.DESCRIPTOR.package == pkg
         assert {m.full_name for m in svc.methods} == {f"{pkg}.DRAPlugin.NodePrepareResources",
