@@ -16,6 +16,14 @@ def manifests(
     mode: str | None = typer.Option(None, help="Override the values' mode: node-only (drop-in for NVIDIA's "
                                     "device plugin) or full (node + scheduler extender + webhook)."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),
+    dra: bool = typer.Option(False, "--dra", help="Add the DRA driver (Kubernetes 1.34+): DeviceClasses, its DaemonSet "
+                             "on nodes labelled kubegpu.io/kubelet-plugin=dra, RBAC (see kubegpu.install.dra)."),
+    dra_extended_resource: bool = typer.Option(False, "--dra-extended-resource",
+                                               help="With --dra: serve nvidia.com/gpu requests through DRA too."),
+    dra_all_nodes: bool = typer.Option(False, "--dra-all-nodes", help="With --dra: every GPU node uses DRA "
+                                       "(no device-plugin DaemonSet)."),
+    dra_shared_gpus: str = typer.Option("none", "--dra-shared-gpus", help="With --dra: GPUs published as shares "
+                                        "(all, none or indexes like 0,2-3)."),
 ) -> None:
     """Render the install manifests (namespace, CRD, RBAC, DaemonSet, scheduler, webhook, ...) as multi-doc YAML.
 
@@ -33,7 +41,17 @@ def manifests(
     except ValuesError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    text = to_yaml(render(v))
+    objs = render(v)
+    if dra:
+        from kubegpu.install.dra import apply_dra
+
+        try:
+            objs = apply_dra(objs, v, extended_resource=dra_extended_resource, all_nodes=dra_all_nodes,
+                             shared_gpus=dra_shared_gpus)
+        except ValueError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+    text = to_yaml(objs)
     if output is None:
         typer.echo(text, nl=False)
     else:
