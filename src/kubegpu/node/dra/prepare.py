@@ -15,7 +15,7 @@ wire); the allocation is read from the API server. Preparing a claim:
    same limits the device-plugin shares get (``KUBEGPU_GPU_CORE_PERCENT``,
    ``KUBEGPU_GPU_MEMORY_BYTES``; with MPS ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``,
    ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` and the pipe directory);
-4. record the claim in the checkpoint (atomic rename, fsync) before answering.
+4. record the claim in the checkpoint (one file per claim, atomic rename) before answering.
 
 Unprepare removes the spec and the checkpoint entry; an unknown claim is already unprepared.
 """
@@ -88,14 +88,15 @@ class PreparedClaim:
         return cls(str(d["namespace"]), str(d["name"]), str(d["uid"]), devs, dict(d.get("spec") or {}))
 
 
-def _atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
+def _atomic_write(path: Path, data: bytes, mode: int = 0o644, sync: bool = True) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
@@ -105,31 +106,51 @@ def _atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
 
 
 class Checkpoint:
-    """The prepared claims on disk (``<state dir>/checkpoint.json``): survives daemon restarts."""
+    """The prepared claims on disk: one small file per claim under ``<state dir>/claims/`` (written
+    atomically before the kubelet is answered), so a prepare costs one write whatever the number of
+    claims, and a daemon restart loses nothing."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.dir = Path(directory)
+        self.path = self.dir  # for messages
+
+    def _file(self, uid: str) -> Path:
+        if not uid or "/" in uid or uid.startswith("."):
+            raise PrepareError(f"claim UID {uid!r} cannot name a checkpoint file")
+        return self.dir / f"{uid}.json"
 
     def load(self) -> dict[str, PreparedClaim]:
+        out: dict[str, PreparedClaim] = {}
         try:
-            raw = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as exc:
-            raise PrepareError(f"checkpoint {self.path} cannot be read: {exc}") from exc
-        if not isinstance(raw, dict) or raw.get("kind") != CHECKPOINT_KIND:
-            raise PrepareError(f"checkpoint {self.path} is not a {CHECKPOINT_KIND}")
-        if raw.get("version") != CHECKPOINT_VERSION:
-            raise PrepareError(f"checkpoint {self.path}: unsupported version {raw.get('version')!r}")
-        try:
-            return {c["uid"]: PreparedClaim.from_dict(c) for c in raw.get("claims", [])}
-        except (KeyError, TypeError) as exc:
-            raise PrepareError(f"checkpoint {self.path}: malformed entry ({exc})") from exc
+            files = sorted(self.dir.glob("*.json"))
+        except OSError as exc:
+            raise PrepareError(f"checkpoint {self.dir} cannot be read: {exc}") from exc
+        for f in files:
+            try:
+                raw = json.loads(f.read_text())
+            except (OSError, ValueError) as exc:
+                raise PrepareError(f"checkpoint {f} cannot be read: {exc}") from exc
+            if not isinstance(raw, dict) or raw.get("kind") != CHECKPOINT_KIND:
+                raise PrepareError(f"checkpoint {f} is not a {CHECKPOINT_KIND}")
+            if raw.get("version") != CHECKPOINT_VERSION:
+                raise PrepareError(f"checkpoint {f}: unsupported version {raw.get('version')!r}")
+            try:
+                c = PreparedClaim.from_dict(raw["claim"])
+            except (KeyError, TypeError) as exc:
+                raise PrepareError(f"checkpoint {f}: malformed entry ({exc})") from exc
+            out[c.uid] = c
+        return out
 
-    def save(self, claims: Mapping[str, PreparedClaim]) -> None:
-        body = {"kind": CHECKPOINT_KIND, "version": CHECKPOINT_VERSION,
-                "claims": [c.as_dict() for _, c in sorted(claims.items())]}
-        _atomic_write(self.path, json.dumps(body, separators=(",", ":")).encode(), 0o600)
+    def save(self, claim: PreparedClaim) -> None:
+        body = {"kind": CHECKPOINT_KIND, "version": CHECKPOINT_VERSION, "claim": claim.as_dict()}
+        # No fsync: the file only has to survive a process restart (the page cache does that). After a
+        # power loss it may be missing, and that is harmless: the claim's allocation is in the API
+        # server, so a prepare rebuilds the same answer, and an unprepare of an unknown claim is a no-op.
+        _atomic_write(self._file(claim.uid), json.dumps(body, separators=(",", ":")).encode(), 0o600, sync=False)
+
+    def remove(self, uid: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._file(uid).unlink()
 
 
 def cdi_spec_path(cdi_dir: str | os.PathLike[str], claim_uid: str) -> Path:
@@ -160,7 +181,7 @@ class Preparer:
         self.table = table
         self.settings = settings
         self.cdi_dir = Path(cdi_dir)
-        self.checkpoint = Checkpoint(Path(state_dir) / "checkpoint.json")
+        self.checkpoint = Checkpoint(Path(state_dir) / "claims")
         self.fail = fail  # test hook: (namespace, name) -> an error to answer, as a driver fault would
         self._lock = threading.Lock()
         self._claim_locks: dict[str, threading.Lock] = {}
@@ -190,15 +211,14 @@ class Preparer:
             claim = self.reader.get_claim(namespace, name)
             prepared = self._build(claim, namespace, uid, name)
             self._write_spec(uid, prepared.spec)
+            try:
+                self.checkpoint.save(prepared)
+            except OSError as exc:
+                with contextlib.suppress(FileNotFoundError):
+                    cdi_spec_path(self.cdi_dir, uid).unlink()
+                raise PrepareError(f"cannot write checkpoint {self.checkpoint.dir}: {exc}") from exc
             with self._lock:
                 self.claims[uid] = prepared
-                try:
-                    self.checkpoint.save(self.claims)
-                except OSError as exc:
-                    del self.claims[uid]
-                    with contextlib.suppress(FileNotFoundError):
-                        cdi_spec_path(self.cdi_dir, uid).unlink()
-                    raise PrepareError(f"cannot write checkpoint {self.checkpoint.path}: {exc}") from exc
             return prepared.devices
 
     def _build(self, claim: Mapping[str, Any], namespace: str, uid: str, name: str) -> PreparedClaim:
@@ -277,7 +297,8 @@ class Preparer:
 
     def _write_spec(self, uid: str, spec: dict[str, Any]) -> None:
         try:
-            _atomic_write(cdi_spec_path(self.cdi_dir, uid), json.dumps(spec, indent=1).encode())
+            # /var/run/cdi is a tmpfs: rename keeps readers safe, an fsync would buy nothing.
+            _atomic_write(cdi_spec_path(self.cdi_dir, uid), json.dumps(spec, indent=1).encode(), sync=False)
         except OSError as exc:
             raise PrepareError(f"cannot write CDI spec to {self.cdi_dir}: {exc}") from exc
 
@@ -287,12 +308,12 @@ class Preparer:
         with self._claim_lock(uid):
             with contextlib.suppress(FileNotFoundError):
                 cdi_spec_path(self.cdi_dir, uid).unlink()
+            try:
+                self.checkpoint.remove(uid)
+            except OSError as exc:
+                raise PrepareError(f"cannot update checkpoint {self.checkpoint.dir}: {exc}") from exc
             with self._lock:
-                if self.claims.pop(uid, None) is not None:
-                    try:
-                        self.checkpoint.save(self.claims)
-                    except OSError as exc:
-                        raise PrepareError(f"cannot write checkpoint {self.checkpoint.path}: {exc}") from exc
+                self.claims.pop(uid, None)
                 self._claim_locks.pop(uid, None)
 
     def prepared(self) -> dict[str, PreparedClaim]:
