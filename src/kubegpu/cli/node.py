@@ -206,14 +206,19 @@ def _print_plans(console: Console, plans: list[Any], as_json: bool) -> None:
     console.print(table)
 
 
-def _metrics(address: str, metrics: Any) -> None:
+def _metrics(address: str, metrics: Any, daemon: Any = None) -> None:
+    """Serve /metrics, /healthz and /readyz; raises MetricsAddressError (the address is taken, ...)."""
     if not address or address in ("0", "off", "none"):
         return
-    from kubegpu.node.metrics import serve
+    from kubegpu.node.metrics import MetricsAddressError, serve
 
     host, _, port = address.rpartition(":")
-    server, _ = serve(metrics, int(port or 0), host or "0.0.0.0")
-    log.info("metrics on http://%s:%d/metrics", host or "0.0.0.0", server.server_port)
+    try:
+        number = int(port or 0)
+    except ValueError:
+        raise MetricsAddressError(f"cannot serve metrics on {address!r}: the port is not a number") from None
+    server, _ = serve(metrics, number, host or "0.0.0.0", daemon)
+    log.info("metrics on http://%s:%d/metrics (and /healthz, /readyz)", host or "0.0.0.0", server.server_port)
 
 
 def run_daemon(daemon: Any, *, stop: threading.Event, reload: threading.Event,
@@ -270,6 +275,9 @@ def node_command(
     as_json: bool = typer.Option(False, "--json", help="With --dry-run: JSON output for scripts."),
     run_for: float | None = typer.Option(None, "--run-for", help="Stop by itself after this many seconds."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
+    kubelet_plugin: str = typer.Option("device-plugin", "--kubelet-plugin", envvar="KUBEGPU_KUBELET_PLUGIN",
+                                       help="device-plugin, or dra (Kubernetes 1.34+: ResourceSlices and claims; "
+                                            "see kubegpu.node.dra.cli for the --dra-* flags)."),
 ) -> None:
     """Serve this node's GPUs to the kubelet (device plugins), watch their health, export metrics.
 
@@ -291,6 +299,20 @@ def node_command(
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(EXIT_CONFIG) from None
     env: Mapping[str, str] = dict(os.environ)
+    if kubelet_plugin not in ("device-plugin", "dra"):
+        console.print(f"[red]error:[/red] --kubelet-plugin {kubelet_plugin!r}: expected device-plugin or dra")
+        raise typer.Exit(EXIT_CONFIG)
+    if kubelet_plugin == "dra":  # the node serves its GPUs through DRA only (never both ways)
+        from kubegpu.node.dra.cli import run_dra
+
+        try:
+            dra_backend = _backend(inventory, node_name)
+        except Exception as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(EXIT_INIT) from None
+        raise typer.Exit(run_dra(flags, env, backend=dra_backend, kubeconfig=kubeconfig, node_name=node_name,
+                                 run_for=run_for, dry_run=dry_run, as_json=as_json))
+
     from kubegpu.node.config.select import with_node_config
 
     # NVIDIA's per-node selection: the node's nvidia.com/device-plugin.config label names the config entry.
@@ -333,14 +355,14 @@ def node_command(
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(EXIT_INIT) from None
 
+    daemon = NodeDaemon(backend, load, publisher=publisher, resolver=resolver, metrics=metrics)
     try:
         from kubegpu.node.config import load_config
 
-        _metrics(load_config(flags=flags, env=env).kubegpu.metrics_address, metrics)
-    except (OSError, ValueError) as exc:
-        log.warning("metrics endpoint not started: %s", exc)
-
-    daemon = NodeDaemon(backend, load, publisher=publisher, resolver=resolver, metrics=metrics)
+        _metrics(load_config(flags=flags, env=env).kubegpu.metrics_address, metrics, daemon)
+    except OSError as exc:  # the address is taken or not this host's: say which, and stop
+        console.print(f"[red]error:[/red] {exc} (set --metrics-address, or 0 to serve no metrics)")
+        raise typer.Exit(EXIT_INIT) from None
     stop, reload = threading.Event(), threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -304,8 +304,8 @@ def load_values(path: Path | None = None) -> Values:
         raw = yaml.safe_load(path.read_text()) or {}
     except OSError as exc:
         raise ValuesError(f"cannot read {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ValuesError(f"{path} is not valid YAML: {exc}") from None
+    except (yaml.YAMLError, RecursionError) as exc:  # RecursionError: nested too deeply
+        raise ValuesError(f"{path} is not valid YAML: {str(exc)[:300]}") from None
     return values_from_dict(raw)
 
 

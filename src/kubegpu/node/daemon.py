@@ -188,6 +188,7 @@ class NodeDaemon:
                                      recovery_interval_s=opts.recovery_interval_s,
                                      on_xid=self._on_xid, mig_placement=placement)
         self.monitor.start()
+        self.metrics.set_inventory(inv)
         self.servers = [self._make_server(p, inv, state, minors) for p in plans]
         self.reg = {s.resource: _RegState() for s in self.servers}
         for s in self.servers:
@@ -424,7 +425,17 @@ class NodeDaemon:
             st.needs, st.next_try = True, time.monotonic()
             self._wake.set()
 
-    # ----- introspection (CLI, tests) --------------------------------------------------------
+    # ----- introspection (CLI, tests, the /healthz and /readyz probes) ------------------------
+
+    def liveness(self) -> dict[str, str]:
+        """Whether the loops that keep the node served are running: "ok" or what died."""
+        checks = {"lifecycle": "ok" if self._thread is not None and self._thread.is_alive()
+                  else "the lifecycle loop is not running"}
+        if self.servers:  # serving: the NVML event loop must be watching the devices
+            monitor = self.monitor
+            alive = monitor is not None and monitor.alive()
+            checks["nvml-events"] = "ok" if alive else "the health monitor (NVML event loop) is not running"
+        return checks
 
     def status(self) -> dict[str, object]:
         with self._lock:

@@ -64,8 +64,8 @@ def read_config_file(path: str | Path) -> Mapping[str, Any]:
         raise ConfigError(f"config file {path}: cannot read: {exc.strerror or exc}") from exc
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path}: not valid YAML: {exc}") from exc
+    except (yaml.YAMLError, RecursionError) as exc:  # RecursionError: nested too deeply
+        raise ConfigError(f"config file {path}: not valid YAML: {str(exc)[:300]}") from None
     if data is None:
         return {}
     if not isinstance(data, Mapping):

@@ -231,7 +231,7 @@ class KubegpuSettings:
     health_recovery_interval_s: float = 60.0  # quiet time before a probe may recover a GPU; 0 = never
     cdi_spec_dir: str = "/var/run/cdi"
     device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
-    metrics_address: str = ":9402"
+    metrics_address: str = ":9400"  # the port the manifests expose (install values metricsPort)
     resource_config: tuple[str, ...] = ()  # the sharing fork's short forms, as given
     # The kubelet's PodResources API, used to verify the handoff (full mode).
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
