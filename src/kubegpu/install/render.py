@@ -354,9 +354,14 @@ def webhook_objects(v: Values) -> list[Obj]:
             if w.resources:
                 o["spec"]["template"]["spec"]["containers"][0]["resources"] = w.resources
             extra = resources_env(v)
+            c0 = o["spec"]["template"]["spec"]["containers"][0]
             if extra:
-                c0 = o["spec"]["template"]["spec"]["containers"][0]
                 c0["env"] = c0.get("env", []) + extra
+            # The service accounts that write kubegpu's records, as this render names them (the same pair the
+            # kubegpu-record-writers policy admits).
+            c0["args"] = [a for a in c0["args"] if not a.startswith("--record-writer")] + [
+                f"--record-writer=system:serviceaccount:{v.namespace}:{sa}"
+                for sa in (node_fullname(v), security.EXTENDER_SA)]
         if o["kind"] not in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
             continue
         if not w.cert_manager:
