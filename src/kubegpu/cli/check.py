@@ -138,6 +138,10 @@ def check(
         help="Expect the GPU-taint toleration on GPU pods (as the webhook adds)."),
     void_env: bool = typer.Option(True, "--void-env/--no-void-env",
                                   help="Expect NVIDIA_VISIBLE_DEVICES=void on containers without GPUs."),
+    values: Path | None = typer.Option(
+        None, "--values", "-f", metavar="FILE",
+        help="The install's values file: the resource names its nodes serve (renames, MIG profiles) are "
+             "GPU resources, as they are to the webhook."),
 ) -> None:
     """Validate GPU requests in Pod and workload manifests (Deployment, StatefulSet, DaemonSet,
     ReplicaSet, Job, CronJob, Lists, custom resources with pod templates), with the webhook's rules.
@@ -145,8 +149,17 @@ def check(
     Prints the normalised requests or the refusals. Exit 0: all accepted; 1: something refused;
     2: a file could not be read or is not YAML.
     """
+    declared: tuple[str, ...] = ()
+    if values is not None:
+        from kubegpu.install.values import ValuesError, gpu_resources, load_values
+
+        try:
+            declared = gpu_resources(load_values(values))
+        except ValuesError as exc:
+            make_console(stderr=True).print(f"[bold red]error[/] {escape(str(values))}: {escape(str(exc))}")
+            raise typer.Exit(EXIT_BAD_INPUT) from None
     policy = AdmissionPolicy(add_toleration=toleration, void_env=void_env,
-                             replica_resources=frozenset(replica_resource))
+                             replica_resources=frozenset(replica_resource) | frozenset(declared))
     console = make_console()
     objects: list[dict[str, Any]] = []
     errors: list[dict[str, str]] = []
