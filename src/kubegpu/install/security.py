@@ -6,9 +6,9 @@ exactly the verbs its code calls (:data:`ROLE_RULES`, checked against the code b
 the writes further:
 
 - ``kubegpu-node-restriction``: the node daemon's service account may change only the Node it runs on
-  (labels under NVIDIA's and kubegpu's prefixes, and status), the Device object named after that node,
-  and the ``kubegpu.io/device-assigned`` annotation of pods bound to that node. "The node it runs on"
-  comes from the service-account token: a token bound to a pod carries the pod's node in the
+  (labels under NVIDIA's and kubegpu's prefixes, ``kubegpu.io/`` annotations, and status), the Device
+  object named after that node, and the ``kubegpu.io/device-assigned`` annotation of pods bound to that
+  node. "The node it runs on" comes from the service-account token: a token bound to a pod carries the pod's node in the
   ``authentication.kubernetes.io/node-name`` extra (Kubernetes 1.30+, on by default from 1.32, feature
   ``ServiceAccountTokenPodNodeInfo``); a token without it is refused (fail closed).
 - ``kubegpu-record-writers``: only the extender may write ``kubegpu.io/device-allocated`` (through the
@@ -114,11 +114,12 @@ def node_restriction_policy(namespace: str, labels: dict[str, str], node_sa: str
             {"expression": "request.resource.resource != 'nodes' || "
                            "(has(request.subResource) && request.subResource == 'status') || ("
                            "(has(object.spec) ? object.spec : {}) == (has(oldObject.spec) ? oldObject.spec : {}) && "
-                           + _only_changed(f"({_annotations('object')})", f"({_annotations('oldObject')})", "false")
+                           + _only_changed(f"({_annotations('object')})", f"({_annotations('oldObject')})",
+                                           "k.startsWith('kubegpu.io/')")
                            + " && "
                            + _only_changed(f"({_labels('object')})", f"({_labels('oldObject')})", label_ok) + ")",
              "message": "kubegpu-node may change only its Node's labels under "
-                        + ", ".join(NODE_LABEL_PREFIXES) + " (and status)",
+                        + ", ".join(NODE_LABEL_PREFIXES) + ", its kubegpu.io/ annotations and its status",
              "reason": "Forbidden"},
             {"expression": "request.resource.resource != 'devices' || "
                            "variables.target.metadata.name == variables.nodeName",

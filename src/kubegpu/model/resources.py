@@ -80,6 +80,21 @@ def mig_resources(extra_profiles: Iterable[str] = ()) -> tuple[str, ...]:
 # no naming rule can recognise, e.g. the sharing fork's nvidia.com/small. `kubegpu manifests` derives them
 # from the values and sets this variable in every role's container; a CLI may set it too.
 GPU_RESOURCES_ENV: Final = "KUBEGPU_GPU_RESOURCES"
+# The node daemon also writes the names it serves on its Node, so readers of Nodes (kubegpu status) need not
+# be told: `kubegpu.io/gpu-resources: nvidia.com/gpu,nvidia.com/small`.
+SERVED_RESOURCES_ANNOTATION: Final = "kubegpu.io/gpu-resources"
+
+
+def served_resources(nodes: Iterable[object]) -> frozenset[str]:
+    """Every resource name the nodes say their kubegpu node daemon serves (Node dicts)."""
+    out: set[str] = set()
+    for node in nodes:
+        meta = node.get("metadata") if isinstance(node, dict) else None
+        ann = meta.get("annotations") if isinstance(meta, dict) else None
+        value = ann.get(SERVED_RESOURCES_ANNOTATION) if isinstance(ann, dict) else None
+        if isinstance(value, str):
+            out.update(n.strip() for n in value.split(",") if "/" in n)
+    return frozenset(out)
 
 
 def declared_gpu_resources() -> frozenset[str]:
