@@ -149,8 +149,9 @@ async def _exact(view: ClusterView, pod: Mapping[str, Any], request: PodRequest,
     all_rows = view.rows_of(names)
     known = all_rows >= 0
     for i in np.flatnonzero(~known):
-        rec = view.nodes.get(names[i])
-        failed[names[i]] = (f"its Device object is unreadable: {rec.device_error}" if rec and rec.device_error
+        name = names[int(i)]
+        rec = view.nodes.get(name)
+        failed[name] = (f"its Device object is unreadable: {rec.device_error}" if rec and rec.device_error
                             else "no GPUs known (no kubegpu Device object; is `kubegpu node` running?)")
         reasons["no-device-object"] += 1
     names_known = list(compress(names, known.tolist()))

@@ -201,7 +201,8 @@ def _env_from_warnings(obj: Mapping[str, Any]) -> list[str]:
                 continue
             prefixes = [e.get("prefix") or "" for e in c["envFrom"] if isinstance(e, Mapping)]
             if any(isinstance(p, str) and any(v.startswith(p) for v in DEVICE_ENV_VARS) for p in prefixes):
-                name = c.get("name") if isinstance(c.get("name"), str) else "?"
+                raw_name = c.get("name")
+                name = raw_name if isinstance(raw_name, str) else "?"
                 out.append(f"container {name[:64]!r}: envFrom may set NVIDIA_VISIBLE_DEVICES, which admission "
                            "cannot see; nodes must run the NVIDIA runtime with "
                            "accept-nvidia-visible-devices-envvar-when-unprivileged = false (docs/security.md)")
