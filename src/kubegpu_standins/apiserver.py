@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import functools
 import json
 import logging
@@ -109,6 +110,11 @@ KINDS: tuple[Kind, ...] = (
     Kind("", "v1", "namespaces", "Namespace", False, frozenset({"status"})),
     Kind("events.k8s.io", "v1", "events", "Event", True),
     Kind("kubegpu.io", "v1alpha1", "devices", "Device", False),
+    # DRA (resource.k8s.io/v1): validated by kubegpu_standins.dra_validation.
+    Kind("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", False),
+    Kind("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", False),
+    Kind("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True, frozenset({"status"})),
+    Kind("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True),
 )
 _BY_PATH = {(k.group, k.version, k.plural): k for k in KINDS}
 
@@ -211,6 +217,7 @@ _FIELDS: dict[str, Callable[[dict[str, Any]], str]] = {
     "metadata.name": lambda o: (o.get("metadata") or {}).get("name", ""),
     "metadata.namespace": lambda o: (o.get("metadata") or {}).get("namespace", ""),
     "spec.nodeName": lambda o: (o.get("spec") or {}).get("nodeName") or "",
+    "spec.driver": lambda o: (o.get("spec") or {}).get("driver") or "",  # ResourceSlices
     "status.phase": lambda o: (o.get("status") or {}).get("phase") or "",
     "involvedObject.name": lambda o: (o.get("involvedObject") or {}).get("name", ""),
 }
@@ -302,6 +309,8 @@ class Store:
         self._watchers: set[_Watcher] = set()
         self.requests: Counter[str] = Counter()
         self.faults: dict[str, list[int]] = {}  # "POST pods/binding" -> status codes to answer next
+        # Admission for a kind (validation, defaulting): (kind, new object, old or None); raises ApiStatusError.
+        self.admit: Callable[[Kind, Obj, Obj | None], None] | None = None
 
     @property
     def resource_version(self) -> int:
@@ -353,6 +362,8 @@ class Store:
                 meta["namespace"] = namespace
             else:
                 meta.pop("namespace", None)
+            if self.admit is not None:
+                self.admit(kind, obj, None)
             if not (keep_uid and isinstance(meta.get("uid"), str) and meta["uid"]):
                 meta["uid"] = str(uuid.uuid4())
             meta["creationTimestamp"] = _now()
@@ -398,6 +409,8 @@ class Store:
                 else:
                     new["metadata"].pop(fixed, None)
             new["apiVersion"], new["kind"] = kind.api_version, kind.kind
+            if self.admit is not None:
+                self.admit(kind, new, old)
             old_rv = old["metadata"]["resourceVersion"]
             if dict(new, metadata=dict(new["metadata"], resourceVersion=old_rv)) == old:
                 return _clone(old)  # a no-op write keeps the version, as the real server does
@@ -525,6 +538,8 @@ class ApiServer:
 
     def __init__(self, *, history: int = 2000, bookmark_interval_s: float = 1.0) -> None:
         self.store = Store(history)
+        from kubegpu_standins.dra_validation import admit as dra_admit
+        self.store.admit = dra_admit
         self.bookmark_interval_s = bookmark_interval_s
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -696,6 +711,14 @@ class ApiServer:
             if not isinstance(body, dict):
                 raise ApiStatusError(400, "BadRequest", "the body must be a JSON object")
             return _json_response(self.store.create(kind, ns, body), 201)
+        if method == "DELETE" and name is None:  # DeleteCollection (the kubelet wipes a node's ResourceSlices)
+            matches = _and(field_matcher(q.get("fieldSelector")), label_matcher(q.get("labelSelector")))
+            _, items = self.store.list(kind, namespace, matches)
+            for it in items:
+                m = it["metadata"]
+                with contextlib.suppress(ApiStatusError):
+                    self.store.delete(kind, m.get("namespace", ""), m["name"])
+            return _json_response(self._paged(kind, self.store.resource_version, items, None, None))
         if name is None:
             raise ApiStatusError(405, "MethodNotAllowed", f"{method} needs an object name")
         if method == "PUT":

@@ -21,6 +21,15 @@ def manifests(
         help="The cluster's Kubernetes release, 1.24 to the newest (default: the newest, or the values' "
              "kubeVersion). Chooses the scheduler configuration version, matchConditions or their fallback, "
              "the admission policies and the kube-scheduler image."),
+    dra: bool = typer.Option(False, "--dra", help="Add the DRA driver (Kubernetes 1.34+): DeviceClasses, "
+                             "its DaemonSet on nodes labelled kubegpu.io/kubelet-plugin=dra, RBAC "
+                             "(see kubegpu.install.dra)."),
+    dra_extended_resource: bool = typer.Option(False, "--dra-extended-resource",
+                                               help="With --dra: serve nvidia.com/gpu requests through DRA too."),
+    dra_all_nodes: bool = typer.Option(False, "--dra-all-nodes", help="With --dra: every GPU node uses DRA "
+                                       "(no device-plugin DaemonSet)."),
+    dra_shared_gpus: str = typer.Option("none", "--dra-shared-gpus", help="With --dra: GPUs published as shares "
+                                        "(all, none or indexes like 0,2-3)."),
 ) -> None:
     """Render the install manifests (namespace, CRD, RBAC, DaemonSet, scheduler, webhook, ...) as multi-doc YAML.
 
@@ -47,6 +56,15 @@ def manifests(
     except ValuesError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    if dra:
+        from kubegpu.install.dra import apply_dra
+
+        try:
+            objs = apply_dra(objs, v, extended_resource=dra_extended_resource, all_nodes=dra_all_nodes,
+                             shared_gpus=dra_shared_gpus)
+        except ValueError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
     text = to_yaml(objs)
     if output is None:
         typer.echo(text, nl=False)

@@ -275,6 +275,9 @@ def node_command(
     as_json: bool = typer.Option(False, "--json", help="With --dry-run: JSON output for scripts."),
     run_for: float | None = typer.Option(None, "--run-for", help="Stop by itself after this many seconds."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
+    kubelet_plugin: str = typer.Option("device-plugin", "--kubelet-plugin", envvar="KUBEGPU_KUBELET_PLUGIN",
+                                       help="device-plugin, or dra (Kubernetes 1.34+: ResourceSlices and claims; "
+                                            "see kubegpu.node.dra.cli for the --dra-* flags)."),
 ) -> None:
     """Serve this node's GPUs to the kubelet (device plugins), watch their health, export metrics.
 
@@ -296,6 +299,20 @@ def node_command(
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(EXIT_CONFIG) from None
     env: Mapping[str, str] = dict(os.environ)
+    if kubelet_plugin not in ("device-plugin", "dra"):
+        console.print(f"[red]error:[/red] --kubelet-plugin {kubelet_plugin!r}: expected device-plugin or dra")
+        raise typer.Exit(EXIT_CONFIG)
+    if kubelet_plugin == "dra":  # the node serves its GPUs through DRA only (never both ways)
+        from kubegpu.node.dra.cli import run_dra
+
+        try:
+            dra_backend = _backend(inventory, node_name)
+        except Exception as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(EXIT_INIT) from None
+        raise typer.Exit(run_dra(flags, env, backend=dra_backend, kubeconfig=kubeconfig, node_name=node_name,
+                                 run_for=run_for, dry_run=dry_run, as_json=as_json))
+
     from kubegpu.node.config.select import with_node_config
 
     # NVIDIA's per-node selection: the node's nvidia.com/device-plugin.config label names the config entry.
