@@ -178,13 +178,13 @@ class DraKubelet:
             if path not in seen:  # fsnotify Remove: the plugin is deregistered
                 self._unregister(p)
         for path, ino in seen.items():
-            p = by_socket.get(path)
-            if p is not None and p.inode == ino:
+            known = by_socket.get(path)
+            if known is not None and known.inode == ino:
                 continue
-            if p is not None:
+            if known is not None:
                 self.events.append(f"An updated version of plugin has been found, unregistering the plugin "
-                                   f"first before reregistering: {p.name}")
-                self._unregister(p)
+                                   f"first before reregistering: {known.name}")
+                self._unregister(known)
             self._register(path, ino)
 
     def _register(self, path: str, ino: tuple[int, int]) -> None:
