@@ -28,8 +28,10 @@ from typing import Any
 import numpy as np
 
 from kubegpu.model import annotations as A
-from kubegpu.model.allocation import AnnotationError, PodAllocation, decode
+from kubegpu.model import signing
+from kubegpu.model.allocation import PodAllocation
 from kubegpu.model.inventory import NodeInventory
+from kubegpu.model.records import read_pod, request_shapes
 from kubegpu.model.request import RequestKind, parse_pod
 from kubegpu.placement import (
     MILLI,
@@ -106,6 +108,13 @@ class ClusterView:
         self._clock = clock
         self.conflicts = 0  # annotations that could not be held (double allocation seen in the cluster)
         self.corrupt = 0  # annotations that could not be read
+        self.forged = 0  # records the extender did not sign (not accounted)
+        self.record_key = signing.load_key()
+        # Live records that exceed a GPU's capacity (pod -> why): held anyway, so the GPU is full.
+        self.collisions: dict[str, str] = {}
+        # node -> pod -> (resource, count) of its containers bound but not yet served by the node:
+        # another pod with one of those shapes waits (docs/handoff.md, "one waiting record per shape").
+        self.pending: dict[str, dict[str, frozenset[tuple[str, int]]]] = {}
         self._cluster: ClusterState | None = None
         self._row: dict[str, int] = {}
         self._slots = 8
@@ -276,9 +285,14 @@ class ClusterView:
         return mask
 
     # ---- accounting ----------------------------------------------------------------------------
-    def hold(self, key: str, uid: str, node: str, alloc: PodAllocation, *, assumed: bool = False) -> None:
+    def hold(self, key: str, uid: str, node: str, alloc: PodAllocation, *, assumed: bool = False,
+             force: bool = False, pod: Mapping[str, Any] | None = None) -> None:
         """Account a pod's allocation on a node (replacing what was held for it). Raises
-        PlacementConflict when it does not fit; then nothing changes."""
+        PlacementConflict when it does not fit; then nothing changes. ``force`` holds it anyway (a
+        live record that collides: the GPU is then full, never silently over-filled). With ``pod``
+        (a bind) its GPU containers wait for the node's handoff until the watch shows them served."""
+        if pod is not None:
+            self.pending.setdefault(node, {})[key] = request_shapes(parse_pod(pod))
         old = self.held.get(key)
         if old is not None and old.uid == uid and old.node == node and old.alloc == alloc:
             if not assumed:
@@ -291,7 +305,7 @@ class ClusterView:
             self.release(key)
         if rec is not None and rec.state is not None:
             try:
-                rec.state.apply_allocation(alloc)
+                rec.state.apply_allocation(alloc.held(), force=force)
             except PlacementConflict:
                 if old is not None:  # put back what was there
                     self.hold(key, old.uid, old.node, old.alloc, assumed=old.assumed_at is not None)
@@ -309,10 +323,13 @@ class ClusterView:
             return None
         del self.held[key]
         self._assumed.discard(key)
+        self.collisions.pop(key, None)
+        if (waiting := self.pending.get(h.node)) is not None:
+            waiting.pop(key, None)
         self.by_node.get(h.node, set()).discard(key)
         rec = self.nodes.get(h.node)
         if rec is not None and rec.state is not None:
-            rec.state.release_allocation(h.alloc)
+            rec.state.release_allocation(h.alloc.held())
             self._sync(h.node)
         self._shapes.subtract(demands_of_allocation(h.alloc))
         return h
@@ -349,24 +366,34 @@ class ClusterView:
             self.release(key, uid or None)
             return
         node = (pod.get("spec") or {}).get("nodeName") or ""
-        value = (meta.get("annotations") or {}).get(A.DEVICE_ALLOCATED)
+        records = read_pod(pod, self.record_key) if node else None
+        alloc = records.allocation() if records is not None else None
         current = self.held.get(key)
-        if not node or not value:
+        if records is not None and records.problems and (current is None or current.uid != uid):
+            if records.forged:
+                self.forged += 1
+            elif records.record is None and A.DEVICE_ALLOCATED in (meta.get("annotations") or {}):
+                self.corrupt += 1
+            log.error("pod %s: %s; not accounted", key, "; ".join(records.problems))
+        if not node or alloc is None:
             # Not bound yet (or no GPUs recorded): keep an in-flight assumption, drop anything else.
             if current is not None and current.assumed_at is None and current.uid == uid:
                 self.release(key)
             return
-        try:
-            alloc = decode(value)
-        except AnnotationError as e:
-            self.corrupt += 1
-            log.error("pod %s: unreadable %s annotation (%s); not accounted", key, A.DEVICE_ALLOCATED, e)
-            return
+        assert records is not None
         try:
             self.hold(key, uid, node, alloc)
         except PlacementConflict as e:
             self.conflicts += 1
-            log.error("pod %s on %s: recorded GPUs collide with another pod's: %s", key, node, e)
+            self.collisions[key] = f"{node}: {e}"
+            log.error("pod %s on %s: recorded GPUs exceed a GPU's capacity with other pods' (%s); held anyway: "
+                      "that GPU is full for new placements", key, node, e)
+            self.hold(key, uid, node, alloc, force=True)
+        waiting = request_shapes(parse_pod(pod), records.acks) if records.record is not None else frozenset()
+        if waiting:
+            self.pending.setdefault(node, {})[key] = waiting
+        elif (per := self.pending.get(node)) is not None:
+            per.pop(key, None)
 
     # ---- filter --------------------------------------------------------------------------------
     def filter(self, pod: Mapping[str, Any], names: Sequence[str], gpu_policy: str) -> FilterOutcome:
@@ -383,6 +410,11 @@ class ClusterView:
             return FilterOutcome(passed, failed, unresolvable, reasons)
         if not request.wants_gpu:
             return FilterOutcome(list(names), failed, unresolvable, reasons)
+        blocked = self.handoff_blocked(pod, request)
+        if blocked:
+            names = [n for n in names if n not in blocked]
+            failed.update(blocked)
+            reasons["handoff-pending"] += len(blocked)
         cluster = self.cluster
         # One pass over the names (kube-scheduler sends thousands): rows, -1 for unknown nodes.
         all_rows = self.rows_of(names)
@@ -469,6 +501,26 @@ class ClusterView:
                 failed[n] = result.reason
                 reasons["insufficient-gpu"] += 1
         return FilterOutcome(passed, failed, unresolvable, reasons)
+
+    def handoff_blocked(self, pod: Mapping[str, Any], request: Any) -> dict[str, str]:
+        """Nodes where a pod with one of this pod's (resource, count) shapes is bound and not yet
+        served: the kubelet's calls carry no pod identity, so one waiting record per shape and node
+        keeps GetPreferredAllocation's steering unambiguous (docs/handoff.md)."""
+        if not self.pending:
+            return {}
+        meta = pod.get("metadata") or {}
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        shapes = request_shapes(request)
+        out: dict[str, str] = {}
+        for node, per in self.pending.items():
+            for other, waiting in per.items():
+                same = waiting & shapes if other != key else frozenset()
+                if same:
+                    res, count = min(same)
+                    out[node] = (f"pod {other} is being handed to the kubelet with the same request shape "
+                                 f"({count} {res}); one at a time per shape and node")
+                    break
+        return out
 
     # ---- prioritize ----------------------------------------------------------------------------
     def workload(self) -> Workload:

@@ -1,0 +1,152 @@
+"""Checking the handoff against the kubelet's own word: PodResources ``List``.
+
+The real kubelet lists one ``ContainerDevices`` entry per device (the same resource name
+repeated) and app containers only, so entries are grouped per container and resource before
+anything is compared. A container whose kubelet devices name other GPUs than it was served (or,
+never served by this node, than its record) is a divergence: the resolver raises a Warning Event
+on the pod, counts it, and rewrites the acknowledgement with what the kubelet holds so the
+accounting follows the kubelet. A pod the extender did not place that holds whole GPUs is
+acknowledged too, so the extender stops placing shares there.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import grpc
+
+from kubegpu.model import resources as R
+from kubegpu.model.records import Ack
+from kubegpu.node.handoff.entries import PodView
+from kubegpu.node.handoff.matching import fits, is_handoff_resource, short, uuid_of
+
+if TYPE_CHECKING:
+    from kubegpu.node.handoff.resolver import HandoffResolver
+
+log = logging.getLogger(__name__)
+
+POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+Holding = tuple[str, str, str, str, list[str]]  # namespace, pod, container, resource, device IDs
+
+
+def group(rows: Iterable[Holding]) -> dict[tuple[str, str], dict[str, list[str]]]:
+    """(namespace/pod, container) -> resource -> every device ID the kubelet lists for it."""
+    out: dict[tuple[str, str], dict[str, list[str]]] = {}
+    for ns, pod, container, resource, ids in rows:
+        per = out.setdefault((f"{ns}/{pod}", container), {})
+        per.setdefault(resource, []).extend(ids)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    pod_key: str
+    uid: str
+    container: str
+    resource: str
+    kubelet_ids: tuple[str, ...]
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Bypass:
+    """Whole GPUs the kubelet gave a container of a pod without a record."""
+
+    pod_key: str
+    uid: str
+    container: str
+    resource: str
+    kubelet_ids: tuple[str, ...]
+
+
+def served_gpus(ack: Ack) -> set[str]:
+    if ack.grants:
+        return {g.mig_uuid or g.uuid for g in ack.grants}
+    return {uuid_of(d) for d in ack.devices}
+
+
+def compare(pods: Mapping[str, PodView], served: Mapping[tuple[str, str], Ack],
+            grouped: Mapping[tuple[str, str], Mapping[str, list[str]]]) -> tuple[list[Divergence], list[Bypass]]:
+    divergent: list[Divergence] = []
+    bypass: list[Bypass] = []
+    for (pod_key, container), per in grouped.items():
+        p = pods.get(pod_key)
+        if p is None:
+            continue
+        for resource, ids in per.items():
+            if not is_handoff_resource(resource) or not ids:
+                continue
+            kgpus = [uuid_of(i) for i in ids]
+            entry = next((e for e in p.entries if e.container == container and e.resource == resource), None)
+            if entry is None:
+                if p.whole_bypass and resource == R.NVIDIA_GPU:
+                    bypass.append(Bypass(pod_key, p.uid, container, resource, tuple(ids)))
+                continue
+            ack = served.get((p.uid, container)) or p.acks.get(container)
+            held = ",".join(short(i) for i in ids)
+            if ack is not None:
+                got = served_gpus(ack)
+                if got != set(kgpus):
+                    divergent.append(Divergence(
+                        pod_key, p.uid, container, resource, tuple(ids),
+                        f"container {container}: the kubelet holds {resource} {held}, but it was served "
+                        f"GPU(s) {','.join(sorted(short(g) for g in got))}"))
+            elif not fits(entry, kgpus):
+                divergent.append(Divergence(
+                    pod_key, p.uid, container, resource, tuple(ids),
+                    f"container {container}: the kubelet holds {resource} {held}, but its record names "
+                    f"GPU(s) {','.join(short(u) for u in entry.uuids)} and this node never served it"))
+    return divergent, bypass
+
+
+def list_pod_resources(socket_path: str = POD_RESOURCES_SOCKET, timeout_s: float = 5.0) -> list[Holding]:
+    """(namespace, pod, container, resource, device IDs) for every entry the kubelet lists."""
+    from kubegpu.node.proto import podresources_pb2 as prpb
+    from kubegpu.node.proto import podresources_pb2_grpc as prgrpc
+
+    with grpc.insecure_channel(f"unix://{socket_path}") as channel:
+        resp = prgrpc.PodResourcesListerStub(channel).List(prpb.ListPodResourcesRequest(), timeout=timeout_s)
+    out: list[Holding] = []
+    for p in resp.pod_resources:
+        for c in p.containers:
+            for d in c.devices:
+                out.append((p.namespace, p.name, c.name, d.resource_name, list(d.device_ids)))
+    return out
+
+
+class Verifier:
+    """Checks the handoff against PodResources every ``interval_s`` (a daemon thread, stoppable)."""
+
+    def __init__(self, resolver: HandoffResolver, socket_path: str = POD_RESOURCES_SOCKET,
+                 interval_s: float = 30.0) -> None:
+        self.resolver, self.socket_path, self.interval_s = resolver, socket_path, interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def check(self) -> list[str]:
+        try:
+            holdings = list_pod_resources(self.socket_path)
+        except grpc.RpcError as e:
+            log.debug("PodResources unavailable at %s: %s", self.socket_path, e)
+            return []
+        return self.resolver.verify(holdings)
+
+    def start(self) -> Verifier:
+        def loop() -> None:
+            while not self._stop.wait(self.interval_s):
+                try:
+                    self.check()
+                except Exception:  # never let one bad answer end verification
+                    log.exception("handoff verification failed; retrying in %.0fs", self.interval_s)
+
+        self._thread = threading.Thread(target=loop, name="handoff-verifier", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
