@@ -46,17 +46,32 @@ def device_resource(req: GpuRequest) -> str | None:
     return None
 
 
-def request_shapes(request: PodRequest, acked: Mapping[str, object] | None = None) -> frozenset[tuple[str, int]]:
-    """The (kubelet resource, device count) of each GPU container not acknowledged yet: what the
-    kubelet's identity-less GetPreferredAllocation / Allocate calls for this pod will look like."""
+Shape = tuple[str, int, tuple[int, int, int]]  # kubelet resource, device count, per-GPU amounts
+
+
+def request_shapes(request: PodRequest, acked: Mapping[str, object] | None = None) -> frozenset[Shape]:
+    """Each GPU container not acknowledged yet: (kubelet resource, device count) — what the kubelet's
+    identity-less GetPreferredAllocation / Allocate calls for it look like — and the per-GPU amounts
+    (core, memory bytes, memory ratio) it would be served."""
     out = set()
     for c in request.gpu_containers:
-        if c.request is None or (acked is not None and c.name in acked):
+        r = c.request
+        if r is None or (acked is not None and c.name in acked):
             continue
-        res = device_resource(c.request)
+        res = device_resource(r)
         if res is not None:
-            out.add((res, c.request.count))
+            out.add((res, r.count, (r.core, r.memory_bytes or 0, r.memory_ratio or 0)))
     return frozenset(out)
+
+
+def ambiguous(waiting: frozenset[Shape], shapes: frozenset[Shape]) -> Shape | None:
+    """A waiting shape the kubelet's calls cannot tell apart from one of ``shapes`` while serving
+    different amounts (same resource and count, other amounts), or None."""
+    for w in waiting:
+        for s in shapes:
+            if w[:2] == s[:2] and w[2] != s[2]:
+                return w
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ Everything runs in one event loop, so a bind's check-and-hold is atomic.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,7 +32,7 @@ from kubegpu.model import annotations as A
 from kubegpu.model import signing
 from kubegpu.model.allocation import PodAllocation
 from kubegpu.model.inventory import NodeInventory
-from kubegpu.model.records import read_pod, request_shapes
+from kubegpu.model.records import Shape, ambiguous, read_pod, request_shapes
 from kubegpu.model.request import RequestKind, parse_pod
 from kubegpu.placement import (
     MILLI,
@@ -61,6 +62,7 @@ from kubegpu.scheduler.summary import node_summary
 log = logging.getLogger(__name__)
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+HANDOFF_WAIT_ENV = "KUBEGPU_HANDOFF_WAIT"
 # Policies whose node score is a function of that node's row alone, so kept scores stay right (not
 # "random": it draws per call; not "kubegpu": its tie-break compares the nodes scored together, though
 # its share scores are row-local, which ``Policy.row_local`` says per demand).
@@ -114,7 +116,10 @@ class ClusterView:
         self.collisions: dict[str, str] = {}
         # node -> pod -> (resource, count) of its containers bound but not yet served by the node:
         # another pod with one of those shapes waits (docs/handoff.md, "one waiting record per shape").
-        self.pending: dict[str, dict[str, frozenset[tuple[str, int]]]] = {}
+        self.pending: dict[str, dict[str, frozenset[Shape]]] = {}
+        # Off only where no kubegpu node serves the records (simulations, extender-only tests): there a
+        # bound pod is never acknowledged and would hold its shape forever.
+        self.handoff_wait = os.environ.get(HANDOFF_WAIT_ENV, "1") not in ("0", "false", "no")
         self._cluster: ClusterState | None = None
         self._row: dict[str, int] = {}
         self._slots = 8
@@ -503,10 +508,10 @@ class ClusterView:
         return FilterOutcome(passed, failed, unresolvable, reasons)
 
     def handoff_blocked(self, pod: Mapping[str, Any], request: Any) -> dict[str, str]:
-        """Nodes where a pod with one of this pod's (resource, count) shapes is bound and not yet
-        served: the kubelet's calls carry no pod identity, so one waiting record per shape and node
-        keeps GetPreferredAllocation's steering unambiguous (docs/handoff.md)."""
-        if not self.pending:
+        """Nodes where a pod is bound, not yet served, and asks the same (resource, count) with other
+        amounts: the kubelet's calls carry no pod identity, so the node could serve one's amounts to
+        the other. Identical requests never wait (docs/handoff.md)."""
+        if not self.pending or not self.handoff_wait:
             return {}
         meta = pod.get("metadata") or {}
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
@@ -514,11 +519,11 @@ class ClusterView:
         out: dict[str, str] = {}
         for node, per in self.pending.items():
             for other, waiting in per.items():
-                same = waiting & shapes if other != key else frozenset()
-                if same:
-                    res, count = min(same)
-                    out[node] = (f"pod {other} is being handed to the kubelet with the same request shape "
-                                 f"({count} {res}); one at a time per shape and node")
+                same = ambiguous(waiting, shapes) if other != key else None
+                if same is not None:
+                    res, count, _ = same
+                    out[node] = (f"pod {other} is being handed to the kubelet with {count} {res} and other "
+                                 "amounts; the kubelet's calls cannot tell the two apart, so one at a time")
                     break
         return out
 
