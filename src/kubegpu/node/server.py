@@ -311,7 +311,8 @@ class PluginServer:
                              distinct=distinct, totals=self._totals)
 
     def _resolver_applies(self) -> bool:
-        return self.resource in (R.GPU_SLOTS, R.NVIDIA_GPU)
+        # Whole GPUs, share slots and MIG devices carry records; replicas are served from their IDs.
+        return self.resource in (R.GPU_SLOTS, R.NVIDIA_GPU) or self.resource.startswith(R.NVIDIA_MIG_PREFIX)
 
     # ----- Allocate --------------------------------------------------------------------------
 

@@ -60,6 +60,9 @@ class HandoffMetrics:
         self.mismatches = Counter("kubegpu_handoff_mismatches_total",
                                   "Containers found holding other GPUs than they were served (PodResources)",
                                   registry=r)
+        self.swaps = Counter("kubegpu_handoff_reordered_total",
+                             "Identical waiting records served in another order than the kubelet admitted "
+                             "their pods (acknowledgements corrected; nothing served wrong)", registry=r)
         self.forged = Counter("kubegpu_handoff_forged_records_total",
                               "Pods seen with a record the extender did not sign", registry=r)
 
@@ -191,6 +194,8 @@ class HandoffResolver:
             self._served[(entry.uid, entry.container)] = ack
         self.metrics.matched.labels(resource).inc()
         self._acknowledge(entry.pod_key)
+        if self.verifier is not None:
+            self.verifier.poke()
         return ResolvedAllocation(entry.shares(gpus), pod=entry.pod_key, container=entry.container)
 
     def _grant(self, entry: Entry, gpu: str) -> DeviceGrant:
@@ -290,10 +295,18 @@ class HandoffResolver:
             if (d.pod_key, d.container) in self.reported:
                 continue
             self.reported.add((d.pod_key, d.container))
-            self.metrics.mismatches.inc()
-            log.error("handoff divergence on %s: pod %s: %s", self.node, d.pod_key, d.message)
-            self._event(d.pod_key, d.uid, "GpuHandoffMismatch",
-                        d.message + "; the accounting now follows the kubelet")
+            if d.swap:
+                self.metrics.swaps.inc()
+                log.info("handoff on %s: pod %s: %s (identical records taken in another order; "
+                         "acknowledgement corrected)", self.node, d.pod_key, d.message)
+                self._event(d.pod_key, d.uid, "GpuHandoffReordered",
+                            d.message + ", with its own amounts; the acknowledgement now names the kubelet's "
+                            "GPUs", type_="Normal")
+            else:
+                self.metrics.mismatches.inc()
+                log.error("handoff divergence on %s: pod %s: %s", self.node, d.pod_key, d.message)
+                self._event(d.pod_key, d.uid, "GpuHandoffMismatch",
+                            d.message + "; the accounting now follows the kubelet")
             p = pods.get(d.pod_key)
             entry = next((e for e in p.entries if e.container == d.container), None) if p else None
             if entry is not None:
@@ -314,13 +327,13 @@ class HandoffResolver:
                 self._acknowledge(b.pod_key, {b.container: Ack(b.resource, b.kubelet_ids, grants)})
         return out
 
-    def _event(self, pod_key: str, uid: str, reason: str, message: str) -> None:
+    def _event(self, pod_key: str, uid: str, reason: str, message: str, type_: str = "Warning") -> None:
         if self.client is None:
             return
         ns, name = pod_key.split("/", 1)
         try:
             emit_event(self.client, namespace=ns, kind="Pod", name=name, uid=uid or None, reason=reason,
-                       message=message[:1000], type_="Warning", component="kubegpu-node")
+                       message=message[:1000], type_=type_, component="kubegpu-node")
         except Exception as e:
             log.warning("pod %s: cannot emit the %s Event: %s", pod_key, reason, e)
 

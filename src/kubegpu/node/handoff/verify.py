@@ -51,6 +51,10 @@ class Divergence:
     resource: str
     kubelet_ids: tuple[str, ...]
     message: str
+    # The container was served exactly its own record's amounts on the GPUs the kubelet holds: two
+    # identical waiting records were taken in another order than the kubelet admitted them. Nothing
+    # ran on a wrong GPU or with wrong limits; only the acknowledgement names the other pod's GPUs.
+    swap: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +78,12 @@ def compare(pods: Mapping[str, PodView], served: Mapping[tuple[str, str], Ack],
             grouped: Mapping[tuple[str, str], Mapping[str, list[str]]]) -> tuple[list[Divergence], list[Bypass]]:
     divergent: list[Divergence] = []
     bypass: list[Bypass] = []
+    # GPUs -> the amounts served there as some container's record (to tell a reorder from a divergence)
+    given_on: dict[frozenset[str], set[tuple[int, int, int]]] = {}
+    for p in pods.values():
+        for c, a in {**p.acks, **{c: a for (uid, c), a in served.items() if uid == p.uid}}.items():
+            given_on.setdefault(frozenset(served_gpus(a)), set()).update(
+                (g.core, g.memory_bytes, g.memory_ratio) for g in a.grants)
     for (pod_key, container), per in grouped.items():
         p = pods.get(pod_key)
         if p is None:
@@ -92,15 +102,19 @@ def compare(pods: Mapping[str, PodView], served: Mapping[tuple[str, str], Ack],
             if ack is not None:
                 got = served_gpus(ack)
                 if got != set(kgpus):
+                    own = {(g.core, g.memory_bytes, g.memory_ratio) for g in entry.grants}
+                    given = {(g.core, g.memory_bytes, g.memory_ratio) for g in ack.grants}
                     divergent.append(Divergence(
                         pod_key, p.uid, container, resource, tuple(ids),
                         f"container {container}: the kubelet holds {resource} {held}, but it was served "
-                        f"GPU(s) {','.join(sorted(short(g) for g in got))}"))
+                        f"GPU(s) {','.join(sorted(short(g) for g in got))}", swap=bool(given) and given == own))
             elif not fits(entry, kgpus):
+                own = {(g.core, g.memory_bytes, g.memory_ratio) for g in entry.grants}
                 divergent.append(Divergence(
                     pod_key, p.uid, container, resource, tuple(ids),
                     f"container {container}: the kubelet holds {resource} {held}, but its record names "
-                    f"GPU(s) {','.join(short(u) for u in entry.uuids)} and this node never served it"))
+                    f"GPU(s) {','.join(short(u) for u in entry.uuids)}",
+                    swap=given_on.get(frozenset(kgpus)) == own))
     return divergent, bypass
 
 
@@ -126,7 +140,12 @@ class Verifier:
                  interval_s: float = 30.0) -> None:
         self.resolver, self.socket_path, self.interval_s = resolver, socket_path, interval_s
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def poke(self) -> None:
+        """Check soon: an Allocate was just served (the kubelet records it as the call returns)."""
+        self._wake.set()
 
     def check(self) -> list[str]:
         try:
@@ -138,7 +157,13 @@ class Verifier:
 
     def start(self) -> Verifier:
         def loop() -> None:
-            while not self._stop.wait(self.interval_s):
+            while not self._stop.is_set():
+                if self._wake.wait(self.interval_s):
+                    self._wake.clear()
+                    if self._stop.wait(0.05):  # let the kubelet finish the admission
+                        return
+                if self._stop.is_set():
+                    return
                 try:
                     self.check()
                 except Exception:  # never let one bad answer end verification
@@ -150,3 +175,4 @@ class Verifier:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
