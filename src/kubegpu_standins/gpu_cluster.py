@@ -145,6 +145,7 @@ class GpuCluster:
         self._sched: threading.Thread | None = None
         self.extender_restarts = 0
         self.schedule_errors: list[str] = []
+        self.why_pending: dict[str, str] = {}  # pod -> the extender's last filter failures
         self._env_before = os.environ.get(signing.KEY_ENV)
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -233,11 +234,14 @@ class GpuCluster:
         ext = self.ext
         if ext is None:
             return 0
-        names = list(self.nodes)
+        names = [n for n, node in self.nodes.items() if self._allocatable(node, pod)]
+        if not names:
+            return 0
         args = {"Pod": pod, "Nodes": None, "NodeNames": names}
         out = self.http.post(f"{ext.url}/scheduler/filter", json=args).json()
         passed = out.get("NodeNames") or []
         if not passed:
+            self.why_pending[pod["metadata"]["name"]] = str(out.get("FailedNodes") or out.get("Error"))[:300]
             return 0
         best = passed[0]
         if len(passed) > 1:
@@ -247,6 +251,17 @@ class GpuCluster:
         r = self.http.post(f"{ext.url}/scheduler/bind", json={
             "PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": best}).json()
         return 1 if not r.get("Error") else 0
+
+    @staticmethod
+    def _allocatable(node: SimNode, pod: dict[str, Any]) -> bool:
+        """kube-scheduler's in-tree fit on what the kubelet reports: a resource whose plugin is away
+        (allocatable 0) rules the node out."""
+        for c in [*(pod["spec"].get("containers") or []), *(pod["spec"].get("initContainers") or [])]:
+            for res, qty in ((c.get("resources") or {}).get("limits") or {}).items():
+                if (res in (R.NVIDIA_GPU, R.GPU_SLOTS) or res.startswith(R.NVIDIA_MIG_PREFIX)) and \
+                        node.kubelet.allocatable(res) < int(str(qty)):
+                    return False
+        return True
 
     def _default_bind(self, pod: dict[str, Any]) -> int:
         """kube-scheduler's default profile: it knows the kubelet's nvidia.com/gpu count, not shares."""
@@ -277,6 +292,8 @@ class GpuCluster:
             if all(phases.get(n) in ("Running", "Failed") for n in names):
                 return True
             time.sleep(0.1)
+        log.warning("not settled: %s", {n: self.why_pending.get(n, "") for n in names
+                                         if phases.get(n) not in ("Running", "Failed")})
         return False
 
     def quiesce(self, timeout_s: float = 10.0) -> bool:
@@ -341,6 +358,7 @@ class GpuCluster:
     def overcommitted(self) -> list[str]:
         """GPUs above 100 % compute or their memory, by what the containers were actually served."""
         use: dict[tuple[str, str], list[int]] = {}
+        who: dict[tuple[str, str], list[str]] = {}
         mem_cap: dict[str, int] = {}
         for n in self.nodes.values():
             for g in n.backend.discover().gpus:
@@ -366,8 +384,9 @@ class GpuCluster:
                             u = use.setdefault((n.name, g), [0, 0])
                             u[0] += core
                             u[1] += mem or mem_cap.get(g, 0)
-        return [f"{node}/{g}: {c} % compute, {m} bytes" for (node, g), (c, m) in use.items()
-                if c > 100 or (g in mem_cap and m > mem_cap[g])]
+                            who.setdefault((n.name, g), []).append(f"{res.pod}/{cname}:{core}")
+        return [f"{node}/{g}: {c} % compute, {m} bytes ({', '.join(who[(node, g)])})"
+                for (node, g), (c, m) in use.items() if c > 100 or (g in mem_cap and m > mem_cap[g])]
 
 
 def _per_gpu(value: str, n: int) -> list[int]:

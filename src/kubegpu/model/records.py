@@ -65,11 +65,11 @@ def request_shapes(request: PodRequest, acked: Mapping[str, object] | None = Non
 
 
 def ambiguous(waiting: frozenset[Shape], shapes: frozenset[Shape]) -> Shape | None:
-    """A waiting shape the kubelet's calls cannot tell apart from one of ``shapes`` while serving
-    different amounts (same resource and count, other amounts), or None."""
+    """A waiting shape the kubelet's calls cannot tell apart from one of ``shapes`` (same resource and
+    device count: GetPreferredAllocation could steer one pod onto the other's record), or None."""
     for w in waiting:
         for s in shapes:
-            if w[:2] == s[:2] and w[2] != s[2]:
+            if w[:2] == s[:2]:
                 return w
     return None
 

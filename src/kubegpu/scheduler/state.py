@@ -508,9 +508,10 @@ class ClusterView:
         return FilterOutcome(passed, failed, unresolvable, reasons)
 
     def handoff_blocked(self, pod: Mapping[str, Any], request: Any) -> dict[str, str]:
-        """Nodes where a pod is bound, not yet served, and asks the same (resource, count) with other
-        amounts: the kubelet's calls carry no pod identity, so the node could serve one's amounts to
-        the other. Identical requests never wait (docs/handoff.md)."""
+        """Nodes where another pod is bound, not yet served by the node, and asks the same (resource,
+        device count): the kubelet's calls carry no pod identity, so with two such pods waiting the
+        node could steer one onto the other's record. One at a time per shape and node keeps every
+        Allocate unambiguous (docs/handoff.md)."""
         if not self.pending or not self.handoff_wait:
             return {}
         meta = pod.get("metadata") or {}
@@ -522,8 +523,8 @@ class ClusterView:
                 same = ambiguous(waiting, shapes) if other != key else None
                 if same is not None:
                     res, count, _ = same
-                    out[node] = (f"pod {other} is being handed to the kubelet with {count} {res} and other "
-                                 "amounts; the kubelet's calls cannot tell the two apart, so one at a time")
+                    out[node] = (f"pod {other} is being handed to the kubelet with {count} {res}; the "
+                                 "kubelet's calls carry no pod, so one such pod at a time per node")
                     break
         return out
 

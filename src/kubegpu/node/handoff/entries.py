@@ -15,7 +15,7 @@ from typing import Any
 
 from kubegpu.model import resources as R
 from kubegpu.model.allocation import DeviceGrant, PodAllocation
-from kubegpu.model.records import Ack, device_resource, read_pod
+from kubegpu.model.records import Ack, device_resource, read_pod, request_shapes
 from kubegpu.model.request import parse_pod
 from kubegpu.node.resolver import GpuShare
 
@@ -63,6 +63,7 @@ class PodView:
     forged: bool = False
     problems: tuple[str, ...] = ()
     whole_bypass: bool = False  # asks nvidia.com/gpu but has no record (not placed by the extender)
+    unrecorded: frozenset[tuple[str, int]] = frozenset()  # (resource, count) asked without a record
 
 
 def pod_view(pod: Mapping[str, Any], seen: int, key: bytes | None) -> PodView:
@@ -97,9 +98,10 @@ def pod_view(pod: Mapping[str, Any], seen: int, key: bytes | None) -> PodView:
         else:
             reusable[resource] = [u for u in pool if u not in uuids]
     allocation = recs.allocation()
+    unrecorded = frozenset(s[:2] for s in request_shapes(request, recs.acks)) if recs.record is None else frozenset()
     return PodView(pkey, uid, created, seen, entries, dict(recs.acks),
                    allocation.held() if allocation is not None else None, recs.forged, recs.problems,
-                   whole_bypass=asks_whole and recs.record is None)
+                   whole_bypass=asks_whole and recs.record is None, unrecorded=unrecorded)
 
 
 def is_live_here(pod: Mapping[str, Any], node: str) -> bool:

@@ -38,10 +38,25 @@ from kubegpu.model.inventory import NodeInventory
 from kubegpu.model.records import Ack, encode_acks
 from kubegpu.node.handoff import matching as M
 from kubegpu.node.handoff.entries import Entry, PodView, is_live_here, pod_view
-from kubegpu.node.handoff.verify import POD_RESOURCES_SOCKET, Holding, Verifier, compare, group
+from kubegpu.node.handoff.verify import (
+    POD_RESOURCES_SOCKET,
+    Holding,
+    Verifier,
+    compare,
+    group,
+    list_pod_resources,
+)
 from kubegpu.node.resolver import AllocationRefused, ResolvedAllocation
 
 log = logging.getLogger(__name__)
+
+
+def _rv(value: object) -> int:
+    """A resourceVersion as a number (etcd revisions are); unparsable ones compare as the oldest."""
+    try:
+        return int(str(value))
+    except ValueError:
+        return -1
 
 
 class HandoffMetrics:
@@ -85,7 +100,11 @@ class HandoffResolver:
         self._served: dict[tuple[str, str], Ack] = {}  # (uid, container) -> what this process served
         self._bypass: dict[str, str] = {}  # GPU -> who holds it whole without a record
         self._seq = 0
+        self._version: dict[str, int] = {}  # pod -> resourceVersion of the state held
+        self._gone: dict[str, None] = {}  # UIDs of pods seen deleted or finished (insertion-ordered)
         self._gpus: dict[str, tuple[int, int]] = {}  # uuid -> (minor, memory bytes)
+        self._mig_parent: dict[str, tuple[str, str]] = {}  # MIG uuid -> (parent GPU uuid, profile)
+        self.pod_resources: Callable[[], list[Holding]] | None = None  # the kubelet's own word, when reachable
         self.reported: set[tuple[str, str]] = set()
         self.forged_seen: set[str] = set()
         self.watch: InformerThread | None = None
@@ -99,11 +118,13 @@ class HandoffResolver:
     def set_inventory(self, inventory: NodeInventory) -> None:
         """The node's GPUs (minor and memory, to acknowledge pods the extender did not place)."""
         table: dict[str, tuple[int, int]] = {}
+        parents: dict[str, tuple[str, str]] = {}
         for g in inventory.gpus:
             table[g.uuid] = (g.minor, g.memory_bytes)
             for m in g.mig_devices:
                 table[m.uuid] = (g.minor, m.memory_bytes)
-        self._gpus = table
+                parents[m.uuid] = (g.uuid, m.profile)
+        self._gpus, self._mig_parent = table, parents
 
     def close(self) -> None:
         if self.verifier is not None:
@@ -113,14 +134,26 @@ class HandoffResolver:
 
     # ---- feeding -------------------------------------------------------------------------------
     def observe(self, pod: dict[str, Any], deleted: bool = False) -> None:
+        """One version of a pod (watch event or LIST item). Versions older than the one already held,
+        and any version of a pod already seen deleted or finished, are ignored: a lagging watch must
+        never bring back a pod, or an older state of it, that a fresher read has moved past."""
         meta = pod.get("metadata") or {}
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         uid = str(meta.get("uid") or "")
+        rv = _rv(meta.get("resourceVersion"))
         with self._lock:
+            if uid and uid in self._gone:
+                return
             if deleted or not is_live_here(pod, self.node):
-                self._forget(key)
+                if uid and (deleted or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")):
+                    self._bury(uid)
+                cur = self._pods.get(key)
+                if cur is None or cur.uid == uid or not uid:
+                    self._forget(key)
                 return
             current = self._pods.get(key)
+            if current is not None and current.uid == uid and rv < self._version.get(key, -1):
+                return  # an older state than the one held (a lagging watch after a fresh LIST)
             if current is not None and current.uid == uid:
                 seen = current.seen
             else:
@@ -129,6 +162,7 @@ class HandoffResolver:
                 self._seq += 1
                 seen = self._seq
             view = pod_view(pod, seen, self.key)
+            self._version[key] = rv
             if view.forged and key not in self.forged_seen:
                 self.forged_seen.add(key)
                 self.metrics.forged.inc()
@@ -137,7 +171,13 @@ class HandoffResolver:
                 log.warning("pod %s on %s: %s", key, self.node, "; ".join(view.problems))
             self._pods[key] = view
 
+    def _bury(self, uid: str) -> None:
+        self._gone[uid] = None
+        while len(self._gone) > 20000:  # bounded: the oldest deletions cannot come back by now
+            self._gone.pop(next(iter(self._gone)))
+
     def _forget(self, key: str) -> None:
+        self._version.pop(key, None)
         old = self._pods.pop(key, None)
         if old is not None:
             for k in [k for k in self._served if k[0] == old.uid]:
@@ -165,6 +205,9 @@ class HandoffResolver:
                 present.add(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
                 self.observe(p)
             for key in [k for k in self._pods if k not in present]:
+                uid = self._pods[key].uid
+                if uid:
+                    self._bury(uid)  # bound pods leave a node only by being deleted
                 self._forget(key)
         return True
 
@@ -172,6 +215,20 @@ class HandoffResolver:
     def _match(self, resource: str, ids: Sequence[str]) -> Entry | None:
         with self._lock:
             return M.match(self._pods.values(), self._served, resource, ids)
+
+    def _unrecorded_waiting(self, resource: str, count: int) -> list[str]:
+        """Pods bound here that ask ``count`` of ``resource`` without a record and that the kubelet has
+        not admitted yet (not in its PodResources list): an Allocate of that shape may be theirs."""
+        with self._lock:
+            waiting = [p.key for p in self._pods.values() if (resource, count) in p.unrecorded]
+        if not waiting or self.pod_resources is None:
+            return waiting
+        try:
+            rows = self.pod_resources()
+        except Exception:
+            return waiting
+        admitted = {f"{ns}/{name}" for ns, name, _c, res, ids in rows if res == resource and ids}
+        return [k for k in waiting if k not in admitted]
 
     def resolve(self, resource: str, device_ids: Sequence[str]) -> ResolvedAllocation | None:
         if not M.is_handoff_resource(resource):
@@ -181,12 +238,19 @@ class HandoffResolver:
         entry = self._match(resource, ids)
         if entry is None and self.consistent_read():
             entry = self._match(resource, ids)
+        if entry is not None and (others := self._unrecorded_waiting(resource, len(ids))):
+            # The call may be the other pod's: serving the record to it would be a silent divergence.
+            self.metrics.refused.labels(resource, "ambiguous").inc()
+            raise AllocationRefused(
+                f"kubegpu: {resource} x{len(ids)} is asked both by {entry.pod_key} (recorded) and by "
+                f"{', '.join(others[:3])}, bound here without a kubegpu record; the kubelet's call does not "
+                "say which pod it is, so it is refused rather than risk serving one pod's record to the other")
         with self._lock:
             if entry is not None and (entry.uid, entry.container) in self._served:
                 entry = M.match(self._pods.values(), self._served, resource, ids)  # taken meanwhile
             if entry is None:
                 return self._unrecorded(resource, ids, gpus)
-            if resource == R.GPU_SLOTS and (why := M.share_conflict(gpus, self._bypass)):
+            if resource == R.GPU_SLOTS and (why := M.share_conflict(gpus, self._whole_bypass())):
                 self.metrics.refused.labels(resource, "gpu-held-whole").inc()
                 raise AllocationRefused(f"kubegpu: share for {entry.pod_key} container {entry.container} "
                                         f"refused: {why}")
@@ -198,12 +262,33 @@ class HandoffResolver:
             self.verifier.poke()
         return ResolvedAllocation(entry.shares(gpus), pod=entry.pod_key, container=entry.container)
 
+    def _whole_bypass(self) -> dict[str, str]:
+        """GPUs held whole by pods the extender did not place (called under the lock): those this
+        process served, those acknowledged on such pods, and what the kubelet lists right now."""
+        out = dict(self._bypass)
+        for p in self._pods.values():
+            if p.whole_bypass and p.held is not None:
+                out.update({g.uuid: p.key for g in p.held.grants()})
+        if self.pod_resources is not None:
+            try:
+                rows = self.pod_resources()
+            except Exception:  # the kubelet's socket unreachable: the other two sources stand
+                rows = []
+            for ns, name, _c, resource, ids in rows:
+                view = self._pods.get(f"{ns}/{name}")
+                if resource == R.NVIDIA_GPU and (view is None or view.whole_bypass):
+                    out.update({M.uuid_of(i): f"{ns}/{name}" for i in ids})
+        return out
+
     def _grant(self, entry: Entry, gpu: str) -> DeviceGrant:
         for g in entry.grants:
             if (g.mig_uuid or g.uuid) == gpu:
                 return g
-        g = entry.grants[0]  # an app container served from its init containers' devices
+        g = entry.grants[0]  # another GPU of the same kind than the record's (reuse, or a correction)
         minor, _ = self._gpus.get(gpu, (g.minor, 0))
+        if gpu in self._mig_parent:
+            parent, profile = self._mig_parent[gpu]
+            return DeviceGrant(minor, parent, g.core, g.memory_bytes, g.memory_ratio, gpu, profile)
         return DeviceGrant(minor, gpu, g.core, g.memory_bytes, g.memory_ratio)
 
     def _unrecorded(self, resource: str, ids: tuple[str, ...], gpus: tuple[str, ...]) -> None:
@@ -216,18 +301,24 @@ class HandoffResolver:
                 f"kubegpu: the kubelet chose {resource} {shown} (GPU {','.join(M.short(g) for g in gpus[:8])}); "
                 f"no pod bound to {self.node} has a signed, unserved record naming exactly these GPUs "
                 f"({M.describe_pending(self._pods.values(), self._served, resource, len(ids))})")
+        waiting = M.pending(self._pods.values(), self._served, resource, len(ids))
+        if waiting:
+            self.metrics.refused.labels(resource, "not-the-recorded-gpus").inc()
+            raise AllocationRefused(
+                f"kubegpu: the kubelet chose {resource} {shown}, which no waiting record names "
+                f"({M.describe_pending(self._pods.values(), self._served, resource, len(ids))}); "
+                "refused rather than run a pod on GPUs its record does not name")
         taken = M.holders(self._pods.values())
         why = M.whole_conflict(gpus, taken) or M.share_conflict(gpus, self._bypass)
         if why:
             self.metrics.refused.labels(resource, "gpu-in-use").inc()
-            waiting = M.pending(self._pods.values(), self._served, resource, len(ids))
-            hint = (f"; {M.describe_pending(self._pods.values(), self._served, resource, len(ids))}"
-                    if waiting else "")
             raise AllocationRefused(f"kubegpu: {resource} {shown} cannot be given to a pod without a kubegpu "
-                                    f"record: {why}{hint}")
+                                    f"record: {why}")
         for g in gpus:
             self._bypass[g] = "a pod the extender did not place"
         self.metrics.unrecorded.labels(resource).inc()
+        if self.verifier is not None:
+            self.verifier.poke()  # acknowledge it soon, so the extender places no share there
         return None
 
     def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str],
@@ -368,4 +459,5 @@ def make_resolver(client: Client, node: str, *, pod_resources_socket: str = POD_
     resolver.watch.wait_synced(10)
     time.sleep(0)  # let the synced events land
     resolver.verifier = Verifier(resolver, pod_resources_socket, verify_interval_s).start()
+    resolver.pod_resources = lambda: list_pod_resources(pod_resources_socket, timeout_s=1.0)
     return resolver
