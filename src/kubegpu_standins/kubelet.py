@@ -576,7 +576,7 @@ class StandinKubelet:
                     entry.setdefault(container, []).append((resource, tuple(chosen)))
                 else:
                     entry.setdefault("", [])
-        return Allocation(resource, tuple(chosen), preferred, aresp.container_responses[0])
+        return Allocation(resource, tuple(sent), preferred, aresp.container_responses[0])
 
     def allocate_ids(self, resource: str, device_ids: Iterable[str], *,
                      timeout_s: float = 10.0) -> pb.ContainerAllocateResponse:
