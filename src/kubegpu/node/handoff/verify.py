@@ -103,11 +103,11 @@ def compare(pods: Mapping[str, PodView], served: Mapping[tuple[str, str], Ack],
                 got = served_gpus(ack)
                 if got != set(kgpus):
                     own = {(g.core, g.memory_bytes, g.memory_ratio) for g in entry.grants}
-                    given = {(g.core, g.memory_bytes, g.memory_ratio) for g in ack.grants}
                     divergent.append(Divergence(
                         pod_key, p.uid, container, resource, tuple(ids),
                         f"container {container}: the kubelet holds {resource} {held}, but it was served "
-                        f"GPU(s) {','.join(sorted(short(g) for g in got))}", swap=bool(given) and given == own))
+                        f"GPU(s) {','.join(sorted(short(g) for g in got))}",
+                        swap=given_on.get(frozenset(kgpus)) == own))
             elif not fits(entry, kgpus):
                 own = {(g.core, g.memory_bytes, g.memory_ratio) for g in entry.grants}
                 divergent.append(Divergence(
