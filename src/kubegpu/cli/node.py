@@ -32,6 +32,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from kubegpu.cli.console import make_console
 from kubegpu.cli.main import app
 
 EXIT_OK, EXIT_INIT, EXIT_CONFIG = 0, 1, 2
@@ -197,7 +198,7 @@ def node_command(
     """
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     from kubegpu.node.config import ConfigError
     from kubegpu.node.daemon import NodeDaemon
     from kubegpu.node.metrics import NodeMetrics
@@ -230,7 +231,7 @@ def node_command(
         except Exception as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(EXIT_INIT) from None
-        _print_plans(console if not as_json else Console(), plans, as_json)
+        _print_plans(console if not as_json else make_console(), plans, as_json)
         raise typer.Exit(EXIT_OK)
 
     metrics = NodeMetrics()

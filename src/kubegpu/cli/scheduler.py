@@ -48,24 +48,28 @@ def _cannot_listen(host: str, port: int) -> str:
         return e.strerror or str(e)
 
 
-@app.command("scheduler")
+@app.command("scheduler", short_help="Run the scheduler extender beside kube-scheduler.")
 def scheduler(
-    kubeconfig: Path | None = typer.Option(None, "--kubeconfig", help="kubeconfig file (default: in-cluster, "
+    kubeconfig: Path | None = typer.Option(None, "--kubeconfig", metavar="FILE",
+                                           help="kubeconfig file (default: in-cluster, "
                                            "then $KUBECONFIG, then ~/.kube/config)"),
-    listen: str = typer.Option("0.0.0.0:8888", "--listen", help="HOST:PORT to serve the extender on"),
-    tls_cert: Path | None = typer.Option(None, "--tls-cert", help="serve HTTPS with this certificate (PEM)"),
-    tls_key: Path | None = typer.Option(None, "--tls-key", help="private key of --tls-cert (PEM)"),
-    node_policy: str = typer.Option("kubegpu", "--node-policy", callback=_policy,
+    listen: str = typer.Option("0.0.0.0:8888", "--listen", metavar="HOST:PORT",
+                               help="HOST:PORT to serve the extender on"),
+    tls_cert: Path | None = typer.Option(None, "--tls-cert", metavar="FILE",
+                                         help="serve HTTPS with this certificate (PEM)"),
+    tls_key: Path | None = typer.Option(None, "--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)"),
+    node_policy: str = typer.Option("kubegpu", "--node-policy", callback=_policy, metavar="POLICY",
                                     help="cluster default node-level policy (pods override with the "
                                          "kubegpu.io/node-policy annotation): random, dotprod, clustering, "
                                          "packing, bestfit, fgd, spread, kubegpu"),
-    gpu_policy: str = typer.Option("kubegpu", "--gpu-policy", callback=_policy,
+    gpu_policy: str = typer.Option("kubegpu", "--gpu-policy", callback=_policy, metavar="POLICY",
                                    help="cluster default GPU-level policy (annotation kubegpu.io/gpu-policy)"),
-    metrics_listen: str = typer.Option("", "--metrics-listen", help="HOST:PORT for /metrics, /healthz and the "
+    metrics_listen: str = typer.Option("", "--metrics-listen", metavar="HOST:PORT",
+                                       help="HOST:PORT for /metrics, /healthz and the "
                                        "debug API on their own listener (they are always on --listen too)"),
-    resync: float = typer.Option(1800.0, "--resync-seconds", min=1.0,
+    resync: float = typer.Option(1800.0, "--resync-seconds", min=1.0, metavar="SECONDS",
                                  help="full relist period of the watches (they also relist when a watch expires)"),
-    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error"),
+    log_level: str = typer.Option("info", "--log-level", metavar="LEVEL", help="debug, info, warning or error"),
 ) -> None:
     """Run the scheduler extender beside kube-scheduler."""
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),

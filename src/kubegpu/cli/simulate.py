@@ -14,18 +14,20 @@ from kubegpu.cli.main import app
 DEFAULT_SEEDS_NOTE = "one seed by default; the paper's study is --seeds 10"
 
 
-@app.command("simulate")
+@app.command("simulate", short_help="Replay a GPU cluster trace through the placement policies.")
 def simulate(
     nodes: Annotated[
         Path | None,
         typer.Option(
-            "--nodes", help="openb-format node list (default: the packaged Alibaba openb GPU node list, 1,213 nodes)."
+            "--nodes", metavar="CSV",
+            help="openb-format node list (default: the packaged Alibaba openb GPU node list, 1,213 nodes)."
         ),
     ] = None,
     pods: Annotated[
         Path | None,
         typer.Option(
-            "--pods", help="openb-format pod list (default: the packaged openb_pod_list_default.csv, 8,152 pods)."
+            "--pods", metavar="CSV",
+            help="openb-format pod list (default: the packaged openb_pod_list_default.csv, 8,152 pods)."
         ),
     ] = None,
     policy: Annotated[
@@ -33,6 +35,7 @@ def simulate(
         typer.Option(
             "--policy",
             "-p",
+            metavar="POLICY",
             help="Node-level policy; repeat for "
             "several (default: the six FGD-paper policies and kubegpu). "
             "Known: random, dotprod, clustering, packing, bestfit, fgd, "
@@ -41,11 +44,13 @@ def simulate(
     ] = None,
     gpu_policy: Annotated[
         str | None,
-        typer.Option("--gpu-policy", help="GPU-level policy for every run (default: each node policy's own pairing)."),
+        typer.Option("--gpu-policy", metavar="POLICY",
+                     help="GPU-level policy for every run (default: each node policy's own pairing)."),
     ] = None,
     seeds: Annotated[
         int,
-        typer.Option("--seeds", min=1, max=1000, help="Seeds per policy (42, 43, ...); " + DEFAULT_SEEDS_NOTE + "."),
+        typer.Option("--seeds", min=1, max=1000, metavar="N",
+                     help="Seeds per policy (42, 43, ...); " + DEFAULT_SEEDS_NOTE + "."),
     ] = 1,
     inflate: Annotated[
         float,
@@ -53,13 +58,15 @@ def simulate(
             "--inflate",
             min=0.1,
             max=10.0,
+            metavar="X",
             help="Resample pods until the GPU request reaches this multiple of capacity.",
         ),
     ] = 1.3,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (last line) instead of a table.")
     ] = False,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write the paper's figure 9a (PNG).")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", metavar="PNG",
+                                              help="Write the paper's figure 9a (PNG).")] = None,
     replay_time: Annotated[
         bool,
         typer.Option(
@@ -118,10 +125,11 @@ def _fail(message: str, as_json: bool) -> None:
 
 
 def _progress_bar(as_json: bool):  # type: ignore[no-untyped-def]
-    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    console = Console(stderr=True)
+    from kubegpu.cli.console import make_console
+
+    console = make_console(stderr=True)
     if as_json or not console.is_terminal:
         return None
     return Progress(
@@ -175,13 +183,13 @@ def _run_study(
 
 
 def _print_table(results: Any, trace: dict[str, Any], seeds: int, plot: Path | None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
+    from kubegpu.cli.console import make_console
     from kubegpu.sim.replay import CHECKPOINTS
     from kubegpu.sim.study import PAPER_AT_100
 
-    console = Console(width=max(Console().width, 150))
+    console = make_console(width=150)
     console.print(
         f"Replayed [bold]{trace['pods']}[/] ({trace['pod_list']} pods, resampled to {trace['inflate']:.0%} of "
         f"GPU capacity) on [bold]{trace['nodes']}[/] ({trace['node_count']} nodes, {trace['gpus']} GPUs), "
@@ -244,10 +252,11 @@ def _run_timeline(
     if as_json:
         print(json.dumps({"trace": trace, "policies": {n: r.to_json() for n, r in results.items()}}))
         return
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=max(Console().width, 150))
+    from kubegpu.cli.console import make_console
+
+    console = make_console(width=150)
     console.print(
         f"Replayed [bold]{trace['pods']}[/] in time (creation and deletion timestamps, with departures) "
         f"on {trace['node_count']} nodes, {trace['gpus']} GPUs."

@@ -7,10 +7,11 @@ import time
 from pathlib import Path
 
 import typer
-from rich.console import Console, Group
+from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
 
+from kubegpu.cli.console import make_console
 from kubegpu.cli.main import app
 from kubegpu.model.quantity import format_bytes
 from kubegpu.status.view import ClusterView, build_view
@@ -53,19 +54,22 @@ def render_table(view: ClusterView) -> Group:
     return Group(*parts)
 
 
-@app.command("status")
+@app.command("status", short_help="Show every GPU: who holds it, how full, how fragmented.")
 def status(
-    kubeconfig: Path | None = typer.Option(None, envvar="KUBECONFIG", help="kubeconfig (default: in-cluster "
+    kubeconfig: Path | None = typer.Option(None, envvar="KUBECONFIG", metavar="FILE",
+                                           help="kubeconfig (default: in-cluster "
                                            "credentials or ~/.kube/config)."),
-    extender: str | None = typer.Option(None, help="Read the extender's debug API at this base URL instead "
+    extender: str | None = typer.Option(None, metavar="URL",
+                                        help="Read the extender's debug API at this base URL instead "
                                         "of the API server (e.g. http://127.0.0.1:12345)."),
-    node: str | None = typer.Option(None, help="Show only this node."),
-    model: str | None = typer.Option(None, help="Show only GPUs whose model contains this text (e.g. A100)."),
-    namespace: str | None = typer.Option(None, "--namespace", "-n",
+    node: str | None = typer.Option(None, metavar="NAME", help="Show only this node."),
+    model: str | None = typer.Option(None, metavar="TEXT",
+                                     help="Show only GPUs whose model contains this text (e.g. A100)."),
+    namespace: str | None = typer.Option(None, "--namespace", "-n", metavar="NAME",
                                          help="Show only GPUs free or held by pods of this namespace."),
     watch: bool = typer.Option(False, "--watch", "-w", help="Refresh in place until interrupted."),
-    interval: float = typer.Option(2.0, help="Seconds between refreshes with --watch."),
-    count: int = typer.Option(0, help="With --watch, stop after this many refreshes (0 = forever)."),
+    interval: float = typer.Option(2.0, metavar="SECONDS", help="Seconds between refreshes with --watch."),
+    count: int = typer.Option(0, metavar="N", help="With --watch, stop after this many refreshes (0 = forever)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (for scripts)."),
 ) -> None:
     """Show every GPU: model, health, compute and memory allocated, which pods hold it, and the
@@ -91,10 +95,7 @@ def status(
         view = build_view(inventories, records, node=node, model=model, namespace=namespace)
         return ClusterView(view.nodes, view.totals, tuple(problems) + view.problems)
 
-    console = Console()
-    if not console.is_terminal:
-        # Piped output is read by scripts and people's pagers: never fold rows.
-        console = Console(width=220)
+    console = make_console()  # piped output is read by scripts and pagers: never fold rows
     try:
         if as_json:
             typer.echo(json.dumps(snapshot().to_json()))
