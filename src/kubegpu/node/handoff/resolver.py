@@ -78,6 +78,8 @@ class HandoffMetrics:
         self.swaps = Counter("kubegpu_handoff_reordered_total",
                              "Identical waiting records served in another order than the kubelet admitted "
                              "their pods (acknowledgements corrected; nothing served wrong)", registry=r)
+        self.collisions = Counter("kubegpu_handoff_record_collisions_total",
+                                  "Pods whose live records put a GPU above its compute", registry=r)
         self.forged = Counter("kubegpu_handoff_forged_records_total",
                               "Pods seen with a record the extender did not sign", registry=r)
 
@@ -106,6 +108,7 @@ class HandoffResolver:
         self._mig_parent: dict[str, tuple[str, str]] = {}  # MIG uuid -> (parent GPU uuid, profile)
         self.pod_resources: Callable[[], list[Holding]] | None = None  # the kubelet's own word, when reachable
         self.reported: set[tuple[str, str]] = set()
+        self.collided: set[tuple[str, str]] = set()  # (pod, GPU) collisions already reported
         self.forged_seen: set[str] = set()
         self.watch: InformerThread | None = None
         self.verifier: Verifier | None = None
@@ -406,6 +409,7 @@ class HandoffResolver:
                 with self._lock:
                     self._served[(d.uid, d.container)] = ack
                 self._acknowledge(d.pod_key, {d.container: ack})
+        self._report_collisions(pods)
         for b in bypass:
             gpus = M.kubelet_gpus(b.kubelet_ids)
             with self._lock:
@@ -417,6 +421,23 @@ class HandoffResolver:
                 grants = tuple(DeviceGrant(self._gpus[g][0], g, 100, self._gpus[g][1], 100) for g in gpus)
                 self._acknowledge(b.pod_key, {b.container: Ack(b.resource, b.kubelet_ids, grants)})
         return out
+
+    def _report_collisions(self, pods: Mapping[str, PodView]) -> None:
+        """Live records that put more than a GPU's compute on it: a Warning Event on each pod involved
+        (once) and a metric. The extender holds them all, so the GPU is full for new placements."""
+        for gpu, holders in M.holders(pods.values()).items():
+            total = sum(core for _, core in holders)
+            if total <= 100:
+                continue
+            for key, _core in holders:
+                if (key, gpu) in self.collided:
+                    continue
+                self.collided.add((key, gpu))
+                self.metrics.collisions.inc()
+                view = pods.get(key)
+                self._event(key, view.uid if view else "", "GpuRecordCollision",
+                            f"GPU {M.short(gpu)} carries {total} % compute by the records of "
+                            f"{', '.join(sorted(k for k, _ in holders))}; it is full for new placements")
 
     def _event(self, pod_key: str, uid: str, reason: str, message: str, type_: str = "Warning") -> None:
         if self.client is None:
