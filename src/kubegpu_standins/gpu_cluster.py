@@ -284,13 +284,23 @@ class GpuCluster:
         return 0
 
     # ---- checks --------------------------------------------------------------------------------
-    def settled(self, names: set[str], timeout_s: float = 40.0) -> bool:
-        """Every named pod admitted or failed by its kubelet (or still unschedulable after the timeout)."""
+    def settled(self, names: set[str], timeout_s: float = 40.0, idle_s: float = 0.0) -> bool:
+        """Every named pod admitted or failed by its kubelet. False after ``timeout_s``, or once
+        ``idle_s`` (if set) passed with the rest unbound and nothing changing (they do not fit)."""
         deadline = time.monotonic() + timeout_s
+        last: tuple[str, ...] = ()
+        since = time.monotonic()
         while time.monotonic() < deadline:
-            phases = {p["metadata"]["name"]: (p.get("status") or {}).get("phase") for p in self.api.objects("pods")}
+            pods = {p["metadata"]["name"]: p for p in self.api.objects("pods")}
+            phases = {n: (p.get("status") or {}).get("phase") for n, p in pods.items()}
             if all(phases.get(n) in ("Running", "Failed") for n in names):
                 return True
+            left = tuple(sorted(n for n in names if phases.get(n) not in ("Running", "Failed")))
+            if left != last:
+                last, since = left, time.monotonic()
+            elif idle_s and time.monotonic() - since > idle_s and not any(
+                    (pods.get(n, {}).get("spec") or {}).get("nodeName") for n in left):
+                return False
             time.sleep(0.1)
         log.warning("not settled: %s", {n: self.why_pending.get(n, "") for n in names
                                          if phases.get(n) not in ("Running", "Failed")})

@@ -97,6 +97,7 @@ class CallRecord:
     error: str | None = None
     event: str | None = None  # ListAndWatch: stream-opened / send / stream-terminated
     resource: str = ""
+    latency_s: float | None = None  # unary RPCs the stand-in made: call to answer
 
 
 @dataclass(frozen=True)
@@ -495,13 +496,15 @@ class StandinKubelet:
         """One unary DevicePlugin RPC, recorded in :attr:`calls` whether it succeeds or fails (re-raised)."""
         path = f"/v1beta1.DevicePlugin/{method}"
         request = MessageToDict(req, preserving_proto_field_name=True)
+        t0 = time.perf_counter()
         try:
             resp = call(req, timeout=timeout_s)
         except grpc.RpcError as exc:
-            self._record(CallRecord(path, request, None, error=exc.details(), resource=resource))  # type: ignore[attr-defined]
+            self._record(CallRecord(path, request, None, error=exc.details(), resource=resource,  # type: ignore[attr-defined]
+                                    latency_s=time.perf_counter() - t0))
             raise
         self._record(CallRecord(path, request, MessageToDict(resp, preserving_proto_field_name=True),
-                                resource=resource))
+                                resource=resource, latency_s=time.perf_counter() - t0))
         return resp
 
     def allocate(self, resource: str, n: int, *, must_include: Sequence[str] = (),
