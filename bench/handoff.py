@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import random
 import sys
 import threading
@@ -85,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.bursts < 1 or args.pods < 1 or args.lag < 0 or not 0 <= args.swap <= 1:
         ap.error("--bursts and --pods must be positive, --lag >= 0, --swap in [0, 1]")
     logging.basicConfig(level=logging.CRITICAL)
+    if os.environ.get("KUBEGPU_BENCH_LOG"):
+        logging.getLogger("kubegpu").setLevel(os.environ["KUBEGPU_BENCH_LOG"])
     rng = random.Random(args.seed)
     nodes = [NodeSpec("node-a", "dgx-a100", watch_lag_s=args.lag),
              NodeSpec("node-b", "a100-mig", flags={"mig-strategy": "mixed"}, watch_lag_s=args.lag / 4)]
@@ -96,11 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     reasons: dict[str, int] = {}
     with GpuCluster(nodes, swap_prob=args.swap, seed=args.seed) as c:
         victim: str | None = None
+        keep: str | None = None
         previous: list[str] = []
         for b in range(args.bursts):
             pods, forged = burst(rng, b, args.pods, victim)
-            for name in previous:  # the previous burst leaves: its devices are freed at the next admission
-                c.client.delete(Pod, name, namespace="default")
+            for name in previous:  # the previous burst leaves (but the pod whose GPU the forgers name)
+                if name != keep:
+                    c.client.delete(Pod, name, namespace="default")
             restart: threading.Thread | None = None
             for i, p in enumerate(pods):
                 c.create(p)
@@ -126,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                 name = k.pod.split("/")[1]
                 if k.divergent:
                     out["divergent"] += 1
+                    print(f"divergent: {k}", file=sys.stderr)
                     if name not in events:
                         out["silent_divergent"] += 1
                 if k.outcome == "refused":
@@ -138,10 +144,13 @@ def main(argv: list[str] | None = None) -> int:
                     out["served"] += 1
                 if name in forged and forged[name] in k.env_gpus:
                     out["forged_served"] += 1
-            over.update(c.overcommitted())
+            for o in c.overcommitted():
+                if o not in over:
+                    print(f"overcommitted after burst {b}: {o}", file=sys.stderr)
+                over.add(o)
             served = [k for k in checks if k.outcome == "served" and k.env_gpus and k.pod.split("/")[1] not in forged]
-            if served:
-                victim = served[0].env_gpus[0]
+            if served and keep is None:
+                victim, keep = served[0].env_gpus[0], served[0].pod.split("/")[1]
             previous = sorted(names)
         lat = [r.latency_s * 1000 for n in c.nodes.values() for r in list(n.kubelet.calls)
                if r.rpc.endswith("/Allocate") and r.latency_s is not None]

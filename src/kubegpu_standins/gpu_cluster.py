@@ -66,7 +66,7 @@ class SimNode:
         self.kubelet = StandinKubelet(self.dir / "dp", seed=seed)
         self.kubelet.start()
         self.kubelet.serve_pod_resources(self.dir / "pr.sock")
-        self.flags = {"shared-slots": 8, "device-list-strategy": "envvar", **spec.flags}
+        self.flags = {"shared-slots": 20, "device-list-strategy": "envvar", **spec.flags}
         self.backend = FakeBackend(spec.topology, node_name=spec.name)
         self.daemon_restarts = 0
         self._start_daemon()

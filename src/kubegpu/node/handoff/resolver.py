@@ -51,6 +51,9 @@ from kubegpu.node.resolver import AllocationRefused, ResolvedAllocation
 log = logging.getLogger(__name__)
 
 
+BYPASS_GRACE_S = 5.0  # a whole GPU served without a record counts as held until PodResources can show it
+
+
 def _rv(value: object) -> int:
     """A resourceVersion as a number (etcd revisions are); unparsable ones compare as the oldest."""
     try:
@@ -100,7 +103,9 @@ class HandoffResolver:
         self._ack_lock = threading.Lock()
         self._pods: dict[str, PodView] = {}
         self._served: dict[tuple[str, str], Ack] = {}  # (uid, container) -> what this process served
-        self._bypass: dict[str, str] = {}  # GPU -> who holds it whole without a record
+        # GPU -> (who, when) for GPUs given whole to pods without a record: served by this process (kept
+        # until PodResources shows them or BYPASS_GRACE_S passes), or seen in PodResources.
+        self._bypass: dict[str, tuple[str, float]] = {}
         self._seq = 0
         self._version: dict[str, int] = {}  # pod -> resourceVersion of the state held
         self._gone: dict[str, None] = {}  # UIDs of pods seen deleted or finished (insertion-ordered)
@@ -185,7 +190,7 @@ class HandoffResolver:
         if old is not None:
             for k in [k for k in self._served if k[0] == old.uid]:
                 del self._served[k]
-            for g in [g for g, who in self._bypass.items() if who == key]:
+            for g in [g for g, (who, _t) in self._bypass.items() if who == key]:
                 del self._bypass[g]
 
     def on_event(self, ev: WatchEvent) -> None:
@@ -230,7 +235,8 @@ class HandoffResolver:
             rows = self.pod_resources()
         except Exception:
             return waiting
-        admitted = {f"{ns}/{name}" for ns, name, _c, res, ids in rows if res == resource and ids}
+        # Listed at all (with devices, or without after a failed admission): the kubelet is done with it.
+        admitted = {f"{ns}/{name}" for ns, name, _c, _res, _ids in rows}
         return [k for k in waiting if k not in admitted]
 
     def resolve(self, resource: str, device_ids: Sequence[str]) -> ResolvedAllocation | None:
@@ -238,9 +244,10 @@ class HandoffResolver:
             return None
         ids = tuple(device_ids)
         gpus = M.kubelet_gpus(ids)
+        # Always decide on a consistent read: a lagging view may still hold a pod that has failed, been
+        # deleted or been served, and serving its record to another container would be a divergence.
+        self.consistent_read()
         entry = self._match(resource, ids)
-        if entry is None and self.consistent_read():
-            entry = self._match(resource, ids)
         if entry is not None and (others := self._unrecorded_waiting(resource, len(ids))):
             # The call may be the other pod's: serving the record to it would be a silent divergence.
             self.metrics.refused.labels(resource, "ambiguous").inc()
@@ -268,7 +275,7 @@ class HandoffResolver:
     def _whole_bypass(self) -> dict[str, str]:
         """GPUs held whole by pods the extender did not place (called under the lock): those this
         process served, those acknowledged on such pods, and what the kubelet lists right now."""
-        out = dict(self._bypass)
+        out = {g: who for g, (who, _t) in self._bypass.items()}
         for p in self._pods.values():
             if p.whole_bypass and p.held is not None:
                 out.update({g.uuid: p.key for g in p.held.grants()})
@@ -312,13 +319,13 @@ class HandoffResolver:
                 f"({M.describe_pending(self._pods.values(), self._served, resource, len(ids))}); "
                 "refused rather than run a pod on GPUs its record does not name")
         taken = M.holders(self._pods.values())
-        why = M.whole_conflict(gpus, taken) or M.share_conflict(gpus, self._bypass)
+        why = M.whole_conflict(gpus, taken) or M.share_conflict(gpus, {g: w for g, (w, _t) in self._bypass.items()})
         if why:
             self.metrics.refused.labels(resource, "gpu-in-use").inc()
             raise AllocationRefused(f"kubegpu: {resource} {shown} cannot be given to a pod without a kubegpu "
                                     f"record: {why}")
         for g in gpus:
-            self._bypass[g] = "a pod the extender did not place"
+            self._bypass[g] = ("a pod the extender did not place", time.monotonic())
         self.metrics.unrecorded.labels(resource).inc()
         if self.verifier is not None:
             self.verifier.poke()  # acknowledge it soon, so the extender places no share there
@@ -328,11 +335,9 @@ class HandoffResolver:
                   size: int) -> Sequence[str] | None:
         if not M.is_handoff_resource(resource):
             return None
+        self.consistent_read()  # steer by what the API server says now, not by a lagging watch
         with self._lock:
             hint = M.steer(self._pods.values(), self._served, resource, available, must_include, size)
-        if hint is None and self.consistent_read():
-            with self._lock:
-                hint = M.steer(self._pods.values(), self._served, resource, available, must_include, size)
         if hint is not None or resource == R.GPU_SLOTS:
             return hint
         with self._lock:  # a pod without a record: steer away from GPUs records or others hold
@@ -410,11 +415,16 @@ class HandoffResolver:
                     self._served[(d.uid, d.container)] = ack
                 self._acknowledge(d.pod_key, {d.container: ack})
         self._report_collisions(pods)
+        now = time.monotonic()
+        held_now = {g for b in bypass for g in M.kubelet_gpus(b.kubelet_ids)}
+        with self._lock:  # what the kubelet no longer lists, and this process did not serve just now, is free
+            for g in [g for g, (_w, t) in self._bypass.items() if g not in held_now and now - t > BYPASS_GRACE_S]:
+                del self._bypass[g]
         for b in bypass:
             gpus = M.kubelet_gpus(b.kubelet_ids)
             with self._lock:
                 for g in gpus:
-                    self._bypass[g] = b.pod_key
+                    self._bypass[g] = (b.pod_key, now)
                 p = self._pods.get(b.pod_key)
                 known = p is not None and b.container in p.acks
             if not known and all(g in self._gpus for g in gpus):

@@ -119,7 +119,8 @@ def compare(pods: Mapping[str, PodView], served: Mapping[tuple[str, str], Ack],
 
 
 def list_pod_resources(socket_path: str = POD_RESOURCES_SOCKET, timeout_s: float = 5.0) -> list[Holding]:
-    """(namespace, pod, container, resource, device IDs) for every entry the kubelet lists."""
+    """(namespace, pod, container, resource, device IDs) for every entry the kubelet lists, and one
+    ``(namespace, pod, "", "", [])`` row per pod listed (a pod that failed admission has no devices)."""
     from kubegpu.node.proto import podresources_pb2 as prpb
     from kubegpu.node.proto import podresources_pb2_grpc as prgrpc
 
@@ -127,6 +128,7 @@ def list_pod_resources(socket_path: str = POD_RESOURCES_SOCKET, timeout_s: float
         resp = prgrpc.PodResourcesListerStub(channel).List(prpb.ListPodResourcesRequest(), timeout=timeout_s)
     out: list[Holding] = []
     for p in resp.pod_resources:
+        out.append((p.namespace, p.name, "", "", []))  # listed: admitted, or failed admission
         for c in p.containers:
             for d in c.devices:
                 out.append((p.namespace, p.name, c.name, d.resource_name, list(d.device_ids)))
