@@ -119,6 +119,24 @@ def main(argv: list[str] | None = None) -> int:
                 restart.join(60)
             names = {p["metadata"]["name"] for p in pods}
             if not c.settled(names, timeout_s=60, idle_s=4.0):
+                stuck = [n for n in sorted(names) if n in c.why_pending][:3]
+                print(f"burst {b}: unschedulable, e.g. " + "; ".join(f"{n}: {c.why_pending[n]}" for n in stuck),
+                      file=sys.stderr)
+                if os.environ.get("KUBEGPU_BENCH_DEBUG") and c.ext is not None:
+                    v = c.ext.service.view
+                    print("DEBUG pending", c.ext.call(lambda v=v: {n: dict(p) for n, p in v.pending.items()}),
+                          file=sys.stderr)
+                    for n in stuck:
+                        p = c.api.get_object("pods", n, "default")
+                        r = c.http.post(f"{c.ext.url}/scheduler/filter", json={"Pod": p, "Nodes": None,
+                                                                               "NodeNames": list(c.nodes)}).json()
+                        print("DEBUG now", n, p["spec"].get("nodeName"), p.get("status"), str(r)[:600], file=sys.stderr)
+                    for p in c.api.objects("pods"):
+                        if p["metadata"]["name"] in (f"b{b}-0", f"b{b}-1"):
+                            res = {n: node.admitter.results.get(f"default/{p['metadata']['name']}") for n, node in c.nodes.items()}
+                            print("DEBUG", p["metadata"]["name"], p["spec"].get("nodeName"), p.get("status"),
+                                  p["metadata"].get("annotations"), {n: (r.ok, r.reason) if r else None for n, r in res.items()},
+                                  {n: node.admitter.order[-3:] for n, node in c.nodes.items()}, file=sys.stderr)
                 out["unsettled"] += sum(1 for p in c.api.objects("pods") if p["metadata"]["name"] in names
                                         and (p.get("status") or {}).get("phase") == "Pending")
             c.quiesce(15)
