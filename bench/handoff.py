@@ -126,6 +126,13 @@ def main(argv: list[str] | None = None) -> int:
                     v = c.ext.service.view
                     print("DEBUG pending", c.ext.call(lambda v=v: {n: dict(p) for n, p in v.pending.items()}),
                           file=sys.stderr)
+                    for nn, node in c.nodes.items():
+                        hold = {pk: {cn: [(r, [i[-4:] for i in ids]) for r, ids in v] for cn, v in cs.items()}
+                                for pk, cs in node.kubelet.holdings.items()}
+                        print("DEBUG kubelet", nn, {k: v for k, v in hold.items() if v}, file=sys.stderr)
+                    print("DEBUG extender", c.ext.call(lambda v=v: {k: (h.node, [g.uuid[-4:] + ":" + str(g.core)
+                                                                           for g in h.alloc.grants()])
+                                                                  for k, h in v.held.items()}), file=sys.stderr)
                     for n in stuck:
                         p = c.api.get_object("pods", n, "default")
                         r = c.http.post(f"{c.ext.url}/scheduler/filter", json={"Pod": p, "Nodes": None,
