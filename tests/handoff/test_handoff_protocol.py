@@ -91,8 +91,13 @@ def test_a_lagging_watch_never_brings_back_a_deleted_pod() -> None:
     with pytest.raises(AllocationRefused):
         r.resolve(R.GPU_SLOTS, [f"{GA}::0"])
     # An older state of a live pod is ignored too.
-    r.observe(bound("live", SHARE, one(GB), rv=9, uid="u-live"))
-    r.observe(bound("live", SHARE, None, rv=3, uid="u-live"))
+    live = bound("live", SHARE, one(GB), rv=9, uid="u-live")
+    listed.append(live)
+    r.observe(live)
+    r.observe(bound("live", SHARE, None, rv=3, uid="u-live"))  # an older state: ignored
+    with r._lock:
+        assert r._pods["default/live"].entries
+    r._refresh = None  # the API server unreachable: the local view decides
     assert r.resolve(R.GPU_SLOTS, [f"{GB}::0"]) is not None
 
 
