@@ -138,12 +138,6 @@ def main(argv: list[str] | None = None) -> int:
                         r = c.http.post(f"{c.ext.url}/scheduler/filter", json={"Pod": p, "Nodes": None,
                                                                                "NodeNames": list(c.nodes)}).json()
                         print("DEBUG now", n, p["spec"].get("nodeName"), p.get("status"), str(r)[:600], file=sys.stderr)
-                    for p in c.api.objects("pods"):
-                        if p["metadata"]["name"] in (f"b{b}-0", f"b{b}-1"):
-                            res = {n: node.admitter.results.get(f"default/{p['metadata']['name']}") for n, node in c.nodes.items()}
-                            print("DEBUG", p["metadata"]["name"], p["spec"].get("nodeName"), p.get("status"),
-                                  p["metadata"].get("annotations"), {n: (r.ok, r.reason) if r else None for n, r in res.items()},
-                                  {n: node.admitter.order[-3:] for n, node in c.nodes.items()}, file=sys.stderr)
                 out["unsettled"] += sum(1 for p in c.api.objects("pods") if p["metadata"]["name"] in names
                                         and (p.get("status") or {}).get("phase") == "Pending")
             c.quiesce(15)

@@ -41,7 +41,7 @@ def test_init_flag_round_trips_through_the_annotation() -> None:
 def test_hostile_records_are_refused_not_raised() -> None:
     with pytest.raises(AnnotationError, match=r"nested too deeply|not JSON"):
         decode("[" * 100000)
-    with pytest.raises(AnnotationError, match="too long"):
+    with pytest.raises(AnnotationError, match="more than any record"):
         decode(" " * (1 << 20))
 
 
