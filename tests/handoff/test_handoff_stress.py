@@ -85,8 +85,8 @@ def test_bursts_with_lag_swaps_and_restarts_never_diverge() -> None:
         # refuses those itself ("devices unavailable", "failed to connect"). A share the extender placed on the GPU the forged
         # (default-scheduler) pod got whole before its acknowledgement reached the extender is refused by
         # the node. Both say why; most of the burst runs.
-        known = ("unavailable", "failed to connect", "which the extender did not place", "no waiting record names",
-                 "without a kubegpu record")
+        known = ("unavailable", "failed to connect", "which the extender did not place",
+                 "no waiting record names", "without a kubegpu record")
         assert all(any(w in k.reason for w in known) for k in refused), [k.reason for k in refused]
         assert len(refused) <= len(legit) // 2, refused
         # Burst 3: free burst 1, then identical halves and whole GPUs with an extender restart mid-way.
