@@ -82,9 +82,9 @@ def test_bursts_with_lag_swaps_and_restarts_never_diverge() -> None:
         legit = {p["metadata"]["name"] for p in b2}
         refused = [k for k in checks if k.pod.split("/")[1] in legit and k.outcome != "served"]
         # Pods bound just before the restart may reach the kubelet while the plugin is away: the kubelet
-        # refuses those itself ("devices unavailable", "failed to connect"). A share the extender placed on the GPU the forged
-        # (default-scheduler) pod got whole before its acknowledgement reached the extender is refused by
-        # the node. Both say why; most of the burst runs.
+        # refuses those itself ("devices unavailable", "failed to connect"). A share the extender placed on
+        # the GPU the forged (default-scheduler) pod got whole before its acknowledgement reached the
+        # extender is refused by the node. All say why; most of the burst runs.
         known = ("unavailable", "failed to connect", "which the extender did not place",
                  "no waiting record names", "without a kubegpu record")
         assert all(any(w in k.reason for w in known) for k in refused), [k.reason for k in refused]
