@@ -36,6 +36,7 @@ from kubegpu.kube.resources import Pod
 from kubegpu.kube.writes import abind_pod, is_conflict, retry_async
 from kubegpu.model import annotations as A
 from kubegpu.model.allocation import AnnotationError, PodAllocation, decode, encode
+from kubegpu.model.signing import record_annotations
 from kubegpu.placement import DEFAULT_POLICY, PlacementConflict
 from kubegpu.scheduler import wire
 from kubegpu.scheduler.limits import Limits, bounded_filter, too_many_gpu_containers
@@ -223,12 +224,13 @@ class Extender:
             self.metrics.bind_failures.labels("no-fit").inc()
             return f"kubegpu bind: {e}"
         value = encode(alloc)
+        record = record_annotations(value, uid, node, self.view.record_key)  # signed for the node (h11)
         try:
             # One write: the API server copies the Binding's annotations onto the pod as it sets
             # spec.nodeName, so a pod is never on a node without its record; the UID is a precondition.
             try:
                 await retry_async(lambda: abind_pod(self.client, ns, name, uid, node,  # type: ignore[arg-type]
-                                                    {A.DEVICE_ALLOCATED: value}))
+                                                    record))
             except ApiError as e:
                 if not is_conflict(e) or not await self._bound_to(ns, name, node, value):
                     raise

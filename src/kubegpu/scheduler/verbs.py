@@ -76,6 +76,11 @@ class Verbs:
                 unresolvable[n] = why
             reasons["refused"] += len(names)
             return FilterOutcome(passed, failed, unresolvable, reasons)
+        if request.wants_gpu and (blocked := self.ledger.handoff_blocked(pod, request)):
+            # Another pod with this shape is being handed to that node's kubelet (docs/handoff.md).
+            names = [n for n in names if n not in blocked]
+            failed.update(blocked)
+            reasons["handoff-pending"] += len(blocked)
         cluster = self.mirror.cluster
         # One pass over the names (kube-scheduler sends thousands): rows, -1 for unknown nodes.
         all_rows = self.mirror.rows_of(names)
