@@ -171,3 +171,27 @@ def test_bind_records_what_the_api_pod_asks_for(tmp_path: Path) -> None:
     finally:
         ext.stop()
         api.stop()
+
+
+def test_filter_keeps_nothing_of_the_pods_it_sees() -> None:
+    import gc
+    import tracemalloc
+
+    ext = Extender(view_of(2), None)
+    env = [{"name": f"V{i}", "value": "x" * 200} for i in range(2000)]  # ~0.5 MiB a pod
+
+    def fat(i: int) -> bytes:
+        p = pod([{"nvidia.com/gpu": "1"}], uid=f"fat-{i}")
+        p["spec"]["containers"][0]["env"] = env
+        return filter_body(p, ["n0", "n1"])
+
+    asyncio.run(ext.filter(fat(-1)))  # warm up
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for i in range(40):  # 20 MiB of pods
+        asyncio.run(ext.filter(fat(i)))
+    gc.collect()
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert grown < 2 * 2**20, grown

@@ -128,8 +128,9 @@ class Extender:
             self.view.expire_assumed()
             _, gpu_policy = self.policies(args.Pod)
             out = await bounded_filter(self.view, args.Pod, names, gpu_policy, self.limits)
-            if len(self.view._model_masks) > MAX_MODEL_MASKS:  # one per distinct allowed-model list
-                self.view._model_masks.clear()
+            masks = getattr(self.view, "_model_masks", None)  # one per distinct allowed-model list
+            if masks is not None and len(masks) > MAX_MODEL_MASKS:
+                masks.clear()
         except Exception as e:  # a bug must not fail scheduling silently: say it in Error
             log.exception("filter failed")
             return _json(wire.encode(wire.ExtenderFilterResult(None, None, {}, {}, f"kubegpu filter: {e}")))
