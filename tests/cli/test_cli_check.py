@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from kubegpu.cli.main import app
 
-# ../shared beside the checkout (as in CI): fixtures, seeds and traces.
-SHARED = Path(__file__).resolve().parents[3] / "shared"
+# The seed examples, shipped with the tests (copied from the project's shared seed-examples).
+SEEDS = Path(__file__).resolve().parents[1] / "fixtures" / "seed-examples"
 
 runner = CliRunner()
 
@@ -161,9 +161,67 @@ def test_declared_replica_resource(tmp_path: Path) -> None:
 
 
 def test_seed_examples_all_pass() -> None:
-    seeds = sorted(str(p) for p in (SHARED / "seed-examples").glob("*.yaml"))
+    seeds = sorted(str(p) for p in SEEDS.glob("*.yaml"))
     code, out = run(*seeds, "--json")
     assert code == 0
     report = json.loads(out)
     assert sum(1 for o in report["objects"] if o["kind"] == "Pod") == 8
     assert all(o["allowed"] for o in report["objects"])
+
+
+def test_error_lines_are_never_wrapped_without_a_terminal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No COLUMNS and no terminal (CI, a pipe, `kubectl logs`): one error is one line, however long."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    deep = tmp_path / ("d" * 120) / ("e" * 120)
+    deep.mkdir(parents=True)
+    path = deep / "bad.yaml"
+    path.write_text("a: [\n")
+    code, out = run(str(path))
+    assert code == 2
+    lines = out.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error {path}: not valid YAML at line 2"), out
+
+
+def test_files_without_pod_specs_are_named_in_text_and_json(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    svc = write(tmp_path, [{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"}},
+                           {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}}], "svc.yaml")
+    pods = write(tmp_path, [workload("Job", "j", GPU)], "job.yaml")
+    code, out = run(str(empty), svc, pods)
+    assert code == 0
+    lines = out.splitlines()
+    assert f"note {empty}: no pod specs found (the file is empty)" in lines
+    assert f"note {svc}: no pod specs found (only Service web, ConfigMap cfg)" in lines
+    assert not any(line.startswith(f"note {pods}") for line in lines)
+    code, out = run(str(empty), svc, pods, "--json")
+    files = {f["file"]: f for f in json.loads(out)["files"]}
+    assert files[str(empty)]["pod_specs"] == 0 and files[str(empty)]["skipped"] == []
+    assert files[svc]["pod_specs"] == 0
+    assert [(s["kind"], s["name"]) for s in files[svc]["skipped"]] == [("Service", "web"), ("ConfigMap", "cfg")]
+    assert files[pods] == {"file": pods, "pod_specs": 1, "skipped": [], "note": ""}
+
+
+def test_refused_gpu_workload_is_still_a_gpu_object(tmp_path: Path) -> None:
+    path = write(tmp_path, [workload("CronJob", "nightly", BAD)])
+    code, out = run(path, "--json")
+    assert code == 1
+    (obj,) = json.loads(out)["objects"]
+    assert obj["kind"] == "CronJob" and obj["allowed"] is False and obj["gpu"] is True
+
+
+def test_gpu_shorthand_with_shared_slots_is_refused(tmp_path: Path) -> None:
+    """The protocol's allowed combinations have kubegpu.io/gpu alone; gpu.shared goes with a memory form."""
+    c = {"name": "s", "image": "x", "resources": {"limits": {"kubegpu.io/gpu": "100", "kubegpu.io/gpu.shared": "2"}}}
+    code, out = run(write(tmp_path, [workload("Job", "j", c)]), "--json")
+    assert code == 1
+    (r,) = json.loads(out)["objects"][0]["refusals"]
+    assert (r["resource"], r["code"]) == ("kubegpu.io/gpu", "combination") and "gpu.shared" in r["rule"]
+
+
+def test_manifests_are_parsed_with_libyaml_when_pyyaml_has_it() -> None:
+    from kubegpu.model import manifests
+
+    expected = yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader
+    assert manifests._Loader is expected
+    assert manifests.load_documents("a: 1\n---\n---\nb: [2]\n") == [{"a": 1}, {"b": [2]}]

@@ -83,12 +83,12 @@ def test_every_share_combination_with_canonical_names(combo: tuple[str, ...]) ->
     present = set(combo)
     memory_forms = present & {R.GPU_MEMORY, R.GPU_MEMORY_RATIO}
     allowed = (
-        not (R.GPU_PERCENT in present and present & {R.GPU_CORE, R.GPU_MEMORY, R.GPU_MEMORY_RATIO})
+        not (R.GPU_PERCENT in present and present & {R.GPU_CORE, R.GPU_MEMORY, R.GPU_MEMORY_RATIO, R.GPU_SLOTS})
         and len(memory_forms) <= 1
         and (bool(memory_forms) or R.GPU_PERCENT in present)
     )
     # The protocol's list: gpu alone; gpu-memory alone; ratio alone; core with one memory form;
-    # gpu.shared with a memory form (and optionally core) or with kubegpu.io/gpu.
+    # gpu.shared with a memory form (and optionally core); kubegpu.io/gpu only alone.
     assert review.allowed is allowed, (combo, review.refusals)
     check_fixed_point(pod_with(entries))
 

@@ -24,13 +24,10 @@ from kubegpu.node.device_object import (
     inventory_from_device,
 )
 
-# ../shared beside the checkout (as in CI): fixtures, seeds and traces.
-SHARED = Path(__file__).resolve().parents[3] / "shared"
-
 ROOT = Path(__file__).resolve().parents[2]
 CRD = device_crd()
 SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-SEED = SHARED / "seed-examples" / "device-object.yaml"
+SEED = Path(__file__).resolve().parents[1] / "fixtures" / "seed-examples" / "device-object.yaml"
 
 
 def check(schema: dict[str, Any], value: Any, path: str = "") -> list[str]:

@@ -17,11 +17,9 @@ from kubegpu.node.proto import deviceplugin_pb2 as pb
 from kubegpu.node.proto import deviceplugin_pb2_grpc as pb_grpc
 from kubegpu_standins.kubelet import StandinKubelet
 
-# ../shared beside the checkout (as in CI): fixtures, seeds and traces.
-SHARED = Path(__file__).resolve().parents[3] / "shared"
-
 GPU = "nvidia.com/gpu"
-FIXTURES = SHARED / "fixtures" / "kubelet-v1.24"
+# Recorded from a real kubelet v1.24, shipped with the tests.
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kubelet-v1.24"
 
 
 def test_serves_before_register_and_sends_options_both_ways(kubelet: StandinKubelet, make_daemon: Any) -> None:
@@ -151,7 +149,6 @@ def _recorded(run: str, upto: int) -> list[str]:
     return out
 
 
-@pytest.mark.skipif(not FIXTURES.exists(), reason="kubelet v1.24 fixtures not present")
 def test_v124_recorded_sequence_is_reproduced(sockdir: Path, make_daemon: Any) -> None:
     k = StandinKubelet(sockdir / "dp", mode="v1.24")
     k.start()

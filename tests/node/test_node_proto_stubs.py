@@ -8,8 +8,8 @@ from kubegpu.node.proto import deviceplugin_pb2 as dp
 from kubegpu.node.proto import podresources_pb2 as pr
 from kubegpu.node.proto.generate import stale_files
 
-# ../shared beside the checkout (as in CI): fixtures, seeds and traces.
-SHARED = Path(__file__).resolve().parents[3] / "shared"
+# Recorded from a real kubelet v1.24, shipped with the tests.
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kubelet-v1.24"
 
 
 def test_committed_stubs_are_fresh() -> None:
@@ -44,9 +44,7 @@ def test_a_recorded_allocate_response_decodes() -> None:
     import base64
     import json
 
-    path = SHARED / "fixtures" / "kubelet-v1.24" / "checkpoint-before-kubelet-restart.json"
-    if not path.exists():
-        return
+    path = FIXTURES / "checkpoint-before-kubelet-restart.json"
     data = json.loads(path.read_text())
     entry = data["Data"]["PodDeviceEntries"][0]
     resp = dp.ContainerAllocateResponse.FromString(base64.b64decode(entry["AllocResp"]))

@@ -17,10 +17,8 @@ from kubegpu.node.device_object import device_object
 from kubegpu.scheduler.service import ServiceThread
 from kubegpu_standins.apiserver import ApiServer
 
-# ../shared beside the checkout (as in CI): fixtures, seeds and traces.
-SHARED = Path(__file__).resolve().parents[3] / "shared"
-
-FIXTURES = SHARED / "fixtures" / "kube-scheduler-v1.24"
+# Recorded from a real kube-scheduler v1.24 (the bodies it sent, its nodes, the pods), shipped with the tests.
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kube-scheduler-v1.24"
 
 
 def fixture_inventories() -> list[NodeInventory]:

@@ -21,8 +21,8 @@ from kubegpu.model import resources as R
 from kubegpu.model.normalise import request_summary
 from kubegpu.webhook.review import MAX_BODY_BYTES
 
-# ../shared beside the checkout (as in CI): fixtures, seeds and traces.
-SHARED = Path(__file__).resolve().parents[3] / "shared"
+# The seed examples, shipped with the tests (copied from the project's shared seed-examples).
+SEEDS = Path(__file__).resolve().parents[1] / "fixtures" / "seed-examples"
 
 CASES = yaml.safe_load((Path(__file__).parent / "admission_cases.yaml").read_text())
 VOID = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
@@ -155,7 +155,7 @@ def test_refused_cases_name_container_resource_value_and_rule(client: httpx.Clie
 
 
 def test_seed_example_pods(client: httpx.Client) -> None:
-    seeds = sorted(glob.glob(str(SHARED / "seed-examples" / "*.yaml")))
+    seeds = sorted(glob.glob(str(SEEDS / "*.yaml")))
     pods = [d for f in seeds for d in yaml.safe_load_all(Path(f).read_text()) if d and d.get("kind") == "Pod"]
     assert len(pods) >= 8
     expected = {

@@ -17,10 +17,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from kubegpu.cli.console import make_console
 from kubegpu.cli.main import app
-from kubegpu.model.manifests import ManifestError, pods_in_text
+from kubegpu.model.manifests import ManifestError, Skipped, pods_in_text
 from kubegpu.model.normalise import AdmissionPolicy, PodReview, request_summary, review_pod
 from kubegpu.model.quantity import format_bytes
+from kubegpu.model.resources import is_gpu_resource
 
 EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -34,7 +36,9 @@ def _read(path: str) -> str:
         raise ManifestError(f"cannot read: {exc}") from None
 
 
-def _object_json(file: str, src: Any, review: PodReview) -> dict[str, Any]:
+def _object_json(file: str, src: Any, review: PodReview, policy: AdmissionPolicy) -> dict[str, Any]:
+    # A refused GPU container has no parsed request, so the review alone would call the pod "no GPU".
+    gpu = review.gpu_pod or any(is_gpu_resource(r.resource, policy.replica_resources) for r in review.refusals)
     return {
         "file": file,
         "document": src.document,
@@ -43,7 +47,7 @@ def _object_json(file: str, src: Any, review: PodReview) -> dict[str, Any]:
         "namespace": src.namespace,
         "path": src.path,
         "allowed": review.allowed,
-        "gpu": review.gpu_pod,
+        "gpu": gpu,
         "containers": request_summary(review.request),
         "refusals": [{"container": r.container, "resource": r.resource, "value": r.value,
                       "rule": r.rule, "code": r.code, "message": str(r)} for r in review.refusals],
@@ -53,10 +57,21 @@ def _object_json(file: str, src: Any, review: PodReview) -> dict[str, Any]:
     }
 
 
+def _file_json(file: str, pod_specs: int, skipped: list[Skipped]) -> dict[str, Any]:
+    """What was found in one file, so files without any pod spec are named too."""
+    note = ""
+    if not pod_specs:
+        kinds = ", ".join(f"{s.kind} {s.name}".strip() for s in skipped)
+        note = f"no pod specs found (only {kinds})" if skipped else "no pod specs found (the file is empty)"
+    return {"file": file, "pod_specs": pod_specs,
+            "skipped": [{"document": s.document, "kind": s.kind, "name": s.name} for s in skipped],
+            "note": note}
+
+
 def describe_patch(pod: Any, ops: Any) -> list[str]:
     """What the webhook would add besides the canonical resources, in words."""
     out = []
-    spec = pod.get("spec") if isinstance(pod, dict) else {}
+    spec: Any = pod.get("spec") if isinstance(pod, dict) else {}
     for op in ops:
         parts = op["path"].split("/")
         if parts[2] == "tolerations":
@@ -109,13 +124,14 @@ def _print_object(console: Console, obj: dict[str, Any]) -> None:
         console.print(f"  [cyan]+[/] {escape(change)}")
 
 
-@app.command("check")
+@app.command("check", short_help="Validate GPU requests in manifests with the webhook's rules.")
 def check(
     files: list[str] = typer.Argument(
-        ..., help="Manifest files (YAML or JSON, multi-document); '-' reads stdin."),
+        ..., metavar="FILE...", show_default=False,
+        help="Manifest files (YAML or JSON, multi-document); '-' reads stdin."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
     replica_resource: list[str] = typer.Option(
-        [], "--replica-resource",
+        [], "--replica-resource", metavar="NAME",
         help="A renamed replica resource whose name does not say 'gpu' (e.g. nvidia.com/small); repeatable."),
     toleration: bool = typer.Option(
         True, "--toleration/--no-toleration",
@@ -136,31 +152,35 @@ def check(
 
     policy = AdmissionPolicy(add_toleration=toleration, void_env=void_env,
                              replica_resources=frozenset(replica_resource))
-    console = Console()
+    console = make_console()
     objects: list[dict[str, Any]] = []
     errors: list[dict[str, str]] = []
+    found: list[dict[str, Any]] = []
     for file in files:
+        name = file if file != "-" else "<stdin>"
         try:
-            sources, _skipped = pods_in_text(_read(file))
+            sources, skipped = pods_in_text(_read(file))
         except ManifestError as exc:
-            errors.append({"file": file, "error": str(exc)})
+            errors.append({"file": name, "error": str(exc)})
             continue
+        found.append(_file_json(name, len(sources), skipped))
         for src in sources:
-            objects.append(_object_json(file if file != "-" else "<stdin>", src, review_pod(src.pod, policy)))
+            objects.append(_object_json(name, src, review_pod(src.pod, policy), policy))
             # Beyond the review: what the deployed webhook adds (scheduler name, cap, records, envFrom).
             objects[-1]["notes"] = offline_warnings(src.pod, WebhookSettings(policy=policy,
                                                                              scheduler_name=scheduler_name))
     refused = any(not o["allowed"] for o in objects)
     code = EXIT_BAD_INPUT if errors else EXIT_REFUSED if refused else EXIT_OK
     if as_json:
-        print(json.dumps({"ok": code == EXIT_OK, "objects": objects, "errors": errors}))
+        print(json.dumps({"ok": code == EXIT_OK, "objects": objects, "errors": errors, "files": found}))
     else:
         for o in objects:
             _print_object(console, o)
             for note in o["notes"]:
-                console.print(f"  [yellow]![/] {note}", highlight=False)
+                console.print(f"  [yellow]![/] {escape(note)}", highlight=False)
+        for f in found:
+            if f["note"]:
+                console.print(f"[yellow]note[/] {escape(f['file'])}: {escape(f['note'])}")
         for e in errors:
-            Console(stderr=True).print(f"[bold red]error[/] {e['file']}: {e['error']}")
-        if not objects and not errors:
-            console.print("no pod specs found")
+            make_console(stderr=True).print(f"[bold red]error[/] {escape(e['file'])}: {escape(e['error'])}")
     raise typer.Exit(code)

@@ -17,8 +17,8 @@ from pathlib import Path
 from types import FrameType
 
 import typer
-from rich.console import Console
 
+from kubegpu.cli.console import make_console
 from kubegpu.cli.main import app
 
 EXIT_OK, EXIT_FAILED, EXIT_START, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -28,7 +28,7 @@ def _interrupt(signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-@app.command("demo")
+@app.command("demo", short_help="Run the whole system on this machine; ends by itself.")
 def demo(
     short: bool = typer.Option(False, "--short", help="No pauses between steps (what CI runs)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON summary object as the last line "
@@ -37,7 +37,7 @@ def demo(
     keep_running: float = typer.Option(0.0, "--keep-running", min=0.0, max=86400.0, metavar="SECONDS",
                                        help="Keep the cluster up this long after the checks (try kubegpu status "
                                             "against it); default: end at once."),
-    workdir: Path | None = typer.Option(None, "--workdir", file_okay=False,
+    workdir: Path | None = typer.Option(None, "--workdir", metavar="DIR", file_okay=False,
                                         help="Keep sockets, logs and the kubeconfig here instead of a "
                                              "temporary directory that is removed at the end."),
     debug: bool = typer.Option(False, "--debug", help="Log the demo's own steps and show tracebacks."),
@@ -56,7 +56,7 @@ def demo(
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if debug:
         logging.getLogger("kubegpu").setLevel(logging.DEBUG)
-    console = Console(stderr=as_json, highlight=False)
+    console = make_console(stderr=as_json, highlight=False)
     opts = DemoOptions(short=short, quiet=quiet, keep_running_s=keep_running, workdir=workdir,
                        settle_timeout_s=settle_timeout)
     previous = signal.signal(signal.SIGTERM, _interrupt)

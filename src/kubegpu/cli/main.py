@@ -12,11 +12,33 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain click help: it wraps descriptions under each option at any width, where rich's boxed
+    # tables cut option names (`--exclude-names…`) at 80 columns and label flags `<bool>`.
+    rich_markup_mode=None,
 )
 
 
+def version_string() -> str:
+    """``kubegpu <version>``, from the installed package's metadata."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"kubegpu {version('kubegpu')}"
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "kubegpu (version unknown: not installed)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(version_string())
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    _version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                  help="Print the version and exit."),
+) -> None:
     """kubegpu: run a role (node, scheduler, webhook), check manifests, simulate, or show status."""
 
 

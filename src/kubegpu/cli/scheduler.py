@@ -51,34 +51,38 @@ def _cannot_listen(host: str, port: int) -> str:
         return e.strerror or str(e)
 
 
-@app.command("scheduler")
+@app.command("scheduler", short_help="Run the scheduler extender beside kube-scheduler.")
 def scheduler(
-    kubeconfig: Path | None = typer.Option(None, "--kubeconfig", help="kubeconfig file (default: in-cluster, "
+    kubeconfig: Path | None = typer.Option(None, "--kubeconfig", metavar="FILE",
+                                           help="kubeconfig file (default: in-cluster, "
                                            "then $KUBECONFIG, then ~/.kube/config)"),
-    listen: str = typer.Option("127.0.0.1:8888", "--listen", help="HOST:PORT to serve the extender on "
+    listen: str = typer.Option("127.0.0.1:8888", "--listen", metavar="HOST:PORT",
+                               help="HOST:PORT to serve the extender on "
                                "(loopback by default: kube-scheduler calls it from the same pod)"),
-    tls_cert: Path | None = typer.Option(None, "--tls-cert", help="serve HTTPS with this certificate (PEM)"),
-    tls_key: Path | None = typer.Option(None, "--tls-key", help="private key of --tls-cert (PEM)"),
-    node_policy: str = typer.Option("kubegpu", "--node-policy", callback=_policy,
+    tls_cert: Path | None = typer.Option(None, "--tls-cert", metavar="FILE",
+                                         help="serve HTTPS with this certificate (PEM)"),
+    tls_key: Path | None = typer.Option(None, "--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)"),
+    node_policy: str = typer.Option("kubegpu", "--node-policy", callback=_policy, metavar="POLICY",
                                     help="cluster default node-level policy (pods override with the "
                                          "kubegpu.io/node-policy annotation): random, dotprod, clustering, "
                                          "packing, bestfit, fgd, spread, kubegpu"),
-    gpu_policy: str = typer.Option("kubegpu", "--gpu-policy", callback=_policy,
+    gpu_policy: str = typer.Option("kubegpu", "--gpu-policy", callback=_policy, metavar="POLICY",
                                    help="cluster default GPU-level policy (annotation kubegpu.io/gpu-policy)"),
-    metrics_listen: str = typer.Option("", "--metrics-listen", help="HOST:PORT for /metrics, /healthz and the "
+    metrics_listen: str = typer.Option("", "--metrics-listen", metavar="HOST:PORT",
+                                       help="HOST:PORT for /metrics, /healthz and the "
                                        "debug API on their own listener (they are always on --listen too)"),
     metrics_debug_api: bool = typer.Option(False, "--metrics-debug-api",
                                            help="also serve the DeviceShare debug API (every GPU pod's "
                                                 "namespace, name and GPUs) on --metrics-listen"),
-    max_gpu_containers: int = typer.Option(DEFAULT_MAX_GPU_CONTAINERS, "--max-gpu-containers", min=1,
+    max_gpu_containers: int = typer.Option(DEFAULT_MAX_GPU_CONTAINERS, "--max-gpu-containers", min=1, metavar="N",
                                            help="pods with more GPU containers are refused (each needs an "
                                                 "exact fit per node); keep equal to the webhook's"),
-    filter_budget_ms: float = typer.Option(500.0, "--filter-budget-ms", min=10.0,
+    filter_budget_ms: float = typer.Option(500.0, "--filter-budget-ms", min=10.0, metavar="MS",
                                            help="time one filter may spend fitting multi-container pods "
                                                 "node by node; nodes not reached fail with that reason"),
-    resync: float = typer.Option(1800.0, "--resync-seconds", min=1.0,
+    resync: float = typer.Option(1800.0, "--resync-seconds", min=1.0, metavar="SECONDS",
                                  help="full relist period of the watches (they also relist when a watch expires)"),
-    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error"),
+    log_level: str = typer.Option("info", "--log-level", metavar="LEVEL", help="debug, info, warning or error"),
 ) -> None:
     """Run the scheduler extender beside kube-scheduler."""
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),

@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
+from kubegpu.cli.console import make_console
 from kubegpu.cli.main import app
 from kubegpu.model.limits import DEFAULT_MAX_GPU_CONTAINERS
 
@@ -27,23 +27,23 @@ def _own_namespace(given: str) -> str:
         return "kubegpu-system"
 
 
-@app.command("webhook")
+@app.command("webhook", short_help="Serve the admission webhook for GPU pods.")
 def webhook(
-    listen: str = typer.Option("0.0.0.0:8443", "--listen", help="HOST:PORT to serve HTTPS on."),
-    tls_cert: Path = typer.Option(..., "--tls-cert", exists=True, dir_okay=False,
+    listen: str = typer.Option("0.0.0.0:8443", "--listen", metavar="HOST:PORT", help="HOST:PORT to serve HTTPS on."),
+    tls_cert: Path = typer.Option(..., "--tls-cert", metavar="FILE", exists=True, dir_okay=False,
                                   help="Serving certificate (PEM); reloaded when the file changes."),
-    tls_key: Path = typer.Option(..., "--tls-key", exists=True, dir_okay=False,
+    tls_key: Path = typer.Option(..., "--tls-key", metavar="FILE", exists=True, dir_okay=False,
                                  help="Serving key (PEM); reloaded when the file changes."),
-    namespace: str = typer.Option("", "--namespace",
+    namespace: str = typer.Option("", "--namespace", metavar="NAME",
                                   help="The webhook's own namespace, always excluded "
                                        "(default: $POD_NAMESPACE, then the service account's)."),
     exclude_namespace: list[str] = typer.Option(
-        ["kube-system"], "--exclude-namespace",
+        ["kube-system"], "--exclude-namespace", metavar="NAME",
         help="Namespaces admitted untouched; repeatable. Exclusion by namespace *label* is done by the "
              "namespaceSelector of the webhook configurations (kubegpu manifests)."),
     toleration: bool = typer.Option(True, "--toleration/--no-toleration",
                                     help="Add a toleration for the GPU taint to GPU pods."),
-    gpu_taint_key: str = typer.Option("nvidia.com/gpu", "--gpu-taint-key",
+    gpu_taint_key: str = typer.Option("nvidia.com/gpu", "--gpu-taint-key", metavar="KEY",
                                       help="Key of the NoSchedule taint on GPU nodes."),
     void_env: bool = typer.Option(True, "--void-env/--no-void-env",
                                   help="Set NVIDIA_VISIBLE_DEVICES=void on containers that ask for no GPU."),
@@ -51,21 +51,22 @@ def webhook(
                                        help="Also on pods that do not tolerate the GPU taint (for clusters "
                                             "whose GPU nodes are not tainted; patches every pod)."),
     replica_resource: list[str] = typer.Option(
-        [], "--replica-resource", help="Renamed replica resource without 'gpu' in its name; repeatable."),
-    scheduler_name: str = typer.Option("kubegpu-scheduler", "--scheduler-name",
+        [], "--replica-resource", metavar="NAME",
+        help="Renamed replica resource without 'gpu' in its name; repeatable."),
+    scheduler_name: str = typer.Option("kubegpu-scheduler", "--scheduler-name", metavar="NAME",
                                        help="Full mode: GPU pods left to the default scheduler get this "
                                             "spec.schedulerName (kubegpu's profile); '' leaves them alone."),
     record_writer: list[str] = typer.Option(
-        [], "--record-writer",
+        [], "--record-writer", metavar="USER",
         help="A user (userInfo.username) that may set or change the kubegpu.io/device-allocated and "
              "device-assigned annotations; repeatable (default: the kubegpu-node, kubegpu-scheduler and "
              "kubegpu-extender service accounts of the webhook's namespace)."),
-    max_gpu_containers: int = typer.Option(DEFAULT_MAX_GPU_CONTAINERS, "--max-gpu-containers", min=1,
+    max_gpu_containers: int = typer.Option(DEFAULT_MAX_GPU_CONTAINERS, "--max-gpu-containers", min=1, metavar="N",
                                            help="Refuse pods with more GPU containers (keep equal to the "
                                                 "scheduler extender's)."),
-    cert_poll_seconds: float = typer.Option(2.0, "--cert-poll-seconds", min=0.05,
+    cert_poll_seconds: float = typer.Option(2.0, "--cert-poll-seconds", min=0.05, metavar="SECONDS",
                                             help="How often to look for a rotated certificate."),
-    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
+    log_level: str = typer.Option("info", "--log-level", metavar="LEVEL", help="debug, info, warning, error."),
 ) -> None:
     """Serve the mutating (/mutate) and validating (/validate) admission webhook for GPU pods.
 
@@ -106,13 +107,13 @@ def webhook(
     server.run()
 
 
-@app.command("webhook-certs")
+@app.command("webhook-certs", short_help="Make the webhook's CA and serving certificate.")
 def webhook_certs(
-    out: Path = typer.Option(Path("."), "--out", file_okay=False,
+    out: Path = typer.Option(Path("."), "--out", metavar="DIR", file_okay=False,
                              help="Directory for ca.crt, tls.crt, tls.key."),
-    service: str = typer.Option("kubegpu-webhook", "--service", help="The webhook's Service name."),
-    namespace: str = typer.Option("kubegpu-system", "--namespace", help="The webhook's namespace."),
-    days: int = typer.Option(365, "--days", min=1, help="Validity of the serving certificate."),
+    service: str = typer.Option("kubegpu-webhook", "--service", metavar="NAME", help="The webhook's Service name."),
+    namespace: str = typer.Option("kubegpu-system", "--namespace", metavar="NAME", help="The webhook's namespace."),
+    days: int = typer.Option(365, "--days", min=1, metavar="DAYS", help="Validity of the serving certificate."),
 ) -> None:
     """Make a CA and a serving certificate for the webhook Service (for clusters without cert-manager);
     prints the caBundle to put in the webhook configurations."""
@@ -123,5 +124,14 @@ def webhook_certs(
     (out / "ca.crt").write_bytes(ca.cert_pem)
     serving = issue_serving_cert(ca, service_names(service, namespace), days=days)
     serving.write(out / "tls.crt", out / "tls.key")
-    Console(stderr=True).print(f"wrote {out}/ca.crt, tls.crt, tls.key; caBundle:")
-    print(base64.b64encode(ca.cert_pem).decode())
+    bundle = base64.b64encode(ca.cert_pem).decode()
+    make_console(stderr=True).print(
+        f"wrote {out}/ca.crt, tls.crt, tls.key (tls.key readable by you only). Next steps:\n"
+        f"  1. kubectl create namespace {namespace} (if needed), then\n"
+        f"     kubectl -n {namespace} create secret tls {service}-tls --cert={out}/tls.crt --key={out}/tls.key\n"
+        "  2. in the values file: webhook: {certManager: false, caBundle: <the line on stdout>}, then\n"
+        "     kubegpu manifests -f values.yaml | kubectl apply -f -\n"
+        f"  3. delete {out}/tls.key once the Secret exists; before {days} days pass, run this again and\n"
+        "     replace the Secret and the caBundle.\n"
+        "caBundle:", markup=False, highlight=False)
+    print(bundle)

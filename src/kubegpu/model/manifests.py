@@ -8,11 +8,15 @@ or parsed objects in, values out.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
+
+# libyaml's parser when PyYAML was built with it (about 7x faster on big manifests), else pure Python.
+_Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 # kind -> path of the pod template inside the object.
 TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
@@ -58,10 +62,32 @@ class Skipped:
     name: str
 
 
+# libyaml's composer recurses in C: a document nested some 30,000 deep overflows the C stack (a segfault,
+# not a RecursionError). Below this bound on the nesting the C loader is used; above, the pure-Python one,
+# whose RecursionError is caught.
+_C_LOADER_MAX_DEPTH = 1000
+
+
+def _nesting_bound(text: str) -> int:
+    """An upper bound on a YAML text's nesting: a flow level needs an opening bracket, a block level a
+    column of indentation or an inline ``- ``."""
+    block = max((len(line) - len(line.lstrip(" ")) + line.count("- ") for line in text.splitlines()), default=0)
+    return text.count("[") + text.count("{") + block
+
+
 def load_documents(text: str) -> list[Any]:
     """Every document of a (multi-document) YAML or JSON text; empty documents dropped."""
+    if text.lstrip()[:1] in ("{", "["):  # JSON (kubectl get -o json): the json module, fast and safe
+        try:
+            doc = json.loads(text)
+            return [doc] if doc is not None else []
+        except RecursionError:
+            raise ManifestError("not valid JSON: nested too deeply") from None
+        except ValueError:
+            pass  # YAML in flow style
+    loader = _Loader if _nesting_bound(text) <= _C_LOADER_MAX_DEPTH else yaml.SafeLoader
     try:
-        return [d for d in yaml.safe_load_all(text) if d is not None]
+        return [d for d in yaml.load_all(text, Loader=loader) if d is not None]
     except RecursionError:
         raise ManifestError("not valid YAML: nested too deeply") from None
     except yaml.YAMLError as exc:
@@ -117,7 +143,8 @@ def pods_in(obj: object, document: int = 0) -> tuple[list[PodSource], list[Skipp
     """Every pod spec in one parsed document (recursing into ``List`` items)."""
     if not isinstance(obj, Mapping):
         return [], [Skipped(document, type(obj).__name__, "")]
-    kind = obj.get("kind") if isinstance(obj.get("kind"), str) else ""
+    raw_kind = obj.get("kind")
+    kind = raw_kind if isinstance(raw_kind, str) else ""
     name, ns = _meta(obj)
     if kind.endswith("List") and isinstance(obj.get("items"), list):
         found: list[PodSource] = []

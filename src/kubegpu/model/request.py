@@ -244,7 +244,8 @@ def _parse_share(container: str, entries: dict[str, tuple[str, object]]) -> tupl
 
     present = set(entries)
     if R.GPU_PERCENT in present:
-        others = present & {R.GPU_CORE, R.GPU_MEMORY, R.GPU_MEMORY_RATIO}
+        # Alone, as the protocol's allowed combinations say: not even with gpu.shared.
+        others = present & {R.GPU_CORE, R.GPU_MEMORY, R.GPU_MEMORY_RATIO, R.GPU_SLOTS}
         if others:
             name, value = named(R.GPU_PERCENT)
             raise _refuse(container, name, value,

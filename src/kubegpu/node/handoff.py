@@ -313,8 +313,8 @@ class HandoffResolver:
         with self._lock:
             served_to: dict[tuple[str, frozenset[str]], tuple[str, str]] = {}
             uid_key = {p.uid: p.key for p in self._pods.values()}
-            for (uid, container), (resource, ids) in self._served.items():
-                served_to[(resource, frozenset(ids))] = (uid_key.get(uid, uid), container)
+            for (uid, container), (resource, served_ids) in self._served.items():
+                served_to[(resource, frozenset(served_ids))] = (uid_key.get(uid, uid), container)
             by_key = dict(self._pods)
         problems: list[tuple[str, str, str]] = []
         for ns, pod, container, resource, ids in holdings:

@@ -46,7 +46,6 @@ from kubegpu.scheduler.state import ClusterView
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 32 * 1024 * 1024  # 5,000 full Node objects fit; anything larger is refused
-MAX_MODEL_MASKS = 256  # distinct allowed-model lists whose node masks the view keeps (N bytes each)
 
 
 def _json(body: bytes, status: int = 200) -> Response:
@@ -91,6 +90,7 @@ class Extender:
         return [
             Route("/apis/v1/plugins/DeviceShare/nodeDeviceSummaries", self.summaries, methods=["GET"]),
             Route("/apis/v1/plugins/DeviceShare/nodeDeviceSummaries/{node}", self.summary, methods=["GET"]),
+            Route("/apis/v1/plugins/DeviceShare/workload", self.workload, methods=["GET"]),
             Route("/metrics", self.prometheus, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
         ]
@@ -130,9 +130,6 @@ class Extender:
             self.view.expire_assumed()
             _, gpu_policy = self.policies(args.Pod)
             out = await bounded_filter(self.view, args.Pod, names, gpu_policy, self.limits, share=self.share)
-            masks = getattr(self.view, "_model_masks", None)  # one per distinct allowed-model list
-            if masks is not None and len(masks) > MAX_MODEL_MASKS:
-                masks.clear()
         except Exception as e:  # a bug must not fail scheduling silently: say it in Error
             log.exception("filter failed")
             return _json(wire.encode(wire.ExtenderFilterResult(None, None, {}, {}, f"kubegpu filter: {e}")))
@@ -223,7 +220,7 @@ class Extender:
             self.metrics.bind_failures.labels("no-fit").inc()
             return f"kubegpu bind: {why}"
         try:
-            self.view.hold(key, uid, node, alloc, assumed=True)
+            self.view.hold(key, uid, node, alloc, assumed=True, pod=pod)
         except PlacementConflict as e:  # cannot happen right after choose; refuse rather than over-commit
             self.metrics.bind_failures.labels("no-fit").inc()
             return f"kubegpu bind: {e}"
@@ -253,7 +250,7 @@ class Extender:
         """After a 409 on the Binding: is the pod bound to ``node`` with our record (a retry that raced)?"""
         pod = await self.client.get(Pod, name, namespace=ns)  # type: ignore[union-attr]
         return bool(pod.spec and pod.spec.nodeName == node
-                    and (pod.metadata.annotations or {}).get(A.DEVICE_ALLOCATED) == value)
+                    and ((pod.metadata and pod.metadata.annotations) or {}).get(A.DEVICE_ALLOCATED) == value)
 
     def _hold_quietly(self, key: str, uid: str, node: str, alloc: PodAllocation) -> None:
         try:
@@ -272,6 +269,10 @@ class Extender:
         if s is None:
             return JSONResponse({"error": f"node {node} has no GPUs known to kubegpu"}, status_code=404)
         return _json(wire.encode(s))
+
+    async def workload(self, request: Request) -> Response:
+        """The target workload learned from the live GPU pods (what fragmentation-aware scoring uses)."""
+        return JSONResponse(self.view.scoring.learner.summary())
 
     async def prometheus(self, request: Request) -> Response:
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)

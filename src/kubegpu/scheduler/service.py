@@ -65,8 +65,9 @@ def device_handler(view: ClusterView) -> Any:
 def pod_handler(view: ClusterView) -> Any:
     def on_pod(ev: WatchEvent) -> None:
         meta = ev.obj.metadata
-        if A.DEVICE_ALLOCATED not in (meta.annotations or {}) and f"{meta.namespace}/{meta.name}" not in view.held:
-            return  # not a GPU pod of ours (most pods of a cluster): skip the conversion
+        if (A.DEVICE_ALLOCATED not in (meta.annotations or {}) and f"{meta.namespace}/{meta.name}" not in view.held
+                and not view.tracks(ev.obj.spec.nodeName if ev.obj.spec else None)):
+            return  # neither a GPU pod of ours nor on a GPU node (most pods of a cluster): skip the conversion
         view.observe_pod(ev.obj.to_dict(), deleted=ev.type is EventType.DELETED)
     return on_pod
 

@@ -130,7 +130,8 @@ def load_nodes(path: Path | str | None = None) -> TraceNodes:
         mems.append(_int(p, line, row, "memory_mib", 0, MAX_MEMORY_MIB) * MIB)
     # Name order: ties between equally scored nodes go to the lowest name, as in the FGD simulator.
     order = sorted(range(len(names)), key=lambda i: names[i])
-    return TraceNodes(*(tuple(col[i] for i in order) for col in (names, models, gpus, cpus, mems)))
+    return TraceNodes(tuple(names[i] for i in order), tuple(models[i] for i in order), tuple(gpus[i] for i in order),
+                      tuple(cpus[i] for i in order), tuple(mems[i] for i in order))
 
 
 def load_pods(path: Path | str | None = None) -> list[TracePod]:

@@ -1,0 +1,64 @@
+"""Every command's ``--help`` reads well at 80 columns: whole option names, flags shown as flags, a
+description on every option, and ``kubegpu --version``."""
+
+from __future__ import annotations
+
+import re
+from importlib.metadata import version
+
+import pytest
+from typer.testing import CliRunner
+
+from kubegpu.cli.main import app
+
+runner = CliRunner()
+COMMANDS = ["check", "simulate", "node", "scheduler", "webhook", "webhook-certs", "status", "manifests", "demo"]
+# `kubegpu node`'s options (the NVIDIA device-plugin flags) are described by the node configuration's owner.
+DESCRIBED = [c for c in COMMANDS if c != "node"]
+
+
+def help_text(*args: str) -> str:
+    result = runner.invoke(app, [*args, "--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def option_rows(text: str) -> list[tuple[str, str]]:
+    """(option names, description) per option in the Options section, descriptions joined over lines."""
+    rows: list[tuple[str, str]] = []
+    section = text.split("\nOptions:\n", 1)[1]
+    for line in section.splitlines():
+        if re.match(r"^  -", line):
+            names, _, desc = line.strip().partition("  ")
+            rows.append((names, desc.strip()))
+        elif line.startswith("    ") and rows:  # a description's next line, or all of it after a long name
+            names, desc = rows[-1]
+            rows[-1] = (names, (desc + " " + line.strip()).strip())
+    return rows
+
+
+@pytest.mark.parametrize("command", ["", *COMMANDS])
+def test_help_fits_80_columns_and_cuts_nothing(command: str) -> None:
+    text = help_text(*([command] if command else []))
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    assert "…" not in text and "<bool>" not in text, text
+    assert "\\[" not in text, text  # plain click help: no escaped rich markup
+
+
+@pytest.mark.parametrize("command", DESCRIBED)
+def test_every_option_has_a_description(command: str) -> None:
+    rows = option_rows(help_text(command))
+    assert rows
+    for names, desc in rows:
+        assert desc and not desc.startswith("["), (command, names, desc)
+
+
+def test_flags_are_shown_as_flags() -> None:
+    rows = dict(option_rows(help_text("check")))
+    assert "--json" in rows and "--toleration / --no-toleration" in rows
+    assert "--replica-resource NAME" in rows
+
+
+def test_version() -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"kubegpu {version('kubegpu')}"

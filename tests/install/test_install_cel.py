@@ -1,0 +1,277 @@
+"""Every CEL expression the install renders, evaluated the way the API server does.
+
+In the API server a field an admission request omits (``subResource`` on a plain create, ``annotations``
+on a pod without any, ``key`` on a toleration that matches every taint) is an *error* when read, and
+``error || false`` is an error too; with ``failurePolicy: Fail`` that error refuses the request. cel-python
+has the same semantics, so each expression is evaluated against requests that omit, one at a time, every
+optional field of the request and of the object: an error must never come out, only a boolean (or, for a
+``messageExpression``, a string).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import celpy
+import pytest
+
+from kubegpu.install.render import render
+from kubegpu.install.values import Values, values_from_dict
+
+Obj = dict[str, Any]
+
+# Fields the API server always sets on what it hands to CEL; every other key may be absent.
+REQUIRED_REQUEST = {"uid", "kind", "resource", "operation", "userInfo", "userInfo.username",
+                    *(f"{k}.{f}" for k in ("kind", "requestKind") for f in ("group", "version", "kind")),
+                    *(f"{r}.{f}" for r in ("resource", "requestResource") for f in ("group", "version", "resource"))}
+REQUIRED_OBJECT = {"apiVersion", "kind", "metadata", "spec", "spec.containers", "spec.containers[].name",
+                   "spec.initContainers[].name", "spec.ephemeralContainers[].name",
+                   "spec.containers[].env[].name", "spec.initContainers[].env[].name",
+                   "spec.containers[].volumeMounts[].name", "spec.containers[].volumeMounts[].mountPath",
+                   "spec.initContainers[].volumeMounts[].name", "spec.initContainers[].volumeMounts[].mountPath",
+                   "metadata.name"}
+REQUIRED_CLUSTER_OBJECT = {"apiVersion", "kind", "metadata", "metadata.name"}
+
+
+def _container(name: str) -> Obj:
+    return {
+        "name": name, "image": "cuda:12",
+        "resources": {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}},
+        "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
+        "volumeMounts": [{"name": "d", "mountPath": "/var/run/nvidia-container-devices/all"}],
+    }
+
+
+FULL_POD: Obj = {
+    "apiVersion": "v1", "kind": "Pod",
+    "metadata": {"name": "p", "namespace": "team-a", "uid": "u-1",
+                 "labels": {"app": "x"},
+                 "annotations": {"cdi.k8s.io/x": "y", "kubegpu.io/device-allocated": "{}",
+                                 "kubegpu.io/device-assigned": "{}",
+                                 "scheduler.alpha.kubernetes.io/affinity": "{}"}},
+    "spec": {"nodeName": "node-a", "schedulerName": "default-scheduler", "serviceAccountName": "default",
+             "containers": [_container("main")], "initContainers": [_container("init")],
+             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+    "status": {"phase": "Pending"},
+}
+FULL_NODE: Obj = {
+    "apiVersion": "v1", "kind": "Node",
+    "metadata": {"name": "node-a", "uid": "n-1", "labels": {"nvidia.com/gpu.present": "true"},
+                 "annotations": {"a": "b"}},
+    "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}], "unschedulable": False},
+    "status": {"capacity": {"kubegpu.io/gpu-core": "100"}, "allocatable": {"kubegpu.io/gpu-core": "100"}},
+}
+FULL_DEVICE: Obj = {
+    "apiVersion": "kubegpu.io/v1alpha1", "kind": "Device",
+    "metadata": {"name": "node-a", "uid": "d-1", "labels": {"a": "b"}},
+    "spec": {"devices": [{"id": "GPU-1", "minor": 0, "type": "gpu"}]},
+}
+OBJECTS: dict[str, tuple[Obj, set[str]]] = {
+    "pods": (FULL_POD, REQUIRED_OBJECT),
+    "nodes": (FULL_NODE, REQUIRED_CLUSTER_OBJECT),
+    "devices": (FULL_DEVICE, REQUIRED_CLUSTER_OBJECT),
+}
+
+
+def _request(resource: str, sub: str, operation: str, obj: Obj | None, old: Obj | None) -> Obj:
+    group = "kubegpu.io" if resource == "devices" else ""
+    gvr = {"group": group, "version": "v1alpha1" if group else "v1", "resource": resource}
+    gvk = {"group": group, "version": gvr["version"], "kind": OBJECTS[resource][0]["kind"]}
+    req: Obj = {
+        "uid": "r-1", "kind": gvk, "resource": gvr, "subResource": sub,
+        "requestKind": gvk, "requestResource": gvr, "requestSubResource": sub,
+        "name": "node-a" if resource in ("nodes", "devices") else "p",
+        "namespace": "" if resource in ("nodes", "devices") else "team-a",
+        "operation": operation,
+        "userInfo": {"username": "system:serviceaccount:kubegpu-system:kubegpu-node", "uid": "sa-1",
+                     "groups": ["system:serviceaccounts"],
+                     "extra": {"authentication.kubernetes.io/node-name": ["node-a"],
+                               "authentication.kubernetes.io/pod-name": ["kubegpu-node-x"]}},
+        "dryRun": False, "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"},
+    }
+    if obj is not None:
+        req["object"] = obj
+    if old is not None:
+        req["oldObject"] = old
+    return req
+
+
+def _objects(obj: Obj | None, old: Obj | None) -> Obj:
+    out: Obj = {}
+    if obj is not None:
+        out["object"] = obj
+    if old is not None:
+        out["oldObject"] = old
+    return out
+
+
+def _paths(value: Any, prefix: str = "") -> Iterator[tuple[str, list[Any]]]:
+    """Every key path in ``value`` (list items written ``[]``), with the keys leading to it."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            path = f"{prefix}.{k}" if prefix else k
+            yield path, [k]
+            for sub, keys in _paths(v, path):
+                yield sub, [k, *keys]
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            for sub, keys in _paths(v, f"{prefix}[]"):
+                yield sub, [i, *keys]
+
+
+def _without(value: Obj, keys: list[Any]) -> Obj:
+    out = copy.deepcopy(value)
+    cur: Any = out
+    for k in keys[:-1]:
+        cur = cur[k]
+    del cur[keys[-1]]
+    return out
+
+
+def _optional(path: str, required: set[str]) -> bool:
+    return path not in required
+
+
+def _omissions(value: Obj, required: set[str]) -> Iterator[tuple[str, Obj]]:
+    """``value`` itself, then ``value`` without each optional key in turn, then with every optional key gone."""
+    yield "(nothing)", value
+    for path, keys in _paths(value):
+        if _optional(path, required):
+            yield path, _without(value, keys)
+    yield "(every optional field)", _minimal(value, required)
+
+
+def _minimal(value: Any, required: set[str], prefix: str = "") -> Any:
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            path = f"{prefix}.{k}" if prefix else k
+            if not _optional(path, required):
+                out[k] = _minimal(v, required, path)
+        return out
+    if isinstance(value, list):
+        return [_minimal(v, required, f"{prefix}[]") for v in value]
+    return value
+
+
+def _rule_targets(rules: list[Obj]) -> Iterator[tuple[str, str, str]]:
+    for rule in rules:
+        for res in rule.get("resources", []):
+            resource, _, sub = res.partition("/")
+            for op in rule.get("operations", []):
+                for o in ([op] if op != "*" else ["CREATE", "UPDATE", "DELETE"]):
+                    yield resource, sub, o
+
+
+def _expressions(objs: list[Obj]) -> Iterator[tuple[str, list[tuple[str, str, str]], list[tuple[str, str]],
+                                                   list[tuple[str, str, str]]]]:
+    """(where, variables, expressions (where, text, expected type), targets) for every CEL user in ``objs``."""
+    for o in objs:
+        kind, name = o["kind"], o["metadata"]["name"]
+        if kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+            for hook in o["webhooks"]:
+                exprs = [(f"{kind}/{hook['name']}/{c['name']}", c["expression"], "bool")
+                         for c in hook.get("matchConditions", [])]
+                if exprs:
+                    yield f"{kind}/{name}", [], exprs, list(_rule_targets(hook["rules"]))
+        elif kind == "ValidatingAdmissionPolicy":
+            spec = o["spec"]
+            variables = [(v["name"], v["expression"], "any") for v in spec.get("variables", [])]
+            exprs = [(f"{name}/match/{c['name']}", c["expression"], "bool") for c in spec.get("matchConditions", [])]
+            for i, val in enumerate(spec.get("validations", [])):
+                exprs.append((f"{name}/validation[{i}]", val["expression"], "bool"))
+                if "messageExpression" in val:
+                    exprs.append((f"{name}/validation[{i}]/message", val["messageExpression"], "string"))
+            for a in spec.get("auditAnnotations", []):
+                exprs.append((f"{name}/audit/{a['key']}", a["valueExpression"], "any"))
+            yield f"{kind}/{name}", variables, exprs, list(
+                _rule_targets(spec["matchConstraints"]["resourceRules"]))
+
+
+def _cases(objs: list[Obj]) -> list[tuple[str, list[tuple[str, str, str]], list[tuple[str, str, str]],
+                                          tuple[str, str, str]]]:
+    return [(where, variables, exprs, target) for where, variables, exprs, targets in _expressions(objs)
+            for target in targets]
+
+
+RENDERS: dict[str, Values] = {
+    "default": Values(),
+    "ignore-policy": values_from_dict({"webhook": {"failurePolicy": "Ignore"}}),
+}
+ENV = celpy.Environment()
+PROGRAMS: dict[str, Any] = {}
+
+
+def _evaluate(text: str, activation: dict[str, Any]) -> Any:
+    if text not in PROGRAMS:
+        PROGRAMS[text] = ENV.program(ENV.compile(text))
+    return PROGRAMS[text].evaluate(activation)
+
+
+def _check(where: str, variables: list[tuple[str, str, str]], exprs: list[tuple[str, str, str]],
+           request: Obj, omitted: str) -> None:
+    activation: dict[str, Any] = {
+        "request": celpy.json_to_cel({k: v for k, v in request.items() if k not in ("object", "oldObject")}),
+        "object": celpy.json_to_cel(request.get("object")),
+        "oldObject": celpy.json_to_cel(request.get("oldObject")),
+        "params": None,
+    }
+    bound: dict[str, Any] = {}
+    for name, text, _ in variables:
+        try:
+            bound[name] = _evaluate(text, {**activation, "variables": celpy.celtypes.MapType(bound)})
+        except celpy.CELEvalError as exc:
+            pytest.fail(f"{where}: variable {name} errors when the request omits {omitted}: {exc}")
+        if isinstance(bound[name], celpy.CELEvalError):
+            pytest.fail(f"{where}: variable {name} errors when the request omits {omitted}: {bound[name]}")
+    activation["variables"] = celpy.celtypes.MapType(bound)
+    for label, text, expected in exprs:
+        try:
+            result = _evaluate(text, activation)
+        except celpy.CELEvalError as exc:
+            pytest.fail(f"{label}: errors when the request omits {omitted}: {exc}")
+        assert not isinstance(result, celpy.CELEvalError), f"{label}: {result} when the request omits {omitted}"
+        if expected == "bool":
+            assert isinstance(result, bool | celpy.celtypes.BoolType), f"{label}: {result!r} is not a bool"
+        elif expected == "string":
+            assert isinstance(result, str), f"{label}: {result!r} is not a string"
+
+
+@pytest.mark.parametrize("render_name", sorted(RENDERS))
+def test_every_rendered_cel_expression_survives_every_omitted_optional_field(render_name: str) -> None:
+    cases = _cases(render(RENDERS[render_name]))
+    assert cases, "no CEL expression rendered"
+    checked = 0
+    for where, variables, exprs, (resource, sub, operation) in cases:
+        full, required = OBJECTS[resource]
+        if operation == "CREATE":
+            pairs = [(o, None, f"object.{p}") for p, o in _omissions(full, required)]
+        elif operation == "DELETE":
+            pairs = [(None, o, f"oldObject.{p}") for p, o in _omissions(full, required)]
+        else:
+            pairs = [(o, full, f"object.{p}") for p, o in _omissions(full, required)]
+            pairs += [(full, o, f"oldObject.{p}") for p, o in _omissions(full, required)]
+        # Each object omission with a full and with a minimal request; each request omission with the
+        # full object and with the minimal one (an error hides behind `|| true` on a full object).
+        full_request = _request(resource, sub, operation, None, None)
+        requests = [full_request, _minimal(full_request, REQUIRED_REQUEST)]
+        for obj, old, omitted in pairs:
+            for req in requests:
+                _check(where, variables, exprs, {**req, **_objects(obj, old)}, omitted)
+                checked += 1
+        for obj, old, _ in (pairs[0], pairs[-1]):
+            for path, req in _omissions(full_request, REQUIRED_REQUEST):
+                _check(where, variables, exprs, {**req, **_objects(obj, old)}, f"request.{path}")
+                checked += 1
+    assert checked > 100
+
+
+def test_the_v1_36_refusal_is_caught() -> None:
+    """The expression recorded refusing every plain pod on v1.36 fails this check (the check can fail)."""
+    unguarded = "request.subResource == 'ephemeralcontainers' || object.spec.containers.exists(c, c.name == 'x')"
+    request = _request("pods", "", "CREATE", FULL_POD, None)
+    del request["subResource"]
+    with pytest.raises(pytest.fail.Exception, match="subResource"):
+        _check("unguarded", [], [("unguarded", unguarded, "bool")], request, "request.subResource")
