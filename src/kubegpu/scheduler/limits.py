@@ -189,7 +189,7 @@ async def _exact(view: ClusterView, pod: Mapping[str, Any], request: PodRequest,
     cluster = view.cluster
     all_rows = view.rows_of(names)
     known = all_rows >= 0
-    for i in np.flatnonzero(~known):
+    for i in np.flatnonzero(~known).tolist():
         rec = view.nodes.get(names[i])
         failed[names[i]] = (f"its Device object is unreadable: {rec.device_error}" if rec and rec.device_error
                             else "no GPUs known (no kubegpu Device object; is `kubegpu node` running?)")

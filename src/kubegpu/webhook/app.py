@@ -223,7 +223,8 @@ def _env_from_warnings(obj: Mapping[str, Any]) -> list[str]:
                 continue
             prefixes = [e.get("prefix") or "" for e in c["envFrom"] if isinstance(e, Mapping)]
             if any(isinstance(p, str) and any(v.startswith(p) for v in DEVICE_ENV_VARS) for p in prefixes):
-                name = c.get("name") if isinstance(c.get("name"), str) else "?"
+                raw = c.get("name")
+                name = raw if isinstance(raw, str) else "?"
                 out.append(f"container {name[:64]!r}: envFrom may set NVIDIA_VISIBLE_DEVICES, which admission "
                            "cannot see; nodes must run the NVIDIA runtime with "
                            "accept-nvidia-visible-devices-envvar-when-unprivileged = false (docs/security.md)")
