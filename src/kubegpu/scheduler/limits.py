@@ -197,8 +197,8 @@ async def _exact(view: ClusterView, pod: Mapping[str, Any], request: PodRequest,
     names_known = list(compress(names, known.tolist()))
     rows = all_rows[known]
     ok = view.model_mask(request.allowed_models)[rows] if len(rows) else np.zeros(0, bool)
-    for i in np.flatnonzero(~ok):
-        n = names_known[i]
+    for j in np.flatnonzero(~ok).tolist():
+        n = names_known[j]
         present = ", ".join(sorted(view.nodes[n].models)) or "none"
         failed[n] = f"GPU model {present} not in the allowed {', '.join(sorted(request.allowed_models or ()))}"
         reasons["gpu-model"] += 1
@@ -215,18 +215,18 @@ async def _exact(view: ClusterView, pod: Mapping[str, Any], request: PodRequest,
         short = ok & (cluster.gpu_candidates(d)[rows].sum(axis=1) < d.count)
         bad = np.flatnonzero(short)
         if len(bad):
-            for i, text in zip(bad, insufficient(cluster, rows[bad], d), strict=True):
-                failed[names_known[i]] = f"container {c.name!r}: {text}"
+            for j, text in zip(bad.tolist(), insufficient(cluster, rows[bad], d), strict=True):
+                failed[names_known[j]] = f"container {c.name!r}: {text}"
             reasons["insufficient-gpu"] += len(bad)
             ok &= ~short
     need = aggregate(request)
     if not need.empty and ok.any():
         cand = np.flatnonzero(ok)
-        for i, text in zip(cand, aggregate_short(view, rows[cand], need), strict=True):
+        for j, text in zip(cand.tolist(), aggregate_short(view, rows[cand], need), strict=True):
             if text:
-                failed[names_known[i]] = text
+                failed[names_known[j]] = text
                 reasons["insufficient-gpu"] += 1
-                ok[i] = False
+                ok[j] = False
     # Exact fits node by node, in the order given, in slices, until enough nodes pass or time is up.
     nvlink = requires_nvlink(pod)
     candidates = [names_known[i] for i in np.flatnonzero(ok)]
