@@ -8,7 +8,6 @@ or parsed objects in, values out.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +16,23 @@ import yaml
 
 # libyaml's parser when PyYAML was built with it (about 7x faster on big manifests), else pure Python.
 _Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# libyaml's composer recurses in C without Python's recursion guard: a hostile file nested deeply enough
+# overflows the C stack (a segfault, not an error). Depth is checked first on the event stream, which is
+# flat; no real manifest nests anywhere near this.
+MAX_YAML_DEPTH = 200
+_OPEN = (yaml.SequenceStartEvent, yaml.MappingStartEvent)
+_CLOSE = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
+
+
+def _check_depth(text: str) -> None:
+    depth = 0
+    for event in yaml.parse(text, Loader=_Loader):
+        if isinstance(event, _OPEN):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                raise ManifestError(f"not valid YAML: nested deeper than {MAX_YAML_DEPTH} levels")
+        elif isinstance(event, _CLOSE):
+            depth -= 1
 
 # kind -> path of the pod template inside the object.
 TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
@@ -62,32 +78,11 @@ class Skipped:
     name: str
 
 
-# libyaml's composer recurses in C: a document nested some 30,000 deep overflows the C stack (a segfault,
-# not a RecursionError). Below this bound on the nesting the C loader is used; above, the pure-Python one,
-# whose RecursionError is caught.
-_C_LOADER_MAX_DEPTH = 1000
-
-
-def _nesting_bound(text: str) -> int:
-    """An upper bound on a YAML text's nesting: a flow level needs an opening bracket, a block level a
-    column of indentation or an inline ``- ``."""
-    block = max((len(line) - len(line.lstrip(" ")) + line.count("- ") for line in text.splitlines()), default=0)
-    return text.count("[") + text.count("{") + block
-
-
 def load_documents(text: str) -> list[Any]:
     """Every document of a (multi-document) YAML or JSON text; empty documents dropped."""
-    if text.lstrip()[:1] in ("{", "["):  # JSON (kubectl get -o json): the json module, fast and safe
-        try:
-            doc = json.loads(text)
-            return [doc] if doc is not None else []
-        except RecursionError:
-            raise ManifestError("not valid JSON: nested too deeply") from None
-        except ValueError:
-            pass  # YAML in flow style
-    loader = _Loader if _nesting_bound(text) <= _C_LOADER_MAX_DEPTH else yaml.SafeLoader
     try:
-        return [d for d in yaml.load_all(text, Loader=loader) if d is not None]
+        _check_depth(text)
+        return [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]
     except RecursionError:
         raise ManifestError("not valid YAML: nested too deeply") from None
     except yaml.YAMLError as exc:

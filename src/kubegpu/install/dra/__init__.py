@@ -61,11 +61,12 @@ def device_classes(v: Values, *, extended_resource: bool = False) -> list[Obj]:
 
 
 def rbac(v: Values) -> list[Obj]:
+    # Exactly what node/dra calls (tests/install/test_install_rbac.py scans it): the claim it prepares,
+    # and its own node's slices (narrowed to them by the ValidatingAdmissionPolicy below).
     rules = [
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
-         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
-        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+         "verbs": ["list", "watch", "create", "update", "delete"]},
     ]
     meta = {"name": NAME, "labels": _labels(v)}
     sa = f"system:serviceaccount:{v.namespace}:{NAME}"
