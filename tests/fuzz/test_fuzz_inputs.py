@@ -175,3 +175,12 @@ def test_trace_numbers_that_overflow_are_a_trace_error(tmp_path: Path) -> None:
     p.write_text("sn,cpu_milli,memory_mib,gpu\nn1,1.0e999,1,1\n")
     with pytest.raises(TraceError, match="is not a number"):
         load_nodes(p)
+
+
+def test_extender_refuses_names_no_kubernetes_object_can_have() -> None:
+    long = "n" * 254
+    with pytest.raises(WireError, match="longer than 253"):
+        decode_binding(json.dumps({"PodName": long, "PodNamespace": "d", "Node": "n"}).encode())
+    with pytest.raises(WireError, match="longer than 253"):
+        decode_args(json.dumps({"Pod": {}, "NodeNames": ["ok", long]}).encode())
+    assert decode_binding(json.dumps({"PodName": "p" * 253, "PodNamespace": "d", "Node": "n"}).encode())
