@@ -138,6 +138,9 @@ def check(
         help="Expect the GPU-taint toleration on GPU pods (as the webhook adds)."),
     void_env: bool = typer.Option(True, "--void-env/--no-void-env",
                                   help="Expect NVIDIA_VISIBLE_DEVICES=void on containers without GPUs."),
+    scheduler_name: str = typer.Option("kubegpu-scheduler", "--scheduler-name",
+                                       help="kubegpu's scheduler profile: GPU pods without it get a warning "
+                                            "('' for node-only mode)."),
 ) -> None:
     """Validate GPU requests in Pod and workload manifests (Deployment, StatefulSet, DaemonSet,
     ReplicaSet, Job, CronJob, Lists, custom resources with pod templates), with the webhook's rules.
@@ -145,6 +148,8 @@ def check(
     Prints the normalised requests or the refusals. Exit 0: all accepted; 1: something refused;
     2: a file could not be read or is not YAML.
     """
+    from kubegpu.webhook.app import WebhookSettings, offline_warnings
+
     policy = AdmissionPolicy(add_toleration=toleration, void_env=void_env,
                              replica_resources=frozenset(replica_resource))
     console = make_console()
@@ -161,6 +166,9 @@ def check(
         found.append(_file_json(name, len(sources), skipped))
         for src in sources:
             objects.append(_object_json(name, src, review_pod(src.pod, policy), policy))
+            # Beyond the review: what the deployed webhook adds (scheduler name, cap, records, envFrom).
+            objects[-1]["notes"] = offline_warnings(src.pod, WebhookSettings(policy=policy,
+                                                                             scheduler_name=scheduler_name))
     refused = any(not o["allowed"] for o in objects)
     code = EXIT_BAD_INPUT if errors else EXIT_REFUSED if refused else EXIT_OK
     if as_json:
@@ -168,6 +176,8 @@ def check(
     else:
         for o in objects:
             _print_object(console, o)
+            for note in o["notes"]:
+                console.print(f"  [yellow]![/] {escape(note)}", highlight=False)
         for f in found:
             if f["note"]:
                 console.print(f"[yellow]note[/] {escape(f['file'])}: {escape(f['note'])}")
