@@ -156,6 +156,8 @@ class KubegpuPolicy(FgdPolicy):
     # 120-core 8-GPU pods that failed at 10-44 % arrived went from four to two (seed 42).
     reserve_weight: ClassVar[float] = 1.0
     scarcity_weight: ClassVar[float] = 0.3
+    # 0: a host counts only once hosts are as few as the pods expected; p > 0: (expected / hosts) ** p.
+    reserve_power: ClassVar[float] = 0.0
     # FGD points per milli of expected stranded compute. Measured on the openb trace (unallocated GPU at
     # arrived 100 %): 0.15 gave 3.94 % on the default list (10 seeds; fgd 4.75) and beat fgd on all 24 lists
     # (seed 42); 0.1 gave 3.99 %. In runs before scores were rounded to make equal placements tie exactly,
@@ -229,7 +231,11 @@ class KubegpuPolicy(FgdPolicy):
         # short of hosts once no more hosts can take it than pods of it are still to come.
         free_total = float(ctx.frag_cache(cluster, self.use_memory).s.sum())
         expected = res.freq[shapes] * free_total / max(res.mean_gpu, 1.0)
-        return lost[:, shapes].astype(np.float64) @ (expected >= hosts).astype(np.float64)
+        if self.reserve_power > 0:
+            short = np.minimum(1.0, expected / np.maximum(hosts, 1)) ** self.reserve_power
+        else:
+            short = (expected >= hosts).astype(np.float64)
+        return lost[:, shapes].astype(np.float64) @ short
 
     def _scarcity(self, cluster: ClusterState, ctx: ScoreContext) -> np.ndarray:
         """(N,) how much of each node's GPU capacity the model-constrained shapes of the workload claim.
