@@ -50,7 +50,7 @@ def test_reserve_loss_counts_only_nodes_that_lose_a_rare_host():
     assert loss[0] == 1 and (loss[1:] == 0).all()
 
 
-def test_no_reservation_while_hosts_outnumber_the_pods_expected():
+def test_no_reservation_for_a_shape_expected_less_than_once():
     # 32 free GPUs: about 0.3 pods of the rare shape still to come, for one host.
     cl = cluster(3)
     wl = Workload.from_demands([one_gpu()] * 99 + [big_pod()])
