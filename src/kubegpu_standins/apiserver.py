@@ -46,6 +46,9 @@ stream, as an API server restart does) and a count of requests per verb.
 from __future__ import annotations
 
 import asyncio
+import builtins
+import contextlib
+import functools
 import json
 import logging
 import re
@@ -107,6 +110,11 @@ KINDS: tuple[Kind, ...] = (
     Kind("", "v1", "namespaces", "Namespace", False, frozenset({"status"})),
     Kind("events.k8s.io", "v1", "events", "Event", True),
     Kind("kubegpu.io", "v1alpha1", "devices", "Device", False),
+    # DRA (resource.k8s.io/v1): validated by kubegpu_standins.dra_validation.
+    Kind("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", False),
+    Kind("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", False),
+    Kind("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True, frozenset({"status"})),
+    Kind("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True),
 )
 _BY_PATH = {(k.group, k.version, k.plural): k for k in KINDS}
 
@@ -209,6 +217,7 @@ _FIELDS: dict[str, Callable[[dict[str, Any]], str]] = {
     "metadata.name": lambda o: (o.get("metadata") or {}).get("name", ""),
     "metadata.namespace": lambda o: (o.get("metadata") or {}).get("namespace", ""),
     "spec.nodeName": lambda o: (o.get("spec") or {}).get("nodeName") or "",
+    "spec.driver": lambda o: (o.get("spec") or {}).get("driver") or "",  # ResourceSlices
     "status.phase": lambda o: (o.get("status") or {}).get("phase") or "",
     "involvedObject.name": lambda o: (o.get("involvedObject") or {}).get("name", ""),
 }
@@ -240,6 +249,14 @@ def _split_terms(selector: str) -> list[str]:
     return [t.strip() for t in terms if t.strip()]
 
 
+def _in_set(key: str, values: frozenset[str], inside: bool, labels: Mapping[str, str]) -> bool:
+    return (labels.get(key) in values) == inside
+
+
+def _has_key(key: str, present: bool, labels: Mapping[str, str]) -> bool:
+    return (key in labels) == present
+
+
 def label_matcher(selector: str | None) -> Callable[[dict[str, Any]], bool]:
     if not selector:
         return lambda o: True
@@ -247,19 +264,13 @@ def label_matcher(selector: str | None) -> Callable[[dict[str, Any]], bool]:
     for term in _split_terms(selector):
         if m := re.fullmatch(r"([\w./-]+)\s+(in|notin)\s+\((.*)\)", term):
             key, op, vals = m.group(1), m.group(2), {v.strip() for v in m.group(3).split(",")}
-            if op == "in":
-                tests.append(lambda lb, k=key, vs=vals: lb.get(k) in vs)
-            else:
-                tests.append(lambda lb, k=key, vs=vals: lb.get(k) not in vs)
+            tests.append(functools.partial(_in_set, key, frozenset(vals), op == "in"))
         elif m := re.fullmatch(r"([\w./-]+)\s*(==|!=|=)\s*([\w./-]*)", term):
             key, op, val = m.groups()
-            if op == "!=":
-                tests.append(lambda lb, k=key, v=val: lb.get(k) != v)
-            else:
-                tests.append(lambda lb, k=key, v=val: lb.get(k) == v)
+            tests.append(functools.partial(_in_set, key, frozenset({val}), op != "!="))
         elif m := re.fullmatch(r"(!?)([\w./-]+)", term):
             neg, key = m.groups()
-            tests.append(lambda lb, k=key, n=bool(neg): (k in lb) != n)
+            tests.append(functools.partial(_has_key, key, not neg))
         else:
             raise ApiStatusError(400, "BadRequest", f"unsupported label selector {term!r}")
     return lambda o: all(t((o.get("metadata") or {}).get("labels") or {}) for t in tests)
@@ -298,6 +309,8 @@ class Store:
         self._watchers: set[_Watcher] = set()
         self.requests: Counter[str] = Counter()
         self.faults: dict[str, list[int]] = {}  # "POST pods/binding" -> status codes to answer next
+        # Admission for a kind (validation, defaulting): (kind, new object, old or None); raises ApiStatusError.
+        self.admit: Callable[[Kind, Obj, Obj | None], None] | None = None
 
     @property
     def resource_version(self) -> int:
@@ -349,6 +362,8 @@ class Store:
                 meta["namespace"] = namespace
             else:
                 meta.pop("namespace", None)
+            if self.admit is not None:
+                self.admit(kind, obj, None)
             if not (keep_uid and isinstance(meta.get("uid"), str) and meta["uid"]):
                 meta["uid"] = str(uuid.uuid4())
             meta["creationTimestamp"] = _now()
@@ -394,6 +409,8 @@ class Store:
                 else:
                     new["metadata"].pop(fixed, None)
             new["apiVersion"], new["kind"] = kind.api_version, kind.kind
+            if self.admit is not None:
+                self.admit(kind, new, old)
             old_rv = old["metadata"]["resourceVersion"]
             if dict(new, metadata=dict(new["metadata"], resourceVersion=old_rv)) == old:
                 return _clone(old)  # a no-op write keeps the version, as the real server does
@@ -440,7 +457,7 @@ class Store:
         self.update(_BY_PATH[("", "v1", "pods")], namespace, name, assign)
 
     def watch(self, kind: Kind, namespace: str | None, matches: Callable[[dict[str, Any]], bool],
-              since: int | None, loop: asyncio.AbstractEventLoop) -> tuple[_Watcher, list[_Change] | None]:
+              since: int | None, loop: asyncio.AbstractEventLoop) -> tuple[_Watcher, builtins.list[_Change] | None]:
         """Open a watch. Returns the changes to replay first (``None`` = too old: 410)."""
         with self._lock:
             w = _Watcher(kind, namespace, matches, loop)
@@ -521,6 +538,8 @@ class ApiServer:
 
     def __init__(self, *, history: int = 2000, bookmark_interval_s: float = 1.0) -> None:
         self.store = Store(history)
+        from kubegpu_standins.dra_validation import admit as dra_admit
+        self.store.admit = dra_admit
         self.bookmark_interval_s = bookmark_interval_s
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -692,6 +711,14 @@ class ApiServer:
             if not isinstance(body, dict):
                 raise ApiStatusError(400, "BadRequest", "the body must be a JSON object")
             return _json_response(self.store.create(kind, ns, body), 201)
+        if method == "DELETE" and name is None:  # DeleteCollection (the kubelet wipes a node's ResourceSlices)
+            matches = _and(field_matcher(q.get("fieldSelector")), label_matcher(q.get("labelSelector")))
+            _, items = self.store.list(kind, namespace, matches)
+            for it in items:
+                m = it["metadata"]
+                with contextlib.suppress(ApiStatusError):
+                    self.store.delete(kind, m.get("namespace", ""), m["name"])
+            return _json_response(self._paged(kind, self.store.resource_version, items, None, None))
         if name is None:
             raise ApiStatusError(405, "MethodNotAllowed", f"{method} needs an object name")
         if method == "PUT":
@@ -751,16 +778,16 @@ class ApiServer:
                             return
                         wait = left if wait is None else min(wait, left)
                     try:
-                        change = await asyncio.wait_for(w.queue.get(), wait)
+                        pending: _Change | None = await asyncio.wait_for(w.queue.get(), wait)
                     except TimeoutError:
                         if bookmarks:
                             yield _encode({"type": "BOOKMARK", "object": {
                                 "kind": kind.kind, "apiVersion": kind.api_version,
                                 "metadata": {"resourceVersion": str(self.store.resource_version)}}}) + b"\n"
                         continue
-                    if change is None:
+                    if pending is None:
                         return
-                    if (ev := _visible(change, w)) is not None:
+                    if (ev := _visible(pending, w)) is not None:
                         yield _encode({"type": ev[0], "object": ev[1]}) + b"\n"
             finally:
                 self.store.unwatch(w)

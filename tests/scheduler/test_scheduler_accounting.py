@@ -87,15 +87,15 @@ def test_failed_binding_releases_the_assumption_and_retry_is_idempotent(cluster:
     assert cluster.ext.call(lambda: sorted(k for k, h in cluster.view.held.items() if h.alloc.containers)) == [
         "default/f", "default/g"]
     assert cluster.ext.call(lambda: cluster.view.held["default/e"].alloc.containers) == ()
-    # Filtered, then deleted and recreated under the same name before the bind: the Binding's UID
-    # precondition refuses it and nothing is held.
+    # Filtered, then deleted and recreated under the same name before the bind: bind reads the pod
+    # (and the Binding carries a UID precondition), so it is refused and nothing is held.
     old = cluster.api.put_object(pod("r", {"nvidia.com/gpu": "1"}))
     assert cluster.post("/filter", {"Pod": old, "Nodes": None, "NodeNames": ["gpu-node-a"]}).json()["NodeNames"]
     cluster.api.store.delete(cluster.api.kind("pods"), "default", "r")
     cluster.api.put_object({**pod("r", {"nvidia.com/gpu": "1"})})
     r = cluster.post("/bind", {"PodName": "r", "PodNamespace": "default", "PodUID": old["metadata"]["uid"],
                                "Node": "gpu-node-a"})
-    assert "409" in r.json()["Error"] and "UID" in r.json()["Error"]
+    assert "recreated" in r.json()["Error"] and "UID" in r.json()["Error"]
     assert cluster.ext.call(lambda: "default/r" not in cluster.view.held)
     assert not cluster.api.get_object("pods", "r", "default")["spec"].get("nodeName")
 

@@ -153,7 +153,7 @@ def _fail(message: str, as_json: bool) -> None:
     raise typer.Exit(2)
 
 
-def _progress_bar(as_json: bool):  # type: ignore[no-untyped-def]
+def _progress_bar(as_json: bool) -> Any:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from kubegpu.cli.console import make_console
@@ -269,14 +269,12 @@ def _run_timeline(
         if bar is not None:
             with bar:
                 task = bar.add_task(f"{name} (time replay)", total=len(pod_list))
-                results[name] = replay_time(
-                    node_list,
-                    pod_list,
-                    name,
-                    gpu_policy,
-                    lambda d, t, _task=task: bar.update(_task, completed=d, total=t),
-                    load=trace["load"],
-                )
+
+                def advance(done: int, total: int, _task: Any = task) -> None:
+                    bar.update(_task, completed=done, total=total)
+
+                results[name] = replay_time(node_list, pod_list, name, gpu_policy, advance,
+                                             load=trace["load"])
         else:
             results[name] = replay_time(node_list, pod_list, name, gpu_policy, load=trace["load"])
     if as_json:

@@ -16,6 +16,23 @@ import yaml
 
 # libyaml's parser when PyYAML was built with it (about 7x faster on big manifests), else pure Python.
 _Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# libyaml's composer recurses in C without Python's recursion guard: a hostile file nested deeply enough
+# overflows the C stack (a segfault, not an error). Depth is checked first on the event stream, which is
+# flat; no real manifest nests anywhere near this.
+MAX_YAML_DEPTH = 200
+_OPEN = (yaml.SequenceStartEvent, yaml.MappingStartEvent)
+_CLOSE = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
+
+
+def _check_depth(text: str) -> None:
+    depth = 0
+    for event in yaml.parse(text, Loader=_Loader):
+        if isinstance(event, _OPEN):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                raise ManifestError(f"not valid YAML: nested deeper than {MAX_YAML_DEPTH} levels")
+        elif isinstance(event, _CLOSE):
+            depth -= 1
 
 # kind -> path of the pod template inside the object.
 TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
@@ -64,7 +81,10 @@ class Skipped:
 def load_documents(text: str) -> list[Any]:
     """Every document of a (multi-document) YAML or JSON text; empty documents dropped."""
     try:
+        _check_depth(text)
         return [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]
+    except RecursionError:
+        raise ManifestError("not valid YAML: nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -118,7 +138,8 @@ def pods_in(obj: object, document: int = 0) -> tuple[list[PodSource], list[Skipp
     """Every pod spec in one parsed document (recursing into ``List`` items)."""
     if not isinstance(obj, Mapping):
         return [], [Skipped(document, type(obj).__name__, "")]
-    kind = obj.get("kind") if isinstance(obj.get("kind"), str) else ""
+    raw_kind = obj.get("kind")
+    kind = raw_kind if isinstance(raw_kind, str) else ""
     name, ns = _meta(obj)
     if kind.endswith("List") and isinstance(obj.get("items"), list):
         found: list[PodSource] = []

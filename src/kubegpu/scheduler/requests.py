@@ -38,7 +38,7 @@ def pod_policies(pod: Mapping[str, Any], node_default: str, gpu_default: str) ->
                 try:
                     get_policy(value)
                 except KeyError:
-                    log.warning("pod %s: unknown %s policy %r ignored", meta.get("name"), current, value)
+                    log.warning("pod %s: unknown %s policy %r ignored", (meta or {}).get("name"), current, value)
                     continue
                 if current == "node":
                     node_p = value

@@ -1,0 +1,214 @@
+"""``kubegpu node --kubelet-plugin dra``: discovery, health, the DRA kubelet plugin and the node's slices.
+
+One object per node wires the parts: the inventory backend (NVML or a topology file), the
+health monitor shared with the device-plugin mode, the :class:`~.prepare.Preparer` (claims ->
+CDI), the gRPC :class:`~.plugin.DraPlugin` and the :class:`~.kube.SlicePublisher`. A health
+change taints or untaints devices (republished at once) and is streamed to the kubelet on
+``NodeWatchResources``. A lifecycle thread serves again any socket deleted under the plugin.
+In this mode no device plugin is served: a GPU is served by one or the other, never both.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from lightkube import Client
+
+from kubegpu.inventory.base import InventoryBackend
+from kubegpu.model.inventory import NodeInventory
+from kubegpu.node.config import XidPolicy
+from kubegpu.node.dra.kube import ApiClaimReader, SlicePublisher
+from kubegpu.node.dra.names import DRIVER, SUPPORTED_VERSIONS
+from kubegpu.node.dra.plugin import DraPlugin
+from kubegpu.node.dra.prepare import ClaimReader, Preparer
+from kubegpu.node.dra.slices import (
+    DeviceTaint,
+    DraSettings,
+    PoolContent,
+    PublishedDevice,
+    health_taints,
+    pool_content,
+    slice_bodies,
+)
+from kubegpu.node.health import HealthMonitor
+from kubegpu.node.health_state import HealthState
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
+DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
+
+
+@dataclass(frozen=True)
+class DraOptions:
+    settings: DraSettings
+    plugins_dir: str = DEFAULT_PLUGINS_DIR
+    registry_dir: str = DEFAULT_REGISTRY_DIR
+    cdi_dir: str = "/var/run/cdi"
+    state_dir: str = ""  # "" = <plugins_dir>/gpu.kubegpu.io
+    versions: tuple[str, ...] = SUPPORTED_VERSIONS
+    xid_policy: XidPolicy = field(default_factory=XidPolicy)
+    recovery_interval_s: float = 30.0
+    health_wait_s: float = 0.25
+    resync_s: float = 30.0
+    socket_check_s: float = 1.0
+    watch_slices: bool = True
+
+    @property
+    def state_path(self) -> str:
+        return self.state_dir or str(Path(self.plugins_dir) / DRIVER)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class DraDaemon:
+    def __init__(self, backend: InventoryBackend, options: DraOptions, client: Client | None, *,
+                 reader: ClaimReader | None = None,
+                 fail: Callable[[str, str], str | None] | None = None) -> None:
+        if client is None and reader is None:
+            raise ValueError("the DRA plugin needs an API client (to read claims and publish slices)")
+        self.backend = backend
+        self.options = options
+        self.client = client
+        self.reader: ClaimReader = reader or ApiClaimReader(client)  # type: ignore[arg-type]
+        self.fail = fail
+        self.inventory: NodeInventory | None = None
+        self.state: HealthState | None = None
+        self.monitor: HealthMonitor | None = None
+        self.preparer: Preparer | None = None
+        self.plugin: DraPlugin | None = None
+        self.publisher: SlicePublisher | None = None
+        self.taints: dict[str, DeviceTaint] = {}
+        self.content = PoolContent()
+        self.timings: dict[str, list[float]] = {"prepare": [], "unprepare": [], "publish": []}
+        self.health_changed_at: float | None = None
+        self.last_publish_after_change_s: float | None = None
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ----- pieces ------------------------------------------------------------------------------
+
+    def table(self) -> dict[str, PublishedDevice]:
+        with self._lock:
+            return self.content.table
+
+    def _rebuild(self) -> None:
+        assert self.inventory is not None and self.state is not None
+        inv = self.inventory
+        health = self.state.snapshot()
+        reasons = {u: self.state.reason(u) for u, ok in health.items() if not ok}
+        with self._lock:
+            self.taints = health_taints(inv, health, reasons, self.taints, _now())
+            self.content = pool_content(inv, self.options.settings, self.taints)
+
+    def desired(self, generation: int) -> list[dict[str, Any]]:
+        with self._lock:
+            return slice_bodies(self.content, self.options.settings, generation)
+
+    def health_snapshot(self) -> list[tuple[str, str, bool, str]]:
+        if self.state is None:
+            return []
+        health = self.state.snapshot()
+        out = []
+        for d in self.table().values():
+            ok = health.get(d.uuid, True) and health.get(d.gpu_uuid, True)
+            out.append((d.pool, d.name, ok, "" if ok else (self.state.reason(d.uuid)
+                                                             or self.state.reason(d.gpu_uuid))))
+        return out
+
+    def _on_health(self, _snapshot: dict[str, bool]) -> None:
+        self.health_changed_at = time.monotonic()
+        self._rebuild()
+        if self.publisher is not None:
+            self.publisher.wake()
+        if self.plugin is not None:
+            self.plugin.health_changed()
+
+    def _on_published(self, seconds: float) -> None:
+        self.timings["publish"].append(seconds)
+        if self.health_changed_at is not None:
+            self.last_publish_after_change_s = time.monotonic() - self.health_changed_at
+            self.health_changed_at = None
+
+    def _observe(self, what: str, seconds: float) -> None:
+        lst = self.timings.setdefault(what, [])
+        lst.append(seconds)
+        if len(lst) > 10000:
+            del lst[: len(lst) - 10000]
+
+    # ----- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        opts = self.options
+        self.inventory = self.backend.discover()
+        self.state = HealthState(self.inventory)
+        self._rebuild()
+        self.state.add_listener(self._on_health)
+        placement = {m.uuid: (m.gi, m.ci) for g in self.inventory.gpus for m in g.mig_devices}
+        self.monitor = HealthMonitor(self.backend, self.state, policy=opts.xid_policy,
+                                     wait_timeout_s=opts.health_wait_s,
+                                     recovery_interval_s=opts.recovery_interval_s, mig_placement=placement)
+        self.monitor.start()
+        self.preparer = Preparer(self.reader, self.table, opts.settings, cdi_dir=opts.cdi_dir,
+                                 state_dir=opts.state_path, fail=self.fail)
+        if self.client is not None:
+            self.publisher = SlicePublisher(self.client, opts.settings.node_name, self.desired,
+                                            resync_s=opts.resync_s, watch=opts.watch_slices,
+                                            on_published=self._on_published)
+            self.publisher.start()
+        self.plugin = DraPlugin(self.preparer, self.health_snapshot, plugins_dir=opts.plugins_dir,
+                                registry_dir=opts.registry_dir, versions=opts.versions,
+                                on_registered=self._on_registered, observe=self._observe)
+        self.plugin.start()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="kubegpu-dra-lifecycle", daemon=True)
+        self._thread.start()
+        log.info("DRA driver %s started on node %s: %d devices (%d claims prepared from the checkpoint)",
+                 DRIVER, opts.settings.node_name, len(self.table()), len(self.preparer.claims))
+
+    def _on_registered(self) -> None:
+        # The kubelet deletes the node's slices right after a (re-)registration: look again soon.
+        if self.publisher is not None:
+            self.publisher.wake()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.options.socket_check_s):
+            try:
+                if self.plugin is not None:
+                    self.plugin.ensure_sockets()
+            except Exception:
+                log.exception("DRA lifecycle check failed; retrying")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self.plugin is not None:
+            self.plugin.stop()
+        if self.publisher is not None:
+            self.publisher.stop()
+        if self.monitor is not None:
+            self.monitor.stop()
+        if self.state is not None:
+            self.state.close()
+
+    def status(self) -> dict[str, Any]:
+        prepared = self.preparer.prepared() if self.preparer else {}
+        return {
+            "mode": "dra", "driver": DRIVER, "node": self.options.settings.node_name,
+            "devices": len(self.table()), "registered": bool(self.plugin and self.plugin.registered),
+            "claims": [{"namespace": c.namespace, "name": c.name, "uid": c.uid,
+                        "devices": [d.device for d in c.devices]} for c in prepared.values()],
+            "poolGeneration": self.publisher.generation if self.publisher else 0,
+            "taints": {u: t.as_dict() for u, t in self.taints.items()},
+        }

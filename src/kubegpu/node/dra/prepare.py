@@ -1,0 +1,330 @@
+"""NodePrepareResources / NodeUnprepareResources: claim -> CDI devices, idempotent and checkpointed.
+
+The kubelet names a claim by namespace, name and UID only (recorded: nothing else is on the
+wire); the allocation is read from the API server. Preparing a claim:
+
+1. already in the checkpoint -> the recorded answer again (the kubelet prepares again after its
+   own restart and after a failed container start), rewriting the CDI spec if it vanished
+   (``/var/run/cdi`` is often a tmpfs);
+2. otherwise GET the claim, check its UID (a deleted and recreated claim of the same name is
+   refused), take the results for this driver and pool, and look each device up in what this
+   node publishes;
+3. write one CDI spec per claim (``k8s.gpu.kubegpu.io-claim_<uid>.json``, atomically) whose
+   devices are ``<claim uid>-<device>[-<share id>]`` with the GPU's device nodes, and whose
+   claim-wide edits carry ``NVIDIA_VISIBLE_DEVICES``, ``KUBEGPU_VISIBLE_GPUS`` and for a share the
+   same limits the device-plugin shares get (``KUBEGPU_GPU_CORE_PERCENT``,
+   ``KUBEGPU_GPU_MEMORY_BYTES``; with MPS ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``,
+   ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` and the pipe directory);
+4. record the claim in the checkpoint (one file per claim, atomic rename) before answering.
+
+Unprepare removes the spec and the checkpoint entry; an unknown claim is already unprepared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+from kubegpu.model.quantity import QuantityError, parse_int
+from kubegpu.node.allocate import ENV_CORE, ENV_MEMORY, ENV_VISIBLE_GPUS, MPS_CONTAINER_ROOT, VISIBLE_DEVICES
+from kubegpu.node.devspecs import CONTROL_DEVICES, mig_cap_paths
+from kubegpu.node.dra.names import CDI_CLASS, CDI_KIND, CDI_VENDOR, DRIVER, TYPE_MIG, TYPE_SHARED, cdi_device_id
+from kubegpu.node.dra.names import cdi_device_name as _cdi_name
+from kubegpu.node.dra.slices import DraSettings, PublishedDevice
+
+log = logging.getLogger(__name__)
+
+CDI_VERSION: Final = "0.6.0"
+CHECKPOINT_KIND: Final = "KubegpuDraCheckpoint"
+CHECKPOINT_VERSION: Final = 1
+ENV_CLAIM: Final = "KUBEGPU_CLAIM"
+ENV_DRIVER: Final = "KUBEGPU_DRIVER"
+ENV_SHARE_IDS: Final = "KUBEGPU_SHARE_IDS"
+
+
+class PrepareError(RuntimeError):
+    """This claim cannot be prepared now; the message goes back to the kubelet, which retries."""
+
+
+class ClaimReader(Protocol):
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """The ResourceClaim as the API server has it; raises PrepareError when it cannot be read."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedDevice:
+    request_names: tuple[str, ...]
+    pool: str
+    device: str
+    cdi_device_ids: tuple[str, ...]
+    share_id: str | None = None
+
+
+@dataclass
+class PreparedClaim:
+    namespace: str
+    name: str
+    uid: str
+    devices: list[PreparedDevice] = field(default_factory=list)
+    spec: dict[str, Any] = field(default_factory=dict)  # the CDI spec written for it
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"namespace": self.namespace, "name": self.name, "uid": self.uid,
+                "devices": [asdict(d) for d in self.devices], "spec": self.spec}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> PreparedClaim:
+        devs = [PreparedDevice(tuple(x["request_names"]), x["pool"], x["device"], tuple(x["cdi_device_ids"]),
+                               x.get("share_id")) for x in d.get("devices", [])]
+        return cls(str(d["namespace"]), str(d["name"]), str(d["uid"]), devs, dict(d.get("spec") or {}))
+
+
+def _atomic_write(path: Path, data: bytes, mode: int = 0o644, sync: bool = True) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+class Checkpoint:
+    """The prepared claims on disk: one small file per claim under ``<state dir>/claims/`` (written
+    atomically before the kubelet is answered), so a prepare costs one write whatever the number of
+    claims, and a daemon restart loses nothing."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.dir = Path(directory)
+        self.path = self.dir  # for messages
+
+    def _file(self, uid: str) -> Path:
+        if not uid or "/" in uid or uid.startswith("."):
+            raise PrepareError(f"claim UID {uid!r} cannot name a checkpoint file")
+        return self.dir / f"{uid}.json"
+
+    def load(self) -> dict[str, PreparedClaim]:
+        out: dict[str, PreparedClaim] = {}
+        try:
+            files = sorted(self.dir.glob("*.json"))
+        except OSError as exc:
+            raise PrepareError(f"checkpoint {self.dir} cannot be read: {exc}") from exc
+        for f in files:
+            try:
+                raw = json.loads(f.read_text())
+            except (OSError, ValueError) as exc:
+                raise PrepareError(f"checkpoint {f} cannot be read: {exc}") from exc
+            if not isinstance(raw, dict) or raw.get("kind") != CHECKPOINT_KIND:
+                raise PrepareError(f"checkpoint {f} is not a {CHECKPOINT_KIND}")
+            if raw.get("version") != CHECKPOINT_VERSION:
+                raise PrepareError(f"checkpoint {f}: unsupported version {raw.get('version')!r}")
+            try:
+                c = PreparedClaim.from_dict(raw["claim"])
+            except (KeyError, TypeError) as exc:
+                raise PrepareError(f"checkpoint {f}: malformed entry ({exc})") from exc
+            out[c.uid] = c
+        return out
+
+    def save(self, claim: PreparedClaim) -> None:
+        body = {"kind": CHECKPOINT_KIND, "version": CHECKPOINT_VERSION, "claim": claim.as_dict()}
+        # No fsync: the file only has to survive a process restart (the page cache does that). After a
+        # power loss it may be missing, and that is harmless: the claim's allocation is in the API
+        # server, so a prepare rebuilds the same answer, and an unprepare of an unknown claim is a no-op.
+        _atomic_write(self._file(claim.uid), json.dumps(body, separators=(",", ":")).encode(), 0o600, sync=False)
+
+    def remove(self, uid: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._file(uid).unlink()
+
+
+def cdi_spec_path(cdi_dir: str | os.PathLike[str], claim_uid: str) -> Path:
+    return Path(cdi_dir) / f"{CDI_VENDOR}-claim_{claim_uid}.json"
+
+
+def _quantity(value: Any, what: str) -> int:
+    try:
+        return parse_int(value)
+    except (QuantityError, ValueError, TypeError) as exc:
+        raise PrepareError(f"{what}: {value!r} is not a quantity") from exc
+
+
+def _device_nodes(dev: PublishedDevice) -> list[dict[str, str]]:
+    paths = [f"/dev/nvidia{dev.minor}"]
+    if dev.type == TYPE_MIG and dev.gi is not None and dev.ci is not None:
+        paths += mig_cap_paths(dev.minor, dev.gi, dev.ci, {})
+    return [{"path": p} for p in paths]
+
+
+class Preparer:
+    """Prepares and unprepares claims for the devices ``table()`` says this node publishes."""
+
+    def __init__(self, reader: ClaimReader, table: Callable[[], Mapping[str, PublishedDevice]],
+                 settings: DraSettings, *, cdi_dir: str | os.PathLike[str], state_dir: str | os.PathLike[str],
+                 fail: Callable[[str, str], str | None] | None = None) -> None:
+        self.reader = reader
+        self.table = table
+        self.settings = settings
+        self.cdi_dir = Path(cdi_dir)
+        self.checkpoint = Checkpoint(Path(state_dir) / "claims")
+        self.fail = fail  # test hook: (namespace, name) -> an error to answer, as a driver fault would
+        self._lock = threading.Lock()
+        self._claim_locks: dict[str, threading.Lock] = {}
+        self.claims: dict[str, PreparedClaim] = self.checkpoint.load()
+
+    def _claim_lock(self, uid: str) -> threading.Lock:
+        with self._lock:
+            return self._claim_locks.setdefault(uid, threading.Lock())
+
+    # ----- prepare ---------------------------------------------------------------------------
+
+    def prepare(self, namespace: str, uid: str, name: str) -> list[PreparedDevice]:
+        if not (namespace and uid and name):
+            raise PrepareError("a claim needs namespace, uid and name")
+        with self._claim_lock(uid):
+            have = self.claims.get(uid)
+            if have is not None:
+                path = cdi_spec_path(self.cdi_dir, uid)
+                if not path.exists():
+                    log.info("claim %s/%s: CDI spec gone; writing it again", namespace, name)
+                    self._write_spec(uid, have.spec)
+                return have.devices
+            if self.fail is not None:
+                err = self.fail(namespace, name)
+                if err:
+                    raise PrepareError(err)
+            claim = self.reader.get_claim(namespace, name)
+            prepared = self._build(claim, namespace, uid, name)
+            self._write_spec(uid, prepared.spec)
+            try:
+                self.checkpoint.save(prepared)
+            except OSError as exc:
+                with contextlib.suppress(FileNotFoundError):
+                    cdi_spec_path(self.cdi_dir, uid).unlink()
+                raise PrepareError(f"cannot write checkpoint {self.checkpoint.dir}: {exc}") from exc
+            with self._lock:
+                self.claims[uid] = prepared
+            return prepared.devices
+
+    def _build(self, claim: Mapping[str, Any], namespace: str, uid: str, name: str) -> PreparedClaim:
+        meta = claim.get("metadata") or {}
+        if meta.get("uid") != uid:
+            raise PrepareError(f"ResourceClaim {namespace}/{name} has UID {meta.get('uid')!r}, not {uid!r} "
+                               "(deleted and created again?)")
+        alloc = (claim.get("status") or {}).get("allocation")
+        if not alloc:
+            raise PrepareError(f"ResourceClaim {namespace}/{name} is not allocated")
+        results = [r for r in ((alloc.get("devices") or {}).get("results") or []) if r.get("driver") == DRIVER]
+        table = self.table()
+        devices: list[PreparedDevice] = []
+        used: list[tuple[PublishedDevice, dict[str, Any]]] = []
+        for r in results:
+            pool, dname, req = r.get("pool", ""), r.get("device", ""), r.get("request", "")
+            if pool != self.settings.pool:
+                raise PrepareError(f"ResourceClaim {namespace}/{name}: device {dname} is in pool {pool!r}, "
+                                   f"not this node's pool {self.settings.pool!r}")
+            dev = table.get(dname)
+            if dev is None:
+                raise PrepareError(f"ResourceClaim {namespace}/{name}: device {dname} is not published "
+                                   f"by node {self.settings.node_name}")
+            share = r.get("shareID") or None
+            devices.append(PreparedDevice((req,) if req else (), pool, dname,
+                                          (cdi_device_id(uid, dname, share),), share))
+            used.append((dev, r))
+        spec = self._spec(namespace, name, uid, used)
+        return PreparedClaim(namespace, name, uid, devices, spec)
+
+    def _spec(self, namespace: str, name: str, uid: str,
+              used: list[tuple[PublishedDevice, dict[str, Any]]]) -> dict[str, Any]:
+        cdi_devices: list[dict[str, Any]] = []
+        visible: list[str] = []
+        gpus: list[str] = []
+        cores: list[int] = []
+        mems: list[int] = []
+        shares: list[str] = []
+        for dev, r in used:
+            share = r.get("shareID") or None
+            cdi_devices.append({"name": _cdi_name(uid, dev.name, share),
+                                "containerEdits": {"deviceNodes": _device_nodes(dev),
+                                                   "env": [f"KUBEGPU_REQUEST={r.get('request', '')}"]}})
+            if dev.uuid not in visible:
+                visible.append(dev.uuid)
+            if dev.gpu_uuid not in gpus:
+                gpus.append(dev.gpu_uuid)
+            if dev.type == TYPE_SHARED:
+                consumed = r.get("consumedCapacity") or {}
+                cores.append(_quantity(consumed.get("compute", "100"), f"{dev.name} compute"))
+                mems.append(_quantity(consumed.get("memory", dev.memory_bytes), f"{dev.name} memory"))
+                if share:
+                    shares.append(share)
+        env = [f"{ENV_DRIVER}={DRIVER}", f"{ENV_CLAIM}={namespace}/{name}",
+               f"{VISIBLE_DEVICES}={','.join(visible) if visible else 'void'}",
+               f"{ENV_VISIBLE_GPUS}={','.join(gpus)}"]
+        edits: dict[str, Any] = {"deviceNodes": [{"path": p} for p in CONTROL_DEVICES]}
+        if cores:
+            env += [f"{ENV_CORE}={_one_or_list(cores)}", f"{ENV_MEMORY}={_one_or_list(mems)}"]
+            if shares:
+                env.append(f"{ENV_SHARE_IDS}={','.join(shares)}")
+            if self.settings.mps:
+                key = f"claim_{uid}"
+                pipe = f"{MPS_CONTAINER_ROOT}/{key}/pipe"
+                env += [f"CUDA_MPS_PIPE_DIRECTORY={pipe}",
+                        f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={min(cores)}",
+                        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=" + ",".join(
+                            f"{i}={max(1, m // 2**20)}M" for i, m in enumerate(mems))]
+                host = os.path.join(self.settings.mps_root, key)
+                edits["mounts"] = [
+                    {"hostPath": os.path.join(host, "pipe"), "containerPath": pipe, "options": ["rbind", "rw"]},
+                    {"hostPath": os.path.join(host, "shm"), "containerPath": "/dev/shm", "options": ["rbind", "rw"]},
+                ]
+        edits["env"] = env
+        return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": cdi_devices, "containerEdits": edits}
+
+    def _write_spec(self, uid: str, spec: dict[str, Any]) -> None:
+        try:
+            # /var/run/cdi is a tmpfs: rename keeps readers safe, an fsync would buy nothing.
+            _atomic_write(cdi_spec_path(self.cdi_dir, uid), json.dumps(spec, indent=1).encode(), sync=False)
+        except OSError as exc:
+            raise PrepareError(f"cannot write CDI spec to {self.cdi_dir}: {exc}") from exc
+
+    # ----- unprepare -------------------------------------------------------------------------
+
+    def unprepare(self, namespace: str, uid: str, name: str) -> None:
+        with self._claim_lock(uid):
+            with contextlib.suppress(FileNotFoundError):
+                cdi_spec_path(self.cdi_dir, uid).unlink()
+            try:
+                self.checkpoint.remove(uid)
+            except OSError as exc:
+                raise PrepareError(f"cannot update checkpoint {self.checkpoint.dir}: {exc}") from exc
+            with self._lock:
+                self.claims.pop(uid, None)
+                self._claim_locks.pop(uid, None)
+
+    def prepared(self) -> dict[str, PreparedClaim]:
+        with self._lock:
+            return dict(self.claims)
+
+
+def _one_or_list(values: list[int]) -> str:
+    uniq = list(dict.fromkeys(values))
+    return str(uniq[0]) if len(uniq) == 1 else ",".join(str(v) for v in values)
+
+
+__all__ = ["CDI_CLASS", "Checkpoint", "ClaimReader", "PrepareError", "PreparedClaim", "PreparedDevice",
+           "Preparer", "cdi_spec_path"]

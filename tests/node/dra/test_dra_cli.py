@@ -1,0 +1,86 @@
+"""``kubegpu node --kubelet-plugin dra``: dry run, bad flags, and the real process against the stand-ins."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from dra_harness import FIXTURES, NODE
+
+from kubegpu.node.dra.names import DRIVER
+from kubegpu_standins.apiserver import ApiServer
+from kubegpu_standins.dra_kubelet import DraKubelet
+from kubegpu_standins.dra_validation import validate
+
+KUBEGPU = [sys.executable, "-c", "from kubegpu.cli.main import app; app()"]
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="kgc-", dir="/tmp"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*KUBEGPU, "node", *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **(env or {})})
+
+
+def test_dry_run_prints_valid_slices() -> None:
+    r = _run("--kubelet-plugin", "dra", "--inventory", "a100-mig", "--dry-run", "--json", "--dra-shared-gpus", "3")
+    assert r.returncode == 0, r.stderr
+    bodies = json.loads(r.stdout)
+    assert [b["metadata"]["name"] for b in bodies] == ["a100-mig-gpu.kubegpu.io", "a100-mig-gpu.kubegpu.io-counters"]
+    assert all(validate("ResourceSlice", b) == [] for b in bodies)
+    types = {d["name"]: d["attributes"]["type"]["string"] for d in bodies[0]["spec"]["devices"]}
+    assert types["gpu-3"] == "shared-gpu" and types["gpu-2"] == "gpu"
+
+
+@pytest.mark.parametrize(("args", "code", "message"), [
+    (["--kubelet-plugin", "vfio"], 2, "expected device-plugin or dra"),
+    (["--kubelet-plugin", "dra", "--inventory", "t4x4", "--dra-shared-gpus", "some", "--dry-run"], 2,
+     "expected all, none or GPU indexes"),
+    (["--kubelet-plugin", "dra", "--inventory", "t4x4", "--dra-resync", "soon", "--dry-run"], 2, "expected seconds"),
+    (["--kubelet-plugin", "dra", "--inventory", "t4x4", "--no-such-flag", "1", "--dry-run"], 2, "unknown flag"),
+    (["--kubelet-plugin", "dra", "--inventory", "t4x4", "--kubeconfig", "/nonexistent"], 1, "needs the API server"),
+])
+def test_bad_input_is_a_clear_error(args: list[str], code: int, message: str) -> None:
+    r = _run(*args)
+    assert r.returncode == code
+    assert message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_process_registers_publishes_and_stops_cleanly(root: Path) -> None:
+    api = ApiServer().start()
+    kubelet = DraKubelet(api, root / "kubelet", NODE)
+    kubelet.start()
+    proc = subprocess.Popen([*KUBEGPU, "node", "--kubelet-plugin", "dra", "--inventory",
+                             str(FIXTURES / "gpu-node-1.yaml"), "--node-name", NODE, "--kubeconfig",
+                             str(api.write_kubeconfig(root / "kubeconfig")),
+                             "--dra-plugins-dir", str(root / "kubelet" / "plugins"),
+                             "--dra-registry-dir", str(root / "kubelet" / "plugins_registry"),
+                             "--cdi-spec-dir", str(root / "cdi")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert kubelet.wait(lambda: DRIVER in kubelet.plugins and
+                            len(api.objects("resourceslices", "resource.k8s.io")) == 1, 30)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert not (root / "kubelet" / "plugins_registry" / f"{DRIVER}-reg.sock").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        kubelet.stop()
+        api.stop()

@@ -1,0 +1,444 @@
+"""The recorded DRA sequences, end to end: kubegpu's DRA daemon against the stand-in kubelet DRA manager
+(real gRPC on unix sockets), the stand-in API server (real HTTP) and the stand-in allocator."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from dra_harness import FIXTURES, Bed, fixture, make_bed, strip_server
+
+from kubegpu.node.dra.names import DRIVER
+from kubegpu.node.dra.prepare import cdi_spec_path
+from kubegpu_standins.dra_allocator import UNSCHEDULABLE
+
+GROUP = "resource.k8s.io"
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="kgd-", dir="/tmp"))  # unix socket paths must stay short
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def bed(root: Path) -> Iterator[Bed]:
+    b = make_bed(root)
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def _ready(bed: Bed, n_slices: int = 1) -> None:
+    bed.start_daemon()
+    assert bed.wait(lambda: DRIVER in bed.kubelet.plugins and len(bed.slices()) == n_slices)
+
+
+def _classes(bed: Bed) -> None:
+    for f in ("s1-deviceclass.json", "s3-deviceclass-mig.json", "s4-deviceclass.json"):
+        bed.put(fixture(f))
+
+
+def _claim(bed: Bed, name: str, request: dict, ns: str = "default") -> dict:
+    return bed.api.put_object({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                               "metadata": {"name": name, "namespace": ns},
+                               "spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}}})
+
+
+def test_registration_handshake_as_recorded(bed: Bed) -> None:
+    _ready(bed)
+    rec = fixture("registration-calls.json")
+    info = rec[1]["response"]
+    p = bed.kubelet.plugins[DRIVER]
+    assert p.version == "v1.DRAPlugin"
+    assert p.endpoint.endswith("/plugins/gpu.kubegpu.io/dra.sock")
+    assert bed.daemon is not None and bed.daemon.plugin is not None
+    assert bed.daemon.plugin.registered and bed.daemon.plugin.registration_error == ""
+    assert info["supported_versions"] == list(bed.daemon.plugin.versions)
+    # NodeWatchResources opened right after: every device HEALTHY, as in the recording.
+    assert bed.wait(lambda: len(p.health) == 4)
+    assert p.health == {("gpu-node-1", f"gpu-{i}"): "HEALTHY" for i in range(4)}
+
+
+def test_v1beta1_when_the_kubelet_prefers_it(root: Path) -> None:
+    bed = make_bed(root, kubelet_versions=("v1beta1.DRAPlugin",))
+    try:
+        _ready(bed)
+        assert bed.kubelet.plugins[DRIVER].version == "v1beta1.DRAPlugin"
+        _classes(bed)
+        bed.put(fixture("s1-resourceclaimtemplate.json"))
+        pod = bed.pod("p", [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}])
+        assert bed.run(pod) and bed.wait(lambda: bed.running(pod))
+        assert bed.kubelet.calls[-1].version == "v1beta1.DRAPlugin"
+    finally:
+        bed.close()
+
+
+def test_single_gpu_from_a_template_prepare_and_unprepare(bed: Bed) -> None:
+    _ready(bed)
+    _classes(bed)
+    bed.put(fixture("s1-resourceclaimtemplate.json"))
+    pod = bed.pod("s1-pod", [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}])
+    assert bed.run(pod)
+    assert bed.wait(lambda: bed.running(pod))
+    claims = bed.api.objects("resourceclaims", GROUP, "default")
+    assert len(claims) == 1
+    claim = claims[0]
+    rec = fixture("s1-claim.json")
+    assert claim["metadata"]["name"].startswith("s1-pod-gpu-")
+    assert claim["metadata"]["annotations"] == rec["metadata"]["annotations"]
+    assert claim["status"]["allocation"]["devices"] == rec["status"]["allocation"]["devices"]
+    assert claim["status"]["allocation"]["nodeSelector"] == rec["status"]["allocation"]["nodeSelector"]
+    call = bed.kubelet.calls[-1]
+    assert call.method == "NodePrepareResources" and call.version == "v1.DRAPlugin"
+    uid = claim["metadata"]["uid"]
+    r = call.response.claims[uid]
+    assert r.error == ""
+    [d] = r.devices
+    assert (list(d.request_names), d.pool_name, d.device_name) == (["gpu"], "gpu-node-1", "gpu-0")
+    assert list(d.cdi_device_ids) == [f"k8s.gpu.kubegpu.io/device={uid}-gpu-0"]
+    assert not d.HasField("share_id")
+    spec = json.loads(cdi_spec_path(bed.cdi_dir, uid).read_text())
+    example = fixture("s1-cdi-spec-example.json")
+    assert spec["kind"] == example["kind"] and spec["cdiVersion"] == example["cdiVersion"]
+    assert [x["name"] for x in spec["devices"]] == [f"{uid}-gpu-0"]
+    env = spec["containerEdits"]["env"]
+    assert "NVIDIA_VISIBLE_DEVICES=GPU-4c1f3a6e-9d2b-4e5f-8a7c-000000000000" in env
+    assert f"KUBEGPU_CLAIM=default/{claim['metadata']['name']}" in env
+    assert {"path": "/dev/nvidia0"} in spec["devices"][0]["containerEdits"]["deviceNodes"]
+    # Pod ends: one Unprepare with the same claim, the spec is gone, the generated claim is deleted.
+    assert bed.delete(pod) == [uid]
+    assert bed.kubelet.calls[-1].method == "NodeUnprepareResources"
+    assert bed.kubelet.calls[-1].response.claims[uid].error == ""
+    assert not cdi_spec_path(bed.cdi_dir, uid).exists()
+    assert bed.api.objects("resourceclaims", GROUP, "default") == []
+    assert bed.daemon is not None and bed.daemon.preparer is not None and bed.daemon.preparer.claims == {}
+
+
+def test_shared_claim_two_pods_one_prepare(bed: Bed) -> None:
+    _ready(bed)
+    _classes(bed)
+    claim = _claim(bed, "shared-gpu", {"deviceClassName": "gpu.kubegpu.io", "allocationMode": "ExactCount",
+                                       "count": 1})
+    p1 = bed.pod("p1", [{"name": "gpu", "resourceClaimName": "shared-gpu"}])
+    p2 = bed.pod("p2", [{"name": "gpu", "resourceClaimName": "shared-gpu"}])
+    assert bed.run(p1) and bed.wait(lambda: bed.running(p1))
+    n = len(bed.kubelet.calls)
+    assert bed.run(p2) and bed.wait(lambda: bed.running(p2))
+    assert len(bed.kubelet.calls) == n  # the second pod starts with no RPC
+    assert len(bed.claim("shared-gpu")["status"]["reservedFor"]) == 2
+    assert bed.delete(p1) == [] and len(bed.kubelet.calls) == n
+    assert [r["name"] for r in bed.claim("shared-gpu")["status"]["reservedFor"]] == ["p2"]
+    assert bed.delete(p2) == [claim["metadata"]["uid"]]
+    st = bed.claim("shared-gpu").get("status") or {}
+    assert "allocation" not in st and "reservedFor" not in st
+
+
+def test_one_pod_two_claims_one_call(bed: Bed) -> None:
+    _ready(bed)
+    _classes(bed)
+    req = {"deviceClassName": "gpu.kubegpu.io", "allocationMode": "ExactCount", "count": 1}
+    _claim(bed, "a", req)
+    _claim(bed, "b", req)
+    pod = bed.pod("s2b", [{"name": "gpu-a", "resourceClaimName": "a"}, {"name": "gpu-b", "resourceClaimName": "b"}])
+    assert bed.run(pod) and bed.wait(lambda: bed.running(pod))
+    call = bed.kubelet.calls[-1]
+    assert len(call.claims) == 2 and len(call.response.claims) == 2
+    devs = sorted(d.device_name for c in call.response.claims.values() for d in c.devices)
+    assert devs == ["gpu-0", "gpu-1"]
+    assert len(bed.delete(pod)) == 2
+    assert len(bed.kubelet.calls[-1].claims) == 2
+
+
+def test_consumable_capacity_three_shares_fourth_waits(root: Path) -> None:
+    bed = make_bed(root, shared="0")
+    try:
+        _ready(bed)
+        _classes(bed)
+        share = {"deviceClassName": "shared-gpu.kubegpu.io", "allocationMode": "ExactCount", "count": 1,
+                 "capacity": {"requests": {"compute": "30", "memory": "20Gi"}}}
+        pods = []
+        for i in range(1, 5):
+            _claim(bed, f"slice-{i}", share)
+            pods.append(bed.pod(f"s4-pod-{i}", [{"name": "gpu", "resourceClaimName": f"slice-{i}"}]))
+        for p in pods[:3]:
+            assert bed.run(p) and bed.wait(lambda p=p: bed.running(p))
+        rec = fixture("s4-claim-slice-1.json")["status"]["allocation"]["devices"]["results"][0]
+        shares = set()
+        for i in range(1, 4):
+            [r] = bed.claim(f"slice-{i}")["status"]["allocation"]["devices"]["results"]
+            assert set(r) == set(rec)
+            assert r["consumedCapacity"] == rec["consumedCapacity"] == {"compute": "30", "memory": "20Gi"}
+            assert (r["device"], r["request"]) == ("gpu-0", "gpu")
+            shares.add(r["shareID"])
+        assert len(shares) == 3
+        # The fourth does not fit (120 > 100): no status, the recorded message, no RPC.
+        n = len(bed.kubelet.calls)
+        assert not bed.run(pods[3])
+        assert bed.allocator.last_failure == UNSCHEDULABLE == fixture("s4-pod-4.events.json")[0]["message"]
+        assert bed.claim("slice-4").get("status", {}) == fixture("s4-claim-slice-4.json")["status"] == {}
+        assert len(bed.kubelet.calls) == n
+        # The prepare echoes the share ID and the container gets the share's limits.
+        c1 = bed.claim("slice-1")
+        uid, sid = c1["metadata"]["uid"], c1["status"]["allocation"]["devices"]["results"][0]["shareID"]
+        first = next(c for c in bed.kubelet.calls if c.claims and c.claims[0][1] == uid)
+        [d] = first.response.claims[uid].devices
+        assert d.share_id == sid
+        assert list(d.cdi_device_ids) == [f"k8s.gpu.kubegpu.io/device={uid}-gpu-0-{sid}"]
+        env = json.loads(cdi_spec_path(bed.cdi_dir, uid).read_text())["containerEdits"]["env"]
+        assert "KUBEGPU_GPU_CORE_PERCENT=30" in env and f"KUBEGPU_GPU_MEMORY_BYTES={20 * 2**30}" in env
+        assert not any(e.startswith("CUDA_MPS_") for e in env)
+        # PodResources reports the share ID (s8).
+        dyn = bed.kubelet.pod_resources(pods[0]["metadata"]["uid"])["ctr"][0]
+        res = dyn["claim_resources"][0]
+        assert res["share_id"] == sid
+        rec_dyn = fixture("s8-podresources-consumable-capacity.json")["List"]["pod_resources"][0]["containers"][0][
+            "dynamic_resources"][0]
+        assert set(dyn) == set(rec_dyn) and set(res) == set(rec_dyn["claim_resources"][0])
+        assert res["cdi_devices"] == [{"name": f"k8s.gpu.kubegpu.io/device={uid}-gpu-0-{sid}"}]
+        # Pod 1 ends: the waiting claim now fits and is prepared.
+        bed.delete(pods[0])
+        assert bed.run(pods[3]) and bed.wait(lambda: bed.running(pods[3]))
+        # Without capacity.requests: the policy defaults (10 %, 10Gi).
+        _claim(bed, "slice-default", {"deviceClassName": "shared-gpu.kubegpu.io", "allocationMode": "ExactCount",
+                                      "count": 1})
+        pd = bed.pod("s4-pod-default", [{"name": "gpu", "resourceClaimName": "slice-default"}])
+        assert bed.run(pd)
+        got = bed.claim("slice-default")["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"]
+        want = fixture("s4-claim-slice-default.json")["status"]["allocation"]["devices"]["results"][0]
+        assert got == want["consumedCapacity"]
+        # compute: 150 is accepted by the API and cannot be allocated.
+        _claim(bed, "slice-bad", {"deviceClassName": "shared-gpu.kubegpu.io", "allocationMode": "ExactCount",
+                                  "count": 1, "capacity": {"requests": {"compute": "150"}}})
+        assert not bed.run(bed.pod("s4-pod-bad", [{"name": "gpu", "resourceClaimName": "slice-bad"}]))
+    finally:
+        bed.close()
+
+
+def test_mps_variables_for_shares(root: Path) -> None:
+    bed = make_bed(root, shared="all")
+    try:
+        assert bed.settings is not None
+        bed.settings = replace(bed.settings, mps=True)
+        _ready(bed)
+        _classes(bed)
+        _claim(bed, "s", {"deviceClassName": "shared-gpu.kubegpu.io", "allocationMode": "ExactCount", "count": 1,
+                          "capacity": {"requests": {"compute": "25", "memory": "4Gi"}}})
+        pod = bed.pod("p", [{"name": "gpu", "resourceClaimName": "s"}])
+        assert bed.run(pod) and bed.wait(lambda: bed.running(pod))
+        uid = bed.claim("s")["metadata"]["uid"]
+        spec = json.loads(cdi_spec_path(bed.cdi_dir, uid).read_text())
+        env = spec["containerEdits"]["env"]
+        assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in env
+        assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M" in env
+        assert any(m["containerPath"] == "/dev/shm" for m in spec["containerEdits"]["mounts"])
+    finally:
+        bed.close()
+
+
+def test_mig_claim_then_whole_gpu_waits(root: Path) -> None:
+    bed = make_bed(root, topology="a100-mig")
+    try:
+        _ready(bed, n_slices=2)
+        _classes(bed)
+        mig = {"deviceClassName": "mig.kubegpu.io", "allocationMode": "ExactCount", "count": 1,
+               "selectors": [{"cel": {"expression": 'device.attributes["gpu.kubegpu.io"].profile == "1g.10gb"'}}]}
+        _claim(bed, "mig-1g", mig)
+        p = bed.pod("mig", [{"name": "gpu", "resourceClaimName": "mig-1g"}])
+        assert bed.run(p) and bed.wait(lambda: bed.running(p))
+        [r] = bed.claim("mig-1g")["status"]["allocation"]["devices"]["results"]
+        assert r["device"] == "gpu-0-mig-1g10gb-13"
+        uid = bed.claim("mig-1g")["metadata"]["uid"]
+        env = json.loads(cdi_spec_path(bed.cdi_dir, uid).read_text())["containerEdits"]["env"]
+        mig_uuid = next(m.uuid for g in bed.backend.discover().gpus for m in g.mig_devices if m.gi == 13)
+        assert f"NVIDIA_VISIBLE_DEVICES={mig_uuid}" in env
+        # The parent of a used MIG device cannot be given whole (counters), another GPU can.
+        whole = {"deviceClassName": "gpu.kubegpu.io", "allocationMode": "ExactCount", "count": 1,
+                 "selectors": [{"cel": {"expression": 'device.attributes["gpu.kubegpu.io"].index == 0'}}]}
+        _claim(bed, "whole-gpu-0", whole)
+        assert not bed.run(bed.pod("full", [{"name": "gpu", "resourceClaimName": "whole-gpu-0"}]))
+        assert bed.allocator.last_failure == UNSCHEDULABLE
+        whole["selectors"] = [{"cel": {"expression": 'device.attributes["gpu.kubegpu.io"].index == 2'}}]
+        _claim(bed, "whole-gpu-2", whole)
+        assert bed.run(bed.pod("full2", [{"name": "gpu", "resourceClaimName": "whole-gpu-2"}]))
+    finally:
+        bed.close()
+
+
+def test_extended_resource_claim(bed: Bed) -> None:
+    _ready(bed)
+    _classes(bed)
+    bed.put(fixture("s6-deviceclass.json"))
+    pod = bed.pod("s6-pod", [], containers=[{"name": "ctr", "image": "pause",
+                                             "resources": {"limits": {"nvidia.com/gpu": "1"}}}])
+    assert bed.run(pod) and bed.wait(lambda: bed.running(pod))
+    [claim] = bed.api.objects("resourceclaims", GROUP, "default")
+    rec = fixture("s6-claim.json")
+    assert claim["metadata"]["annotations"] == rec["metadata"]["annotations"]
+    assert claim["spec"] == rec["spec"]
+    call = bed.kubelet.calls[-1]
+    assert list(call.response.claims[claim["metadata"]["uid"]].devices[0].request_names) == ["container-0-request-0"]
+    st = bed.api.get_object("pods", "s6-pod", "default")["status"]["extendedResourceClaimStatus"]
+    assert st["requestMappings"] == fixture("s6-pod.json")["status"]["extendedResourceClaimStatus"]["requestMappings"]
+
+
+def test_taints_skip_devices_and_tolerations_are_copied(bed: Bed) -> None:
+    _ready(bed)
+    _classes(bed)
+    bed.backend.inject_xid(0, 79)
+    assert bed.wait(lambda: "taints" in bed.slices()[0]["spec"]["devices"][0])
+    taint = bed.slices()[0]["spec"]["devices"][0]["taints"][0]
+    rec = fixture("s5-resourceslice-tainted.json")["spec"]["devices"][0]["taints"][0]
+    assert {k: v for k, v in taint.items() if k != "timeAdded"} == {k: v for k, v in rec.items() if k != "timeAdded"}
+    assert bed.slices()[0]["spec"]["pool"]["generation"] >= 2
+    req = {"deviceClassName": "gpu.kubegpu.io", "allocationMode": "ExactCount", "count": 1}
+    _claim(bed, "avoid", req)
+    assert bed.run(bed.pod("avoid", [{"name": "gpu", "resourceClaimName": "avoid"}]))
+    assert bed.claim("avoid")["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-1"
+    idx0 = dict(req, selectors=[{"cel": {"expression": 'device.attributes["gpu.kubegpu.io"].index == 0'}}])
+    _claim(bed, "intolerant", idx0)
+    assert not bed.run(bed.pod("intolerant", [{"name": "gpu", "resourceClaimName": "intolerant"}]))
+    tol = [{"effect": "NoSchedule", "key": "gpu.kubegpu.io/xid-error", "operator": "Exists"}]
+    _claim(bed, "tolerate", dict(idx0, tolerations=tol))
+    assert bed.run(bed.pod("tolerate", [{"name": "gpu", "resourceClaimName": "tolerate"}]))
+    res = bed.claim("tolerate")["status"]["allocation"]["devices"]["results"][0]
+    want = fixture("s5-claim-taint-tolerate.json")["status"]["allocation"]["devices"]["results"][0]
+    assert res == want
+    # The kubelet's health stream saw it; recovery removes the taint.
+    p = bed.kubelet.plugins[DRIVER]
+    assert bed.wait(lambda: p.health.get(("gpu-node-1", "gpu-0")) == "UNHEALTHY")
+    bed.backend.recover(0)
+    assert bed.wait(lambda: "taints" not in bed.slices()[0]["spec"]["devices"][0])
+    assert bed.wait(lambda: p.health.get(("gpu-node-1", "gpu-0")) == "HEALTHY")
+
+
+def test_kubelet_restart_wipes_slices_and_prepares_again(bed: Bed) -> None:
+    _ready(bed)
+    _classes(bed)
+    _claim(bed, "restart-claim", {"deviceClassName": "gpu.kubegpu.io", "allocationMode": "ExactCount", "count": 1})
+    pod = bed.pod("s7", [{"name": "gpu", "resourceClaimName": "restart-claim"}])
+    assert bed.run(pod) and bed.wait(lambda: bed.running(pod))
+    uid = bed.claim("restart-claim")["metadata"]["uid"]
+    first = bed.kubelet.calls[-1].response.claims[uid]
+    before = json.loads((bed.kubelet.checkpoint_path).read_text())
+    want = fixture("checkpoint-dra_manager_state-before-kubelet-restart.json")
+    assert set(before) == set(want)
+    entry = json.loads(before["Data"])["ClaimInfoStateList"][0]
+    rec_entry = json.loads(want["Data"])["ClaimInfoStateList"][0]
+    assert set(entry) == set(rec_entry)
+    assert set(entry["DriverState"][DRIVER]["Devices"][0]) == set(rec_entry["DriverState"][DRIVER]["Devices"][0])
+    # Restart: the kubelet deletes the node's slices; the driver publishes them again.
+    bed.kubelet.stop()
+    from kubegpu_standins.dra_kubelet import DraKubelet
+
+    k2 = DraKubelet(bed.api, bed.root / "kubelet", "gpu-node-1", retry_s=0.3)
+    bed.kubelet = k2
+    k2.start()
+    assert any("Deleted ResourceSlices" in e for e in k2.events)
+    assert bed.wait(lambda: DRIVER in k2.plugins and len(bed.slices()) == 1)
+    k2.add_pod(bed.api.get_object("pods", "s7", "default"))
+    assert bed.wait(lambda: bed.running(pod))
+    again = k2.calls[-1].response.claims[uid]
+    assert again == first  # idempotent: the same answer
+    entry = json.loads(json.loads(k2.checkpoint_path.read_text())["Data"])["ClaimInfoStateList"][0]
+    assert len(entry["DriverState"][DRIVER]["Devices"]) == 2  # the recorded upstream quirk
+    assert bed.delete(pod) == [uid]
+
+
+def test_daemon_restart_keeps_prepared_claims(bed: Bed) -> None:
+    _ready(bed)
+    _classes(bed)
+    _claim(bed, "c", {"deviceClassName": "gpu.kubegpu.io", "allocationMode": "ExactCount", "count": 1})
+    pod = bed.pod("p", [{"name": "gpu", "resourceClaimName": "c"}])
+    assert bed.run(pod) and bed.wait(lambda: bed.running(pod))
+    uid = bed.claim("c")["metadata"]["uid"]
+    bed.stop_daemon()
+    cdi_spec_path(bed.cdi_dir, uid).unlink()  # a reboot empties /var/run/cdi
+    d = bed.start_daemon()
+    assert d.preparer is not None and uid in d.preparer.claims
+    assert d.preparer.prepare("default", uid, "c")[0].device == "gpu-0"
+    assert cdi_spec_path(bed.cdi_dir, uid).exists()
+    assert bed.wait(lambda: DRIVER in bed.kubelet.plugins and bed.kubelet.plugins[DRIVER].connected)
+    assert bed.delete(pod) == [uid]
+    assert d.preparer.claims == {}
+
+
+def test_plugin_down_slices_wiped_prepare_retried(root: Path) -> None:
+    bed = make_bed(root, wipe_delay_s=3.0, retry_s=0.3)
+    try:
+        _ready(bed)
+        _classes(bed)
+        _claim(bed, "noplugin-claim", {"deviceClassName": "gpu.kubegpu.io", "allocationMode": "ExactCount",
+                                       "count": 1})
+        bed.stop_daemon()
+        # Still scheduled: the slices exist until the kubelet's grace period ends.
+        pod = bed.pod("s7-noplugin", [{"name": "gpu", "resourceClaimName": "noplugin-claim"}])
+        assert bed.run(pod)
+        assert bed.wait(lambda: any(c.error for c in bed.kubelet.calls))
+        assert bed.wait(lambda: bed.slices() == [])
+        assert not bed.running(pod)
+        bed.start_daemon()
+        assert bed.wait(lambda: bed.running(pod))
+        assert bed.wait(lambda: len(bed.slices()) == 1)
+    finally:
+        bed.close()
+
+
+def test_failed_prepare_is_retried_then_succeeds(bed: Bed) -> None:
+    _ready(bed)
+    _classes(bed)
+    _claim(bed, "fail-claim", {"deviceClassName": "gpu.kubegpu.io", "allocationMode": "ExactCount", "count": 1})
+    bed.fail["fail-claim"] = "injected failure: GPU fail-claim could not be prepared (simulated NVML error)"
+    pod = bed.pod("s7-fail", [{"name": "gpu", "resourceClaimName": "fail-claim"}])
+    assert bed.run(pod)
+    assert bed.wait(lambda: sum(1 for c in bed.kubelet.calls if c.method == "NodePrepareResources") >= 2)
+    assert not bed.running(pod)
+    assert any("NodePrepareResources failed for ResourceClaim fail-claim: injected failure" in e
+               for e in bed.kubelet.events)
+    bed.fail.clear()
+    assert bed.wait(lambda: bed.running(pod))
+    assert [c.method for c in bed.kubelet.calls].count("NodeUnprepareResources") == 0
+
+
+def test_prepare_refuses_a_recreated_claim(bed: Bed) -> None:
+    _ready(bed)
+    _classes(bed)
+    _claim(bed, "c", {"deviceClassName": "gpu.kubegpu.io", "allocationMode": "ExactCount", "count": 1})
+    assert bed.daemon is not None and bed.daemon.preparer is not None
+    from kubegpu.node.dra.prepare import PrepareError
+
+    with pytest.raises(PrepareError, match="not allocated"):
+        bed.daemon.preparer.prepare("default", bed.claim("c")["metadata"]["uid"], "c")
+    with pytest.raises(PrepareError, match="has UID"):
+        bed.daemon.preparer.prepare("default", "not-the-uid", "c")
+    with pytest.raises(PrepareError, match="cannot read ResourceClaim default/missing"):
+        bed.daemon.preparer.prepare("default", "u", "missing")
+
+
+def test_registration_socket_served_again_when_deleted(bed: Bed) -> None:
+    _ready(bed)
+    assert bed.daemon is not None and bed.daemon.plugin is not None
+    sock = bed.daemon.plugin.registration_socket
+    sock.unlink()
+    assert bed.wait(lambda: sock.exists())
+    assert bed.wait(lambda: bed.daemon.plugin.registrations >= 2)  # type: ignore[union-attr]
+    assert any("Unregistered DRA plugin" in e or "Registered DRA plugin" in e for e in bed.kubelet.events)
+
+
+def test_fixture_objects_are_accepted_by_the_stand_in_api(bed: Bed) -> None:
+    for f in ("s1-deviceclass.json", "s1-resourceslice.json", "s3-resourceslice-counters.json",
+              "s3-resourceslice-devices.json", "s4-resourceslice.json", "s5-claim-taint-tolerate.json"):
+        obj = strip_server(fixture(f))
+        if obj["kind"] == "ResourceSlice":
+            obj["metadata"]["name"] += "-copy"
+        bed.api.put_object(obj)
+    assert FIXTURES.is_dir()
