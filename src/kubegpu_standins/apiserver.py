@@ -46,7 +46,9 @@ stream, as an API server restart does) and a count of requests per verb.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
+import functools
 import json
 import logging
 import re
@@ -247,6 +249,14 @@ def _split_terms(selector: str) -> list[str]:
     return [t.strip() for t in terms if t.strip()]
 
 
+def _in_set(key: str, values: frozenset[str], inside: bool, labels: Mapping[str, str]) -> bool:
+    return (labels.get(key) in values) == inside
+
+
+def _has_key(key: str, present: bool, labels: Mapping[str, str]) -> bool:
+    return (key in labels) == present
+
+
 def label_matcher(selector: str | None) -> Callable[[dict[str, Any]], bool]:
     if not selector:
         return lambda o: True
@@ -254,19 +264,13 @@ def label_matcher(selector: str | None) -> Callable[[dict[str, Any]], bool]:
     for term in _split_terms(selector):
         if m := re.fullmatch(r"([\w./-]+)\s+(in|notin)\s+\((.*)\)", term):
             key, op, vals = m.group(1), m.group(2), {v.strip() for v in m.group(3).split(",")}
-            if op == "in":
-                tests.append(lambda lb, k=key, vs=vals: lb.get(k) in vs)
-            else:
-                tests.append(lambda lb, k=key, vs=vals: lb.get(k) not in vs)
+            tests.append(functools.partial(_in_set, key, frozenset(vals), op == "in"))
         elif m := re.fullmatch(r"([\w./-]+)\s*(==|!=|=)\s*([\w./-]*)", term):
             key, op, val = m.groups()
-            if op == "!=":
-                tests.append(lambda lb, k=key, v=val: lb.get(k) != v)
-            else:
-                tests.append(lambda lb, k=key, v=val: lb.get(k) == v)
+            tests.append(functools.partial(_in_set, key, frozenset({val}), op != "!="))
         elif m := re.fullmatch(r"(!?)([\w./-]+)", term):
             neg, key = m.groups()
-            tests.append(lambda lb, k=key, n=bool(neg): (k in lb) != n)
+            tests.append(functools.partial(_has_key, key, not neg))
         else:
             raise ApiStatusError(400, "BadRequest", f"unsupported label selector {term!r}")
     return lambda o: all(t((o.get("metadata") or {}).get("labels") or {}) for t in tests)
@@ -453,7 +457,7 @@ class Store:
         self.update(_BY_PATH[("", "v1", "pods")], namespace, name, assign)
 
     def watch(self, kind: Kind, namespace: str | None, matches: Callable[[dict[str, Any]], bool],
-              since: int | None, loop: asyncio.AbstractEventLoop) -> tuple[_Watcher, list[_Change] | None]:
+              since: int | None, loop: asyncio.AbstractEventLoop) -> tuple[_Watcher, builtins.list[_Change] | None]:
         """Open a watch. Returns the changes to replay first (``None`` = too old: 410)."""
         with self._lock:
             w = _Watcher(kind, namespace, matches, loop)
@@ -774,16 +778,16 @@ class ApiServer:
                             return
                         wait = left if wait is None else min(wait, left)
                     try:
-                        change = await asyncio.wait_for(w.queue.get(), wait)
+                        pending: _Change | None = await asyncio.wait_for(w.queue.get(), wait)
                     except TimeoutError:
                         if bookmarks:
                             yield _encode({"type": "BOOKMARK", "object": {
                                 "kind": kind.kind, "apiVersion": kind.api_version,
                                 "metadata": {"resourceVersion": str(self.store.resource_version)}}}) + b"\n"
                         continue
-                    if change is None:
+                    if pending is None:
                         return
-                    if (ev := _visible(change, w)) is not None:
+                    if (ev := _visible(pending, w)) is not None:
                         yield _encode({"type": ev[0], "object": ev[1]}) + b"\n"
             finally:
                 self.store.unwatch(w)

@@ -101,7 +101,7 @@ class StandinScheduler:
             node = feasible[0]["metadata"]["name"]
             self._default_bind(pod, node)
             return ScheduleResult(key, node, "bound by the default binder")
-        args = {"Pod": _cached(pod), "Nodes": None, "NodeNames": None}
+        args: dict[str, Any] = {"Pod": _cached(pod), "Nodes": None, "NodeNames": None}
         if self.node_cache_capable:
             args["NodeNames"] = [n["metadata"]["name"] for n in feasible]
         else:

@@ -42,6 +42,7 @@ def test_help_fits_80_columns_and_cuts_nothing(command: str) -> None:
     text = help_text(*([command] if command else []))
     assert all(len(line) <= 80 for line in text.splitlines()), text
     assert "…" not in text and "<bool>" not in text, text
+    assert "\\[" not in text, text  # plain click help: no escaped rich markup
 
 
 @pytest.mark.parametrize("command", DESCRIBED)

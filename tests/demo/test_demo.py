@@ -169,3 +169,14 @@ def test_too_deep_workdir_is_refused_before_anything_starts(tmp_path: Path) -> N
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["ok"] is False and "unix socket" in out["error"]
     assert not deep.exists()
+
+
+def test_live_view_shows_the_time_slicing_replica_pod(summary: dict[str, Any]) -> None:
+    """The replica pod holds no extender record; the live view shows it from the Node and the pod."""
+    node = next(n for n in summary["view"]["nodes"] if n["name"] == "a100-mig")
+    (replicas,) = node["replicas"]
+    assert replicas["resource"] == "nvidia.com/sharedgpu" and replicas["per_gpu"] == 4
+    assert [(h["pod"], h["container"]) for h in replicas["holders"]] == [("demo/replica", "notebook")]
+    assert summary["view"]["totals"]["replica_pods"] == 1
+    assert all(g["replica_only"] for g in node["gpus"] if not g["mig_enabled"])
+    assert "demo/replica[notebook]" in summary["_stderr"]

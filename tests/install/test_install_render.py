@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import kubernetes_validate
@@ -204,3 +205,164 @@ def test_rendered_args_are_accepted_by_the_commands(tmp_path: Path) -> None:
     node_args = _container_args(objs, "DaemonSet", "node")
     result = CliRunner().invoke(app, [*node_args, "--standalone", "--inventory", "t4x4", "--dry-run", "--json"])
     assert result.exit_code == 0, result.output
+
+
+# --- Kubernetes releases --------------------------------------------------------------------------------
+
+RELEASES = [f"1.{m}" for m in range(24, 38)]
+
+
+def _schema_version(release: str) -> str:
+    # kubernetes-validate ships schemas from 1.25; 1.24's objects are checked against 1.25's (strict: a
+    # field 1.25 lacks, such as matchConditions, still fails) plus the API versions 1.24 serves.
+    return "1.25.0" if release == "1.24" else f"{release}.0"
+
+
+@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize("mode", ["full", "node-only"])
+def test_every_release_renders_objects_its_api_server_accepts(release: str, mode: str) -> None:
+    v = values_from_dict({"mode": mode, "kubeVersion": release})
+    objs = render(v)
+    for obj in objs:
+        if obj["apiVersion"] in FOREIGN:
+            continue
+        kubernetes_validate.validate(obj, _schema_version(release), strict=True)
+    minor = int(release.split(".")[1])
+    kinds = {o["kind"] for o in objs}
+    assert ("ValidatingAdmissionPolicy" in kinds) == (minor >= 30)
+    if mode == "full":
+        cfg = scheduler_config(v)
+        assert cfg["apiVersion"] == ("kubescheduler.config.k8s.io/v1" if minor >= 25
+                                     else "kubescheduler.config.k8s.io/v1beta3")
+        image = next(c["image"] for o in _by_kind(objs, "Deployment") for c in o["spec"]["template"]["spec"]
+                     ["containers"] if c["name"] == "kube-scheduler")
+        assert image == f"registry.k8s.io/kube-scheduler:v{release}.0"
+        for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+            (hook,) = _by_kind(objs, kind)[0]["webhooks"]
+            # Without matchConditions the webhook would sit in front of every pod: it must not refuse
+            # plain pods while down.
+            assert ("matchConditions" in hook) == (minor >= 28)
+            assert hook["failurePolicy"] == ("Fail" if minor >= 28 else "Ignore")
+
+
+def test_default_release_is_the_newest() -> None:
+    from kubegpu.install.values import NEWEST_KUBE
+
+    assert scheduler_config(Values())["apiVersion"].endswith("/v1")
+    assert f"1.{NEWEST_KUBE[1]}" == RELEASES[-1]
+    assert render(Values()) == render(values_from_dict({"kubeVersion": RELEASES[-1]}))
+
+
+@pytest.mark.parametrize("release", ["1.23", "1.38", "2.0", "latest", "1"])
+def test_unsupported_releases_are_refused(release: str) -> None:
+    with pytest.raises(ValuesError, match="kubeVersion"):
+        values_from_dict({"kubeVersion": release})
+    result = CliRunner().invoke(app, ["manifests", "--kube-version", release])
+    assert result.exit_code == 2 and "kubeVersion" in result.output
+
+
+def test_cli_kube_version_flag_and_notes() -> None:
+    result = CliRunner().invoke(app, ["manifests", "--kube-version", "1.27"])
+    assert result.exit_code == 0, result.output
+    assert "kubescheduler.config.k8s.io/v1" in result.stdout and "matchConditions" not in result.stdout
+    assert "note: Kubernetes 1.27 has no webhook matchConditions" in result.stderr
+
+
+# --- NVIDIA chart keys ----------------------------------------------------------------------------------
+
+def _daemonset(objs: list[dict]) -> dict:
+    (ds,) = _by_kind(objs, "DaemonSet")
+    return ds
+
+
+def test_nvidia_pod_keys_reach_the_daemonset() -> None:
+    objs = render(values_from_dict({
+        "imagePullSecrets": [{"name": "regcred"}], "podAnnotations": {"a": "b"},
+        "securityContext": {"privileged": True}, "updateStrategy": {"type": "OnDelete"},
+        "fullnameOverride": "gpu-plugin", "namespaceOverride": "gpu-operator",
+        "deviceDiscoveryStrategy": "nvml", "cdi": {"nvidiaHookPath": "/opt/nvidia/nvidia-cdi-hook"},
+        "gfd": {"enabled": True}, "nfd": {"enabled": False}, "mode": "node-only",
+    }))
+    ds = _daemonset(objs)
+    pod = ds["spec"]["template"]
+    assert ds["metadata"]["name"] == "gpu-plugin" and ds["metadata"]["namespace"] == "gpu-operator"
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["metadata"]["annotations"] == {"a": "b"}
+    assert pod["spec"]["containers"][0]["securityContext"] == {"privileged": True}
+    assert ds["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert pod["spec"]["serviceAccountName"] == "gpu-plugin"
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["DEVICE_DISCOVERY_STRATEGY"] == "nvml"
+    assert env["NVIDIA_CDI_HOOK_PATH"] == "/opt/nvidia/nvidia-cdi-hook"
+    (policy,) = _by_kind(objs, "ValidatingAdmissionPolicy")
+    assert "system:serviceaccount:gpu-operator:gpu-plugin" in policy["spec"]["matchConditions"][0]["expression"]
+    assert {o["metadata"].get("namespace") for o in objs} <= {None, "gpu-operator"}
+
+
+def test_config_name_mounts_an_existing_configmap() -> None:
+    objs = render(values_from_dict({"config": {"name": "my-plugin-config", "default": "a100"}}))
+    spec = _daemonset(objs)["spec"]["template"]["spec"]
+    assert {"name": "config", "configMap": {"name": "my-plugin-config"}} in spec["volumes"]
+    assert not [o for o in _by_kind(objs, "ConfigMap") if o["metadata"]["name"] == "my-plugin-config"]
+    env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+    assert env["CONFIG_FILE"] == "/config/a100" and env["CONFIG_DIR"] == "/config"
+
+
+@pytest.mark.parametrize(("config", "chosen"), [
+    ({"map": {"default": "version: v1\n", "ts": "version: v1\n"}}, "default"),  # named
+    ({"map": {"only": "version: v1\n"}}, "only"),  # single
+    ({"map": {"default": "version: v1\n", "ts": "version: v1\n"}, "default": "ts"}, "ts"),
+    ({"map": {"only": "version: v1\n"}, "fallbackStrategies": ["named"], "default": "only"}, "only"),
+])
+def test_config_default_and_fallback_strategies(config: dict, chosen: str) -> None:
+    spec = _daemonset(render(values_from_dict({"config": config})))["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+    assert env["CONFIG_FILE"] == f"/config/{chosen}"
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ({"config": {"map": {"a": "version: v1\n"}, "default": "b"}}, "config.default: 'b' is not an entry"),
+    ({"config": {"map": {"a": "version: v1\n", "b": "version: v1\n"}}}, "none is chosen"),
+    ({"config": {"map": {"a": "version: v1\n"}, "fallbackStrategies": ["named"]}}, "none is chosen"),
+    ({"config": {"map": {"a": "x"}, "name": "cm"}}, "config.name and config.map"),
+    ({"config": {"fallbackStrategies": ["first"]}}, "fallbackStrategies"),
+    ({"nfd": {"enabled": True}}, "nfd.enabled"),
+    ({"gfd": {"enabled": False}}, "gfd.enabled"),
+    ({"gfd": {"nameOverride": "x"}}, "nameOverride"),
+    ({"deviceDiscoveryStrategy": "tegra"}, "deviceDiscoveryStrategy: 'tegra'"),
+    ({"deviceDiscoveryStrategy": "vfio"}, "deviceDiscoveryStrategy: 'vfio'"),
+    ({"webhook": {"certManager": False}}, "webhook.caBundle"),
+    ({"imagePullSecrets": [{"secret": "x"}]}, "imagePullSecrets"),
+])
+def test_values_that_cannot_work_are_refused(raw: dict, message: str) -> None:
+    with pytest.raises(ValuesError, match=re.escape(message)):
+        values_from_dict(raw)
+
+
+def test_node_only_needs_no_ca() -> None:
+    values_from_dict({"mode": "node-only", "webhook": {"certManager": False}})
+
+
+def test_mig_monitoring_only_for_mig_strategies() -> None:
+    def ctx_env(raw: dict) -> tuple[dict, set[str]]:
+        c = _daemonset(render(values_from_dict(raw)))["spec"]["template"]["spec"]["containers"][0]
+        return c["securityContext"], {e["name"] for e in c["env"]}
+
+    ctx, env = ctx_env({})
+    assert "add" not in ctx["capabilities"] and "NVIDIA_MIG_MONITOR_DEVICES" not in env
+    for raw in ({"migStrategy": "single"}, {"config": {"map": {"m": "version: v1\nflags:\n  migStrategy: mixed\n"}}}):
+        ctx, env = ctx_env(raw)
+        assert ctx["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]} and "NVIDIA_MIG_MONITOR_DEVICES" in env
+    ctx, env = ctx_env({"migStrategy": "none", "config": {"map": {"m": "flags:\n  migStrategy: mixed\n"}}})
+    assert "add" not in ctx["capabilities"]  # the value wins over the files, as in NVIDIA's chart
+
+
+def test_runtime_class_per_role() -> None:
+    objs = render(values_from_dict({"runtimeClassName": "nvidia", "scheduler": {"runtimeClassName": "kata"},
+                                    "webhook": {"runtimeClassName": "gvisor"}}))
+    by_name = {o["metadata"]["name"]: o["spec"]["template"]["spec"].get("runtimeClassName")
+               for o in objs if o["kind"] in ("DaemonSet", "Deployment")}
+    assert by_name == {"kubegpu-node": "nvidia", "kubegpu-scheduler": "kata", "kubegpu-webhook": "gvisor"}
+    objs = render(Values())
+    assert all("runtimeClassName" not in o["spec"]["template"]["spec"] for o in objs
+               if o["kind"] in ("DaemonSet", "Deployment"))

@@ -46,8 +46,22 @@ def test_volume_mounts(kubelet: StandinKubelet, make_daemon: Any) -> None:
         ("/dev/null", f"/var/run/nvidia-container-devices/{u}") for u in got.device_ids]
 
 
-def test_cdi_annotations_and_spec_file(kubelet: StandinKubelet, make_daemon: Any, sockdir: Path) -> None:
-    d, _ = make_daemon("t4x4", flags={"device-list-strategy": "cdi-annotations"})
+def _toolkit(tmp_path: Path, topology: str) -> str:
+    """The NVIDIA Container Toolkit (a recording stand-in) under a driver root; returns the root."""
+    import fake_nvidia_ctk
+
+    from kubegpu.inventory.topology import load_topology
+
+    inv = load_topology(topology).inventory
+    names = [(n, g.minor) for g in inv.gpus for n in (g.uuid, str(g.index))]
+    fake_nvidia_ctk.install(tmp_path / "driver-root", "/usr/bin/nvidia-ctk", names)
+    return str(tmp_path / "driver-root")
+
+
+def test_cdi_annotations_and_spec_file(kubelet: StandinKubelet, make_daemon: Any, sockdir: Path,
+                                       tmp_path: Path) -> None:
+    d, _ = make_daemon("t4x4", flags={"device-list-strategy": "cdi-annotations",
+                                      "container-driver-root": _toolkit(tmp_path, "t4x4")})
     _ready(kubelet)
     got = kubelet.allocate(GPU, 1)
     (key, value), = got.response.annotations.items()
@@ -61,15 +75,18 @@ def test_cdi_annotations_and_spec_file(kubelet: StandinKubelet, make_daemon: Any
         assert g.uuid in names and str(g.index) in names
     by_name = {dev["name"]: dev for dev in spec["devices"]}
     g0 = d.inventory.gpus[0]
-    assert by_name[g0.uuid]["containerEdits"]["deviceNodes"] == [{"path": f"/dev/nvidia{g0.minor}"}]
-    assert {n["path"] for n in spec["containerEdits"]["deviceNodes"]} == {
-        "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
+    assert by_name[g0.uuid]["containerEdits"]["deviceNodes"] == [{"path": f"/dev/nvidia{g0.minor}",
+                                                                  "hostPath": f"/dev/nvidia{g0.minor}"}]
+    # The toolkit's spec: the driver's libraries and the ldcache hook, not device nodes alone.
+    assert any("libcuda.so" in m["containerPath"] for m in spec["containerEdits"]["mounts"])
+    assert spec["containerEdits"]["hooks"]
     # Written atomically: no temp file left behind.
     assert [p.name for p in (sockdir / "cdi").iterdir()] == ["k8s.device-plugin.nvidia.com-gpu.json"]
 
 
-def test_cdi_cri_with_index_names(kubelet: StandinKubelet, make_daemon: Any) -> None:
-    d, _ = make_daemon("t4x4", flags={"device-list-strategy": "cdi-cri,envvar", "device-id-strategy": "index"})
+def test_cdi_cri_with_index_names(kubelet: StandinKubelet, make_daemon: Any, tmp_path: Path) -> None:
+    d, _ = make_daemon("t4x4", flags={"device-list-strategy": "cdi-cri,envvar", "device-id-strategy": "index",
+                                      "container-driver-root": _toolkit(tmp_path, "t4x4")})
     _ready(kubelet)
     got = kubelet.allocate(GPU, 2)
     index = {g.uuid: str(g.index) for g in d.inventory.gpus}

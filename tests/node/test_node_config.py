@@ -104,13 +104,17 @@ def test_nvidia_aliases_and_second_variables() -> None:
     assert by_alias.flags.plugin.container_driver_root == "/drv"
     assert by_alias.flags.nvidia_driver_root == "/run/nvidia/driver" and by_alias.flags.dev_root == "/run/nvidia/driver"
     env = load_config(env={"NVIDIA_CTK_PATH": "/old", "NVIDIA_CDI_HOOK_PATH": "/new",
-                           "CONTAINER_DRIVER_ROOT": "/c", "IMEX_CHANNEL_IDS": "0,3", "IMEX_REQUIRED": "true",
-                           "GFD_USE_NODE_FEATURE_API": "true", "CDI_FEATURE_FLAGS": "a,b"})
+                           "CONTAINER_DRIVER_ROOT": "/c", "IMEX_CHANNEL_IDS": "", "IMEX_REQUIRED": "false",
+                           "GFD_USE_NODE_FEATURE_API": "false", "CDI_FEATURE_FLAGS": "a,b"})
     assert env.flags.plugin.nvidia_ctk_path == "/new"  # NVIDIA reads NVIDIA_CDI_HOOK_PATH first
     assert env.flags.plugin.container_driver_root == "/c"
-    assert env.imex.channel_ids == (0, 3) and env.imex.required
-    assert env.flags.use_node_feature_api and env.flags.plugin.cdi_feature_flags == ("a", "b")
-    assert load_config(file={"imex": {"channelIDs": [1], "required": True}}).imex.channel_ids == (1,)
+    assert env.imex.channel_ids == () and not env.imex.required
+    assert not env.flags.use_node_feature_api and env.flags.plugin.cdi_feature_flags == ("a", "b")
+    # IMEX channels are not injected by kubegpu: asking for them is refused, naming the setting.
+    with pytest.raises(ConfigError, match=r"IMEX_CHANNEL_IDS: '0,3' is not supported"):
+        load_config(env={"IMEX_CHANNEL_IDS": "0,3"})
+    with pytest.raises(ConfigError, match=r"config.imex.required: True is not supported"):
+        load_config(file={"imex": {"required": True}})
     with pytest.raises(ConfigError, match="--nvidia-cdi-hook-path and --nvidia-ctk-path are the same setting"):
         load_config(flags={"nvidia-cdi-hook-path": "/a", "nvidia-ctk-path": "/b"})
     with pytest.raises(ConfigError, match="IMEX_CHANNEL_IDS: 'x' is not a channel number"):

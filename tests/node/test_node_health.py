@@ -28,7 +28,7 @@ def test_xid_marks_gpu_unhealthy_within_a_second_then_recovers(kubelet: StandinK
     # The GPU's slots go with it.
     assert kubelet.wait_for(lambda: {i.split("::")[0] for i in kubelet.unhealthy("kubegpu.io/gpu.shared")} == {g}, 1)
     assert d.metrics.xid_events.labels(xid="48")._value.get() == 1
-    assert d.metrics.gpu_healthy.labels(uuid=g)._value.get() == 0
+    assert d.metrics.gpu_healthy.labels(**d.metrics.device_labels(g))._value.get() == 0
     # Recovery: quiet for the interval and answering the probe -> Healthy again, no restart.
     assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 8, 5)
     assert kubelet.register_count(GPU) == 1

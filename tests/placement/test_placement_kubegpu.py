@@ -45,8 +45,8 @@ def test_reserve_loss_counts_only_nodes_that_lose_a_rare_host():
     terms = ReserveTerms.build(cl, wl)
     assert len(terms.cpu) == 1  # only the 120-core shape has fewer hosts than half the nodes
     rows = np.arange(cl.n_nodes)
-    choice = np.zeros((cl.n_nodes, 1), np.int64)
-    loss = terms.loss(cl, rows, one_gpu(), choice)
+    loss = KubegpuPolicy().reserve_loss(cl, ScoreContext(workload=wl), one_gpu(), rows,
+                                        cl.gpu_candidates(one_gpu())[rows])
     assert loss[0] == 1 and (loss[1:] == 0).all()
 
 
@@ -55,7 +55,8 @@ def test_no_reservation_while_hosts_outnumber_the_pods_expected():
     cl = cluster(3)
     wl = Workload.from_demands([one_gpu()] * 99 + [big_pod()])
     rows = np.arange(cl.n_nodes)
-    loss = ReserveTerms.build(cl, wl).loss(cl, rows, one_gpu(), np.zeros((cl.n_nodes, 1), np.int64))
+    loss = KubegpuPolicy().reserve_loss(cl, ScoreContext(workload=wl), one_gpu(), rows,
+                                        cl.gpu_candidates(one_gpu())[rows])
     assert (loss == 0).all()
 
 

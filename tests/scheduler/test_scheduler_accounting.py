@@ -83,16 +83,19 @@ def test_failed_binding_releases_the_assumption_and_retry_is_idempotent(cluster:
     elsewhere = pod("e", {"nvidia.com/gpu": "1"})
     elsewhere["spec"]["nodeName"] = "gpu-node-b"
     assert "already bound to gpu-node-b" in bind(cluster, elsewhere, "gpu-node-a")
-    assert cluster.ext.call(lambda: sorted(cluster.view.held)) == ["default/f", "default/g"]
-    # Filtered, then deleted and recreated under the same name before the bind: the Binding's UID
-    # precondition refuses it and nothing is held.
+    # "e" was put on gpu-node-b by someone else without GPUs recorded: only its CPU and memory are held.
+    assert cluster.ext.call(lambda: sorted(k for k, h in cluster.view.held.items() if h.alloc.containers)) == [
+        "default/f", "default/g"]
+    assert cluster.ext.call(lambda: cluster.view.held["default/e"].alloc.containers) == ()
+    # Filtered, then deleted and recreated under the same name before the bind: bind reads the pod
+    # (and the Binding carries a UID precondition), so it is refused and nothing is held.
     old = cluster.api.put_object(pod("r", {"nvidia.com/gpu": "1"}))
     assert cluster.post("/filter", {"Pod": old, "Nodes": None, "NodeNames": ["gpu-node-a"]}).json()["NodeNames"]
     cluster.api.store.delete(cluster.api.kind("pods"), "default", "r")
     cluster.api.put_object({**pod("r", {"nvidia.com/gpu": "1"})})
     r = cluster.post("/bind", {"PodName": "r", "PodNamespace": "default", "PodUID": old["metadata"]["uid"],
                                "Node": "gpu-node-a"})
-    assert "409" in r.json()["Error"] and "UID" in r.json()["Error"]
+    assert "recreated" in r.json()["Error"] and "UID" in r.json()["Error"]
     assert cluster.ext.call(lambda: "default/r" not in cluster.view.held)
     assert not cluster.api.get_object("pods", "r", "default")["spec"].get("nodeName")
 
@@ -224,36 +227,38 @@ def test_pods_with_several_containers_are_fitted_exactly_until_enough_nodes() ->
 
 
 def test_kept_scores_equal_fresh_scores_after_changes() -> None:
+    """The policies' kept per-row scores (keyed by row version and workload generation) equal scores
+    computed now by a fresh policy object, through holds that change rows and workload rebuilds."""
     import numpy as np
 
     from kubegpu.model.request import parse_pod
     from kubegpu.placement import get_policy, request_demand
+    from kubegpu.placement.workload import LearnedWorkload
 
-    view = ClusterView()
+    view = ClusterView(learner=LearnedWorkload(refresh_min=2, min_pods=2))
     names = []
     for i in range(6):
         inv = FakeBackend("dgx-a100", node_name=f"n{i}").discover()
         view.set_inventory(inv.name, inv)
         names.append(inv.name)
     shapes = [share(30, ratio=20), {"nvidia.com/gpu": "2"}, share(60, ratio=50)]
+    gens = set()
     for step in range(12):
         p = pod(f"p{step}", shapes[step % 3])
         out = view.filter(p, names, "kubegpu")
-        for policy in ("kubegpu", "bestfit", "spread"):
-            kept = view.prioritize(p, out.passed, policy)
-            # Fresh: the same normalisation over scores computed now, without the kept ones.
-            view._scores.clear()
-            assert view.prioritize(p, out.passed, policy) == kept
         rows = view.rows_of(out.passed, remember=False)
         demand = request_demand(parse_pod(p).gpu_containers[0].request)
         cand = view.cluster.gpu_candidates(demand)[rows]
         for policy in ("kubegpu", "fgd", "bestfit"):  # raw scores, before scaling hides small terms
-            assert np.allclose(view._node_scores(policy, demand, rows, cand),
-                               get_policy(policy).node_scores(view.cluster, demand, rows, cand,
-                                                              view.score_context())), (policy, step)
-        alloc, _ = view.choose(p, out.passed[step % len(out.passed)], "kubegpu")
-        view.hold(f"default/p{step}", f"u{step}", out.passed[step % len(out.passed)], alloc)
-    assert np.all(view._row_version >= 0) and get_policy("kubegpu").name == "kubegpu"
+            kept = view.node_scores(policy, demand, rows, cand)
+            assert np.allclose(kept, view.node_scores(policy, demand, rows, cand))
+            assert np.allclose(kept, get_policy(policy).node_scores(view.cluster, demand, rows, cand,
+                                                                    view.score_context())), (policy, step)
+        node = out.passed[step % len(out.passed)]
+        alloc, _ = view.choose(p, node, "kubegpu")
+        view.hold(f"default/p{step}", f"u{step}", node, alloc, pod=p)
+        gens.add(view.scoring.learner.generation)
+    assert len(gens) > 3  # the workload was rebuilt on the way, and kept scores followed
 
 
 def test_trace_style_model_names_select_nodes() -> None:
@@ -275,13 +280,12 @@ def test_trace_style_model_names_select_nodes() -> None:
     assert alloc is not None and len(alloc.grants()) == 2, why
 
 
-def test_policies_kept_per_node_really_score_each_node_on_its_own() -> None:
-    """The contract behind kept scores: for these policies a node's score does not depend on which
-    other nodes are scored with it. A policy that starts comparing nodes must leave ROW_LOCAL_POLICIES."""
+def test_policies_declared_row_local_really_score_each_node_on_its_own() -> None:
+    """The contract behind kept scores: where a policy says ``row_local(demand)``, a node's score does not
+    depend on which other nodes are scored with it. A policy that starts comparing nodes must say so."""
     import numpy as np
 
-    from kubegpu.placement import get_policy, request_demand
-    from kubegpu.scheduler.state import ROW_LOCAL_POLICIES, TIE_BREAKS
+    from kubegpu.placement import POLICY_NAMES, get_policy, request_demand
 
     view = ClusterView()
     names = []
@@ -291,25 +295,26 @@ def test_policies_kept_per_node_really_score_each_node_on_its_own() -> None:
         names.append(inv.name)
     for step, (node, limits) in enumerate([("n0", {"nvidia.com/gpu": "3"}), ("n1", share(50, ratio=50)),
                                            ("n4", share(30, ratio=10)), ("n2", {"nvidia.com/gpu": "1"})]):
-        alloc, _ = view.choose(pod(f"f{step}", limits), node, "kubegpu")
-        view.hold(f"default/f{step}", f"u{step}", node, alloc)
+        p = pod(f"f{step}", limits)
+        alloc, _ = view.choose(p, node, "kubegpu")
+        view.hold(f"default/f{step}", f"u{step}", node, alloc, pod=p)
     cluster, ctx = view.cluster, view.score_context()
     rows = view.rows_of(names)
+    checked = set()
     for limits in ({"nvidia.com/gpu": "1"}, {"nvidia.com/gpu": "2"}, share(25, ratio=25), share(50, mem="4Gi")):
         from kubegpu.model.request import parse_pod
 
         req = parse_pod(pod("q", limits)).gpu_containers[0].request
         demand = request_demand(req)
         cand = cluster.gpu_candidates(demand)[rows]
-        row_local = [*sorted(ROW_LOCAL_POLICIES), *(n for n in TIE_BREAKS if get_policy(n).row_local(demand))]
-        assert "kubegpu" in row_local or demand.count != 1 or demand.exclusive  # its shares are row-local
-        for name in row_local:
-            policy = get_policy(name)
-            together = np.asarray(policy.node_scores(cluster, demand, rows, cand, ctx), np.float64)
-            alone = [float(policy.node_scores(cluster, demand, rows[i:i + 1], cand[i:i + 1], ctx)[0])
+        assert get_policy("kubegpu").row_local(demand) == (demand.count == 1 and not demand.exclusive)
+        for name in POLICY_NAMES:
+            if not get_policy(name).row_local(demand):
+                continue
+            checked.add(name)
+            together = np.asarray(get_policy(name).node_scores(cluster, demand, rows, cand, ctx), np.float64)
+            alone = [float(get_policy(name).node_scores(cluster, demand, rows[i:i + 1], cand[i:i + 1], ctx)[0])
                      for i in range(len(rows))]
             assert np.allclose(together, alone), (name, limits)
-        for name in ("fgd", "bestfit", "spread", *TIE_BREAKS):
-            kept = view._node_scores(name, demand, rows, cand)
-            fresh = get_policy(name).node_scores(cluster, demand, rows, cand, ctx)
-            assert np.allclose(kept, fresh), (name, limits, kept, fresh)
+    assert checked == set(POLICY_NAMES) - {"random"}
+    assert get_policy("kubegpu").refines == "fgd"

@@ -122,7 +122,7 @@ def test_bad_bodies_are_400_with_a_message(cluster: Cluster) -> None:
     assert r.status_code == 400 and "neither NodeNames nor Nodes" in r.json()["Error"]
     huge = b'{"Pod": {}, "NodeNames": ["' + b"x" * (33 * 1024 * 1024) + b'"]}'
     r = cluster.post("/filter", huge)
-    assert r.status_code == 400 and "larger than" in r.json()["Error"]
+    assert r.status_code == 413 and "larger than" in r.json()["Error"]
     assert cluster.http.get("/healthz").status_code == 200
 
 

@@ -178,3 +178,29 @@ def test_model_constraints_and_cpu_limits_are_hard(tmp_path):
     r = replay(load_nodes(nodes), load_pods(pods), "bestfit", seed=0, inflate=0.1)
     # p0 wants a T4 but the T4 node has 4 cores: dropped. p1 runs on the V100 node.
     assert r.failed.get("1-gpu", 0) >= 1 and r.allocated_pct.max() > 0
+
+
+def test_time_replay_load_brings_contention_and_refuses_inflate(tmp_path):
+    from kubegpu.sim.timeline import load_for_peak, peak_demand
+
+    nodes = tmp_path / "n.csv"
+    nodes.write_text(NODE_HEADER + "a,8000,16384,2,T4\n")
+    pods = tmp_path / "p.csv"
+    # Three one-GPU pods of 100 s each, 1,000 s apart: never two at once as recorded.
+    pods.write_text(POD_HEADER + "".join(f"p{i},1000,1024,1,1000,,LS,R,{1000 * i},{1000 * i + 100},0\n"
+                                         for i in range(3)))
+    node_list, pod_list = load_nodes(nodes), load_pods(pods)
+    assert peak_demand(pod_list, 1.0) == 1000
+    assert replay_time(node_list, pod_list, "bestfit").failed == {}
+    factor = load_for_peak(pod_list, 2000, target=1.5)  # all three at once: compressed 1,000 s -> <= 50 s
+    assert peak_demand(pod_list, factor) >= 3000 > peak_demand(pod_list, factor / 2)
+    r = replay_time(node_list, pod_list, "bestfit", load=factor)
+    assert r.failed == {"1-gpu": 1} and r.load == factor and r.to_json()["peak_demand_pct"] == 150.0
+    res = CliRunner().invoke(app, ["simulate", "--nodes", str(nodes), "--pods", str(pods), "--replay-time",
+                                   "--inflate", "1.2", "--json"])
+    assert res.exit_code == 2 and "--load" in json.loads(res.output.strip().splitlines()[-1])["error"]
+    res = CliRunner().invoke(app, ["simulate", "--nodes", str(nodes), "--pods", str(pods), "--replay-time",
+                                   "--load", "40", "-p", "bestfit", "--json"])
+    out = json.loads(res.output.strip().splitlines()[-1])
+    assert res.exit_code == 0 and out["trace"]["load"] == 40.0
+    assert out["policies"]["bestfit"]["failed_pods"] == {"1-gpu": 1}

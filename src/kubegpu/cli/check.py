@@ -71,7 +71,7 @@ def _file_json(file: str, pod_specs: int, skipped: list[Skipped]) -> dict[str, A
 def describe_patch(pod: Any, ops: Any) -> list[str]:
     """What the webhook would add besides the canonical resources, in words."""
     out = []
-    spec = pod.get("spec") if isinstance(pod, dict) else {}
+    spec: Any = pod.get("spec") if isinstance(pod, dict) else {}
     for op in ops:
         parts = op["path"].split("/")
         if parts[2] == "tolerations":

@@ -16,6 +16,11 @@ def manifests(
     mode: str | None = typer.Option(None, help="Override the values' mode: node-only (drop-in for NVIDIA's "
                                     "device plugin) or full (node + scheduler extender + webhook)."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),
+    kube_version: str | None = typer.Option(
+        None, "--kube-version", metavar="1.X",
+        help="The cluster's Kubernetes release, 1.24 to the newest (default: the newest, or the values' "
+             "kubeVersion). Chooses the scheduler configuration version, matchConditions or their fallback, "
+             "the admission policies and the kube-scheduler image."),
     dra: bool = typer.Option(False, "--dra", help="Add the DRA driver (Kubernetes 1.34+): DeviceClasses, its DaemonSet "
                              "on nodes labelled kubegpu.io/kubelet-plugin=dra, RBAC (see kubegpu.install.dra)."),
     dra_extended_resource: bool = typer.Option(False, "--dra-extended-resource",
@@ -28,8 +33,12 @@ def manifests(
     """Render the install manifests (namespace, CRD, RBAC, DaemonSet, scheduler, webhook, ...) as multi-doc YAML.
 
     With no values file this prints the default install, the same as deploy/kubegpu.yaml.
+
+    Prerequisites: on every GPU node the NVIDIA driver and the NVIDIA Container Toolkit (with the NVIDIA
+    runtime as the default or as a RuntimeClass named in runtimeClassName); for the full mode also
+    cert-manager (or webhook.certManager: false with webhook.caBundle from `kubegpu webhook-certs`).
     """
-    from kubegpu.install.render import render, to_yaml
+    from kubegpu.install.render import notes, render, to_yaml
     from kubegpu.install.values import ValuesError, load_values
 
     try:
@@ -38,10 +47,14 @@ def manifests(
             if mode not in ("node-only", "full"):
                 raise ValuesError(f"mode: {mode!r} is not one of node-only, full")
             v.mode = mode  # type: ignore[assignment]
+        if kube_version is not None:
+            v.kube_version = kube_version
+        objs = render(v)
+        for note in notes(v):
+            typer.echo(f"note: {note}", err=True)
     except ValuesError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    objs = render(v)
     if dra:
         from kubegpu.install.dra import apply_dra
 

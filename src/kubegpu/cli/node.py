@@ -40,16 +40,42 @@ log = logging.getLogger("kubegpu.node")
 
 
 def _epilog() -> str:
-    try:
-        from kubegpu.node.config import flag_help
-    except ImportError:  # pragma: no cover - config module missing in a partial checkout
-        return ""
-    from rich.markup import escape
+    """Every NVIDIA device-plugin and kubegpu option, from the config's option table (its one source)."""
+    from kubegpu.node.config import OPTIONS
+    from kubegpu.node.config.options import CONFIG_FILE_ENV, CONFIG_FILE_FLAG
+    from kubegpu.node.config.select import CONFIG_DIR_ENV, CONFIG_DIR_FLAG
 
-    lines = ["NVIDIA device-plugin and kubegpu options (flag / env / default):"]
-    for flag, env, default, _help in flag_help():
-        lines.append(escape(f"{flag} ({env}) [{default}]"))
-    return "\n\n".join(lines)
+    def default(o: Any) -> str:
+        d = o.default
+        if isinstance(d, tuple):
+            return ",".join(map(str, d)) or "none"
+        if o.kind == "duration":
+            return f"{d:g}s"
+        return str(d) if d != "" else "none"
+
+    paragraphs = ["NVIDIA device-plugin and kubegpu options (also read from the environment variable named, "
+                  "and from the config file; flag > environment > file > default):"]
+    from kubegpu.node.config.refused import REFUSED
+
+    for o in OPTIONS:
+        names = " / ".join(f"--{n}" for n in (o.flag, *o.aliases))
+        if o.key in REFUSED:
+            paragraphs.append(f"{names}: {o.help}; accepted only at NVIDIA's default, kubegpu cannot honour "
+                              f"other values [{', '.join(o.envs)}]")
+            continue
+        choices = f" ({', '.join(o.choices)})" if o.choices and o.kind in ("choice", "choices") else ""
+        if o.kind == "bool":
+            shown = f"{names}=false" if o.default else names
+            state = "on by default" if o.default else "off unless given"
+            paragraphs.append(f"{shown}: {o.help}; {state} [{', '.join(o.envs)}]")
+        else:
+            paragraphs.append(f"{names} VALUE: {o.help}{choices}; default {default(o)} [{', '.join(o.envs)}]")
+    paragraphs.append(f"--{CONFIG_FILE_FLAG} FILE: the config file (NVIDIA's format plus a kubegpu: section) "
+                      f"[{CONFIG_FILE_ENV}]")
+    paragraphs.append(f"--{CONFIG_DIR_FLAG} DIR: the mounted config.map entries; the node's "
+                      f"nvidia.com/device-plugin.config label picks one, else the config file above is used "
+                      f"[{CONFIG_DIR_ENV}]")
+    return "\n\n".join(paragraphs)
 
 
 def parse_extra_flags(args: list[str]) -> dict[str, Any]:
@@ -75,7 +101,7 @@ def parse_extra_flags(args: list[str]) -> dict[str, Any]:
     return out
 
 
-def _backend(inventory: str | None, node_name: str | None) -> Any:
+def _backend(inventory: str | None, node_name: str | None, driver_root: str | None = None) -> Any:
     if inventory:
         from kubegpu.inventory.fake import FakeBackend
 
@@ -85,7 +111,8 @@ def _backend(inventory: str | None, node_name: str | None) -> Any:
     except ImportError as exc:
         raise RuntimeError(f"the NVML backend is not available ({exc}); use --inventory for a topology file") \
             from None
-    return NvmlBackend(node_name=node_name)
+    # NVML from the host driver root mounted in the container (as NVIDIA's plugin), else the library path.
+    return NvmlBackend(node_name=node_name, driver_root=driver_root)
 
 
 def _cluster_seams(kubeconfig: str | None, node_name: str, flags: Mapping[str, Any],
@@ -111,6 +138,60 @@ def _cluster_seams(kubeconfig: str | None, node_name: str, flags: Mapping[str, A
     return publisher, resolver
 
 
+class NodeConfigLabel:
+    """The node's ``nvidia.com/device-plugin.config`` label, read from its Node (never in standalone mode).
+
+    ``watch`` polls it and asks the daemon to reload when it changes, as NVIDIA's config-manager restarts
+    the plugin."""
+
+    POLL_S = 30.0
+
+    def __init__(self, kubeconfig: str | bool | None, node_name: str | None) -> None:
+        # False: standalone; None: in-cluster credentials where they exist; a path: that kubeconfig.
+        self.enabled = kubeconfig is not False and (
+            isinstance(kubeconfig, str) or bool(os.environ.get("KUBERNETES_SERVICE_HOST")))
+        self.kubeconfig = kubeconfig if isinstance(kubeconfig, str) else None
+        self.node_name = node_name or os.environ.get("NODE_NAME") or ""
+        self.value: str | None = None
+        self._client: Any = None
+
+    def _fetch(self) -> str | None:
+        from kubegpu.kube.client import make_client
+        from kubegpu.kube.resources import Node
+        from kubegpu.node.config.select import CONFIG_LABEL
+
+        if self._client is None:
+            self._client = make_client(self.kubeconfig)
+        node = self._client.get(Node, self.node_name)
+        return (node.metadata.labels or {}).get(CONFIG_LABEL)
+
+    def read(self) -> str | None:
+        if not self.enabled or not self.node_name:
+            return None
+        try:
+            self.value = self._fetch()
+        except Exception as exc:  # the API server is briefly away: keep the last known selection
+            log.warning("cannot read this node's config label (%s); keeping %r", exc, self.value)
+        return self.value
+
+    def watch(self, stop: threading.Event, reload: threading.Event) -> None:
+        if not self.enabled or not self.node_name:
+            return
+
+        def loop() -> None:
+            while not stop.wait(self.POLL_S):
+                before = self.value
+                try:
+                    now = self._fetch()
+                except Exception:
+                    continue
+                if now != before:
+                    log.info("node label nvidia.com/device-plugin.config changed %r -> %r: reloading", before, now)
+                    reload.set()
+
+        threading.Thread(target=loop, name="config-label", daemon=True).start()
+
+
 def _print_plans(console: Console, plans: list[Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps([{"resource": p.name, "socket": p.socket_name, "devices": [d.id for d in p.devices],
@@ -125,14 +206,19 @@ def _print_plans(console: Console, plans: list[Any], as_json: bool) -> None:
     console.print(table)
 
 
-def _metrics(address: str, metrics: Any) -> None:
+def _metrics(address: str, metrics: Any, daemon: Any = None) -> None:
+    """Serve /metrics, /healthz and /readyz; raises MetricsAddressError (the address is taken, ...)."""
     if not address or address in ("0", "off", "none"):
         return
-    from kubegpu.node.metrics import serve
+    from kubegpu.node.metrics import MetricsAddressError, serve
 
     host, _, port = address.rpartition(":")
-    server, _ = serve(metrics, int(port or 0), host or "0.0.0.0")
-    log.info("metrics on http://%s:%d/metrics", host or "0.0.0.0", server.server_port)
+    try:
+        number = int(port or 0)
+    except ValueError:
+        raise MetricsAddressError(f"cannot serve metrics on {address!r}: the port is not a number") from None
+    server, _ = serve(metrics, number, host or "0.0.0.0", daemon)
+    log.info("metrics on http://%s:%d/metrics (and /healthz, /readyz)", host or "0.0.0.0", server.server_port)
 
 
 def run_daemon(daemon: Any, *, stop: threading.Event, reload: threading.Event,
@@ -226,9 +312,13 @@ def node_command(
             raise typer.Exit(EXIT_INIT) from None
         raise typer.Exit(run_dra(flags, env, backend=dra_backend, kubeconfig=kubeconfig, node_name=node_name,
                                  run_for=run_for, dry_run=dry_run, as_json=as_json))
+    from kubegpu.node.config.select import with_node_config
+
+    # NVIDIA's per-node selection: the node's nvidia.com/device-plugin.config label names the config entry.
+    label = NodeConfigLabel(False if standalone else kubeconfig, node_name)
 
     def load() -> Any:
-        return load_node_options(flags, env)
+        return load_node_options(with_node_config(flags, env, label.read()), env)
 
     try:
         options = load()
@@ -236,7 +326,11 @@ def node_command(
         console.print(f"[red]configuration error:[/red] {exc}")
         raise typer.Exit(EXIT_CONFIG) from None
     try:
-        backend = _backend(inventory, node_name)
+        from kubegpu.node.config import load_config
+
+        backend = _backend(inventory, node_name,
+                           load_config(flags=with_node_config(flags, env, label.value), env=env)
+                           .flags.plugin.container_driver_root)
     except Exception as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(EXIT_INIT) from None
@@ -260,18 +354,19 @@ def node_command(
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(EXIT_INIT) from None
 
+    daemon = NodeDaemon(backend, load, publisher=publisher, resolver=resolver, metrics=metrics)
     try:
         from kubegpu.node.config import load_config
 
-        _metrics(load_config(flags=flags, env=env).kubegpu.metrics_address, metrics)
-    except (OSError, ValueError) as exc:
-        log.warning("metrics endpoint not started: %s", exc)
-
-    daemon = NodeDaemon(backend, load, publisher=publisher, resolver=resolver, metrics=metrics)
+        _metrics(load_config(flags=flags, env=env).kubegpu.metrics_address, metrics, daemon)
+    except OSError as exc:  # the address is taken or not this host's: say which, and stop
+        console.print(f"[red]error:[/red] {exc} (set --metrics-address, or 0 to serve no metrics)")
+        raise typer.Exit(EXIT_INIT) from None
     stop, reload = threading.Event(), threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGHUP, lambda *_: reload.set())
+    label.watch(stop, reload)
     log.info("kubegpu node starting (%s mode, plugin dir %s)", "standalone" if standalone else "cluster",
              options.plugin_dir)
     code = run_daemon(daemon, stop=stop, reload=reload, run_for=run_for)

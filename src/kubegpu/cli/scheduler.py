@@ -2,8 +2,10 @@
 
 Serves ``/filter``, ``/prioritize`` and ``/bind`` (also under ``/scheduler/``), the DeviceShare
 debug API, ``/metrics`` and ``/healthz`` (503 until the watches of Nodes, Devices and Pods have
-listed once); ``--metrics-listen`` adds a listener with only the read-only routes. Exit codes:
-0 clean stop, 2 bad arguments or configuration.
+listed once) on ``--listen``, which is loopback by default: kube-scheduler runs beside it in the same
+pod. ``--metrics-listen`` adds a listener with only ``/metrics`` and ``/healthz`` (and the debug API,
+which names every GPU pod, only with ``--metrics-debug-api``). Exit codes: 0 clean stop, 2 bad
+arguments or configuration (a certificate that does not load included).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 import typer
 
 from kubegpu.cli.main import app
+from kubegpu.model.limits import DEFAULT_MAX_GPU_CONTAINERS
 
 EXIT_CONFIG = 2
 
@@ -25,7 +28,7 @@ def _listen(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise typer.BadParameter(f"{value!r} is not HOST:PORT")
-    return (host.strip("[]") or "0.0.0.0"), int(port)
+    return (host.strip("[]") or "127.0.0.1"), int(port)
 
 
 def _policy(value: str) -> str:
@@ -53,8 +56,9 @@ def scheduler(
     kubeconfig: Path | None = typer.Option(None, "--kubeconfig", metavar="FILE",
                                            help="kubeconfig file (default: in-cluster, "
                                            "then $KUBECONFIG, then ~/.kube/config)"),
-    listen: str = typer.Option("0.0.0.0:8888", "--listen", metavar="HOST:PORT",
-                               help="HOST:PORT to serve the extender on"),
+    listen: str = typer.Option("127.0.0.1:8888", "--listen", metavar="HOST:PORT",
+                               help="HOST:PORT to serve the extender on "
+                               "(loopback by default: kube-scheduler calls it from the same pod)"),
     tls_cert: Path | None = typer.Option(None, "--tls-cert", metavar="FILE",
                                          help="serve HTTPS with this certificate (PEM)"),
     tls_key: Path | None = typer.Option(None, "--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)"),
@@ -67,6 +71,15 @@ def scheduler(
     metrics_listen: str = typer.Option("", "--metrics-listen", metavar="HOST:PORT",
                                        help="HOST:PORT for /metrics, /healthz and the "
                                        "debug API on their own listener (they are always on --listen too)"),
+    metrics_debug_api: bool = typer.Option(False, "--metrics-debug-api",
+                                           help="also serve the DeviceShare debug API (every GPU pod's "
+                                                "namespace, name and GPUs) on --metrics-listen"),
+    max_gpu_containers: int = typer.Option(DEFAULT_MAX_GPU_CONTAINERS, "--max-gpu-containers", min=1, metavar="N",
+                                           help="pods with more GPU containers are refused (each needs an "
+                                                "exact fit per node); keep equal to the webhook's"),
+    filter_budget_ms: float = typer.Option(500.0, "--filter-budget-ms", min=10.0, metavar="MS",
+                                           help="time one filter may spend fitting multi-container pods "
+                                                "node by node; nodes not reached fail with that reason"),
     resync: float = typer.Option(1800.0, "--resync-seconds", min=1.0, metavar="SECONDS",
                                  help="full relist period of the watches (they also relist when a watch expires)"),
     log_level: str = typer.Option("info", "--log-level", metavar="LEVEL", help="debug, info, warning or error"),
@@ -88,8 +101,18 @@ def scheduler(
         if where and (why := _cannot_listen(*_listen(where))):
             typer.echo(f"kubegpu scheduler: cannot listen on {where}: {why}", err=True)
             raise typer.Exit(EXIT_CONFIG)
+    from kubegpu.httpserve import CertificateError, server_context
     from kubegpu.kube.client import ClientConfigError, make_async_client
+    from kubegpu.scheduler.limits import Limits
     from kubegpu.scheduler.service import ExtenderService
+
+    if tls_cert is not None and tls_key is not None:
+        try:
+            server_context(tls_cert, tls_key)
+        except CertificateError as e:
+            typer.echo(f"kubegpu scheduler: {e}", err=True)
+            raise typer.Exit(EXIT_CONFIG) from None
+    limits = Limits(max_gpu_containers=max_gpu_containers, filter_budget_s=filter_budget_ms / 1000)
 
     async def main() -> None:
         try:
@@ -97,11 +120,12 @@ def scheduler(
         except ClientConfigError as e:
             typer.echo(f"kubegpu scheduler: {e}", err=True)
             raise typer.Exit(EXIT_CONFIG) from None
-        service = ExtenderService(client, node_policy, gpu_policy, resync_s=resync)
+        service = ExtenderService(client, node_policy, gpu_policy, resync_s=resync, limits=limits)
         logging.getLogger("kubegpu.scheduler").info(
             "extender on %s://%s:%d (node policy %s, GPU policy %s)", "https" if tls_cert else "http", host, port,
             node_policy, gpu_policy)
-        await service.serve(host, port, tls_cert=tls_cert, tls_key=tls_key, metrics_listen=metrics)
+        await service.serve(host, port, tls_cert=tls_cert, tls_key=tls_key, metrics_listen=metrics,
+                            debug_on_metrics=metrics_debug_api)
 
     with contextlib.suppress(KeyboardInterrupt):
         try:

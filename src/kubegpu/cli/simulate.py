@@ -53,15 +53,16 @@ def simulate(
                      help="Seeds per policy (42, 43, ...); " + DEFAULT_SEEDS_NOTE + "."),
     ] = 1,
     inflate: Annotated[
-        float,
+        float | None,
         typer.Option(
             "--inflate",
             min=0.1,
             max=10.0,
             metavar="X",
-            help="Resample pods until the GPU request reaches this multiple of capacity.",
+            help="Resample pods until the GPU request reaches this multiple of capacity (default 1.3; "
+            "not with --replay-time).",
         ),
-    ] = 1.3,
+    ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (last line) instead of a table.")
     ] = False,
@@ -73,6 +74,15 @@ def simulate(
             "--replay-time", help="Replay creation/deletion timestamps with departures instead of the paper's protocol."
         ),
     ] = False,
+    load: Annotated[
+        str,
+        typer.Option(
+            "--load",
+            help="With --replay-time: compress the time between arrivals by this factor (pods keep their "
+            "durations), or 'auto' (default): the factor that brings the peak concurrent GPU request to 95 % "
+            "of capacity, so policies meet contention. 1 replays the recorded times.",
+        ),
+    ] = "auto",
     include_cpu_nodes: Annotated[
         bool, typer.Option("--include-cpu-nodes", help="Keep nodes without GPUs (the paper uses GPU nodes only).")
     ] = False,
@@ -111,8 +121,27 @@ def simulate(
         "seeds": [] if replay_time else list(range(42, 42 + seeds)),
     }
     if replay_time:
+        if inflate is not None:
+            _fail("--inflate resamples pods for the paper's protocol; with --replay-time use --load", as_json)
+        from kubegpu.sim.timeline import load_for_peak
+
+        if load == "auto":
+            factor = load_for_peak(pod_list, node_list.total_gpus * 1000)
+        else:
+            try:
+                factor = float(load)
+            except ValueError:
+                factor = 0.0
+            if not 1.0 <= factor <= 1e9:
+                _fail(f"--load must be 'auto' or a number from 1 to 1e9, not {load!r}", as_json)
+        trace["load"] = round(factor, 3)
+        trace.pop("inflate", None)
         _run_timeline(node_list, pod_list, policies, gpu_policy, trace, as_json)
         return
+    if load != "auto":
+        _fail("--load applies to --replay-time only", as_json)
+    inflate = 1.3 if inflate is None else inflate
+    trace["inflate"] = inflate
     _run_study(node_list, pod_list, policies, gpu_policy, seeds, inflate, trace, as_json, plot)
 
 
@@ -124,7 +153,7 @@ def _fail(message: str, as_json: bool) -> None:
     raise typer.Exit(2)
 
 
-def _progress_bar(as_json: bool):  # type: ignore[no-untyped-def]
+def _progress_bar(as_json: bool) -> Any:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from kubegpu.cli.console import make_console
@@ -240,15 +269,14 @@ def _run_timeline(
         if bar is not None:
             with bar:
                 task = bar.add_task(f"{name} (time replay)", total=len(pod_list))
-                results[name] = replay_time(
-                    node_list,
-                    pod_list,
-                    name,
-                    gpu_policy,
-                    lambda d, t, _task=task: bar.update(_task, completed=d, total=t),
-                )
+
+                def advance(done: int, total: int, _task: Any = task) -> None:
+                    bar.update(_task, completed=done, total=total)
+
+                results[name] = replay_time(node_list, pod_list, name, gpu_policy, advance,
+                                             load=trace["load"])
         else:
-            results[name] = replay_time(node_list, pod_list, name, gpu_policy)
+            results[name] = replay_time(node_list, pod_list, name, gpu_policy, load=trace["load"])
     if as_json:
         print(json.dumps({"trace": trace, "policies": {n: r.to_json() for n, r in results.items()}}))
         return
@@ -259,7 +287,9 @@ def _run_timeline(
     console = make_console(width=150)
     console.print(
         f"Replayed [bold]{trace['pods']}[/] in time (creation and deletion timestamps, with departures) "
-        f"on {trace['node_count']} nodes, {trace['gpus']} GPUs."
+        f"on {trace['node_count']} nodes, {trace['gpus']} GPUs, arrivals compressed {trace['load']:g}x "
+        f"(the load factor; pods keep their durations): peak concurrent GPU request "
+        f"{next(iter(results.values())).peak_demand_pct:.1f} % of capacity."
     )
     table = Table(title="Time replay")
     for col in (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 import typer
@@ -14,33 +15,86 @@ from rich.table import Table
 from kubegpu.cli.console import make_console
 from kubegpu.cli.main import app
 from kubegpu.model.quantity import format_bytes
-from kubegpu.status.view import ClusterView, build_view
+from kubegpu.status.view import ClusterView, GpuView, Holder
 
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:.1f}Gi"
 
 
+def _holders(holders: tuple[Holder, ...]) -> str:
+    # Escaped: "pod[container]" would otherwise be read as rich markup and the container vanish.
+    return escape(", ".join(
+        f"{h.pod}" + (f"[{h.container}]" if h.container else "") + f" {h.core}%/{format_bytes(h.memory_bytes)}"
+        for h in holders
+    )) or "-"
+
+
+def _gpu_row(g: GpuView) -> tuple[str, str]:
+    """COMPUTE and HELD BY of one GPU row."""
+    if g.mig_enabled:
+        profiles = Counter(m.profile for m in g.mig)
+        layout = ", ".join(f"{p} ×{n}" if n > 1 else p for p, n in profiles.items()) or "no devices"
+        free = sum(1 for m in g.mig if m.healthy and not m.holders)
+        return "MIG", f"MIG: {layout}; {free} of {len(g.mig)} free (see MIG layout)"
+    core = f"{g.core_used} %"
+    if g.core_used > 100:
+        core = f"[red]{core}[/]"
+    elif g.partial:
+        core = f"[yellow]{core}[/]"
+    if g.replica_only:
+        return core, "time-slicing / MPS replicas only (see replicas)"
+    return core, _holders(g.holders)
+
+
+def _mig_table(view: ClusterView) -> Table | None:
+    rows = [(n, g) for n in view.nodes for g in n.gpus if g.mig_enabled]
+    if not rows:
+        return None
+    table = Table(title="MIG layout", expand=False)
+    for col in ("NODE", "GPU", "MIG", "PROFILE", "SLICES", "MEMORY", "HEALTH", "HELD BY"):
+        table.add_column(col, overflow="fold")
+    for i, (n, g) in enumerate(rows):
+        first_of_node = i == 0 or rows[i - 1][0].name != n.name
+        last_of_gpu = True
+        for j, m in enumerate(g.mig):
+            last_of_gpu = j == len(g.mig) - 1
+            health = "[green]Healthy[/]" if m.healthy else "[red]Unhealthy[/]"
+            table.add_row(n.name if first_of_node and j == 0 else "", str(g.index) if j == 0 else "",
+                          str(m.index), m.profile, "■" * m.slices if m.slices else "?", format_bytes(m.memory_bytes),
+                          health, _holders(m.holders) if m.holders else "[dim]free[/]", end_section=last_of_gpu)
+        if not g.mig:
+            table.add_row(n.name if first_of_node else "", str(g.index), "-", "-", "-", "-", "-",
+                          "MIG enabled, no devices", end_section=True)
+    return table
+
+
+def _replica_table(view: ClusterView) -> Table | None:
+    rows = [(n, r) for n in view.nodes for r in n.replicas]
+    if not rows:
+        return None
+    table = Table(title="Time-slicing / MPS replicas (counted by the kubelet)", expand=False)
+    for col in ("NODE", "RESOURCE", "GPUS", "PER GPU", "HELD", "HELD BY"):
+        table.add_column(col, overflow="fold")
+    for n, r in rows:
+        holders = escape(", ".join(f"{h.pod}[{h.container}]" + (f" ×{h.count}" if h.count > 1 else "")
+                                   for h in r.holders)) or "-"
+        table.add_row(n.name, r.resource, str(r.gpus) if r.per_gpu else "?", str(r.per_gpu) if r.per_gpu else "?",
+                      f"{r.held}/{r.total}", holders)
+    return table
+
+
 def render_table(view: ClusterView) -> Group:
-    """The status as rich renderables: one row per GPU, then the cluster totals."""
+    """The status as rich renderables: one row per GPU, the MIG layout and the replicas, then the totals."""
     table = Table(title="GPUs", expand=False)
     for col in ("NODE", "GPU", "MODEL", "HEALTH", "COMPUTE", "MEMORY", "HELD BY"):
         table.add_column(col, overflow="fold")
     for node in view.nodes:
         for i, g in enumerate(node.gpus):
             health = "[green]Healthy[/]" if g.healthy else "[red]Unhealthy[/]"
-            core = f"{g.core_used} %"
-            if g.core_used > 100:
-                core = f"[red]{core}[/]"
-            elif g.partial:
-                core = f"[yellow]{core}[/]"
-            # Escaped: "pod[container]" would otherwise be read as rich markup and the container vanish.
-            holders = escape(", ".join(
-                f"{h.pod}" + (f"[{h.container}]" if h.container else "") + f" {h.core}%/{format_bytes(h.memory_bytes)}"
-                for h in g.holders
-            )) or "-"
+            core, held = _gpu_row(g)
             table.add_row(node.name if i == 0 else "", str(g.index), g.model or "-", health, core,
-                          f"{_gib(g.memory_used)}/{_gib(g.memory_bytes)}", holders,
+                          f"{_gib(g.memory_used)}/{_gib(g.memory_bytes)}", held,
                           end_section=i == len(node.gpus) - 1)
     t = view.totals
     totals = Table.grid(padding=(0, 2))
@@ -48,9 +102,19 @@ def render_table(view: ClusterView) -> Group:
     totals.add_row("allocated", f"{t.allocated_gpu:.2f} GPU ({t.allocated_pct:.1f} %)",
                    "free", f"{t.free_gpu:.2f} GPU ({t.whole_free_gpus} whole)")
     totals.add_row("stranded", f"{t.stranded_gpu:.2f} GPU ({t.stranded_pct:.1f} %)", "", "")
-    parts: list = [table, totals]
+    if t.replicas_total or t.replica_pods:
+        pods = f"{t.replica_pods} pod" + ("" if t.replica_pods == 1 else "s")
+        totals.add_row("replicas", f"{t.replicas_held}/{t.replicas_total} held ({pods})",
+                       "on", f"{t.replica_gpus} GPUs offered only as replicas")
+    if t.mig_devices:
+        totals.add_row("MIG devices", f"{t.mig_devices} ({t.mig_devices_free} free)", "", "")
+    parts: list = [table]
+    for extra in (_mig_table(view), _replica_table(view)):
+        if extra is not None:
+            parts.append(extra)
+    parts.append(totals)
     for p in view.problems:
-        parts.append(f"[red]problem:[/] {p}")
+        parts.append(f"[red]problem:[/] {escape(p)}")
     return Group(*parts)
 
 
@@ -61,7 +125,11 @@ def status(
                                            "credentials or ~/.kube/config)."),
     extender: str | None = typer.Option(None, metavar="URL",
                                         help="Read the extender's debug API at this base URL instead "
-                                        "of the API server (e.g. http://127.0.0.1:12345)."),
+                                        "of the API server (e.g. http://127.0.0.1:8888 through "
+                                        "`kubectl port-forward`). HTTPS is verified."),
+    extender_ca: str | None = typer.Option(None, "--extender-ca", metavar="FILE",
+                                           help="CA bundle (PEM) that signed the "
+                                           "extender's HTTPS certificate (default: the system's)."),
     node: str | None = typer.Option(None, metavar="NAME", help="Show only this node."),
     model: str | None = typer.Option(None, metavar="TEXT",
                                      help="Show only GPUs whose model contains this text (e.g. A100)."),
@@ -82,7 +150,7 @@ def status(
     def snapshot() -> ClusterView:
         nonlocal client
         if extender:
-            inventories, records, problems = from_extender(extender)
+            snap = from_extender(extender, ca=extender_ca)
         else:
             if client is None:
                 from kubegpu.kube.client import ClientConfigError, make_client
@@ -91,9 +159,8 @@ def status(
                     client = make_client(kubeconfig)
                 except ClientConfigError as exc:
                     raise SourceError(str(exc)) from None
-            inventories, records, problems = from_api_server(client)
-        view = build_view(inventories, records, node=node, model=model, namespace=namespace)
-        return ClusterView(view.nodes, view.totals, tuple(problems) + view.problems)
+            snap = from_api_server(client)
+        return snap.view(node=node, model=model, namespace=namespace)
 
     console = make_console()  # piped output is read by scripts and pagers: never fold rows
     try:

@@ -11,6 +11,7 @@ import typer
 
 from kubegpu.cli.console import make_console
 from kubegpu.cli.main import app
+from kubegpu.model.limits import DEFAULT_MAX_GPU_CONTAINERS
 
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -52,6 +53,17 @@ def webhook(
     replica_resource: list[str] = typer.Option(
         [], "--replica-resource", metavar="NAME",
         help="Renamed replica resource without 'gpu' in its name; repeatable."),
+    scheduler_name: str = typer.Option("kubegpu-scheduler", "--scheduler-name", metavar="NAME",
+                                       help="Full mode: GPU pods left to the default scheduler get this "
+                                            "spec.schedulerName (kubegpu's profile); '' leaves them alone."),
+    record_writer: list[str] = typer.Option(
+        [], "--record-writer", metavar="USER",
+        help="A user (userInfo.username) that may set or change the kubegpu.io/device-allocated and "
+             "device-assigned annotations; repeatable (default: the kubegpu-node, kubegpu-scheduler and "
+             "kubegpu-extender service accounts of the webhook's namespace)."),
+    max_gpu_containers: int = typer.Option(DEFAULT_MAX_GPU_CONTAINERS, "--max-gpu-containers", min=1, metavar="N",
+                                           help="Refuse pods with more GPU containers (keep equal to the "
+                                                "scheduler extender's)."),
     cert_poll_seconds: float = typer.Option(2.0, "--cert-poll-seconds", min=0.05, metavar="SECONDS",
                                             help="How often to look for a rotated certificate."),
     log_level: str = typer.Option("info", "--log-level", metavar="LEVEL", help="debug, info, warning, error."),
@@ -60,6 +72,7 @@ def webhook(
 
     Also serves /metrics (Prometheus) and /healthz on the same port.
     """
+    from kubegpu.httpserve import CertificateError
     from kubegpu.model.normalise import AdmissionPolicy
     from kubegpu.webhook.app import WebhookSettings
     from kubegpu.webhook.server import WebhookServer, parse_listen
@@ -75,9 +88,19 @@ def webhook(
                                void_all_pods=void_all_pods, replica_resources=frozenset(replica_resource)),
         own_namespace=own,
         exclude_namespaces=frozenset(exclude_namespace),
+        record_writers=frozenset(record_writer) if record_writer else None,
+        scheduler_name=scheduler_name,
+        max_gpu_containers=max_gpu_containers,
     )
-    server = WebhookServer(settings, str(tls_cert), str(tls_key), host=host, port=port,
-                           cert_poll_s=cert_poll_seconds, log_level=log_level.lower())
+    try:
+        server = WebhookServer(settings, str(tls_cert), str(tls_key), host=host, port=port,
+                               cert_poll_s=cert_poll_seconds, log_level=log_level.lower())
+    except CertificateError as exc:
+        typer.echo(f"kubegpu webhook: {exc}", err=True)
+        raise typer.Exit(2) from None
+    except OSError as exc:
+        typer.echo(f"kubegpu webhook: cannot listen on {listen}: {exc.strerror or exc}", err=True)
+        raise typer.Exit(2) from None
     logging.getLogger("kubegpu.webhook").info(
         "serving https://%s:%d (namespace %s excluded, plus %s)", host, server.port, own,
         ", ".join(sorted(exclude_namespace)) or "none")
@@ -101,5 +124,14 @@ def webhook_certs(
     (out / "ca.crt").write_bytes(ca.cert_pem)
     serving = issue_serving_cert(ca, service_names(service, namespace), days=days)
     serving.write(out / "tls.crt", out / "tls.key")
-    make_console(stderr=True).print(f"wrote {out}/ca.crt, tls.crt, tls.key; caBundle:")
-    print(base64.b64encode(ca.cert_pem).decode())
+    bundle = base64.b64encode(ca.cert_pem).decode()
+    make_console(stderr=True).print(
+        f"wrote {out}/ca.crt, tls.crt, tls.key (tls.key readable by you only). Next steps:\n"
+        f"  1. kubectl create namespace {namespace} (if needed), then\n"
+        f"     kubectl -n {namespace} create secret tls {service}-tls --cert={out}/tls.crt --key={out}/tls.key\n"
+        "  2. in the values file: webhook: {certManager: false, caBundle: <the line on stdout>}, then\n"
+        "     kubegpu manifests -f values.yaml | kubectl apply -f -\n"
+        f"  3. delete {out}/tls.key once the Secret exists; before {days} days pass, run this again and\n"
+        "     replace the Secret and the caBundle.\n"
+        "caBundle:", markup=False, highlight=False)
+    print(bundle)

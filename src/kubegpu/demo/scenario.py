@@ -205,11 +205,8 @@ def settle(cluster: LocalCluster, keys: Sequence[str], tr: _Tracker, rep: Report
 def snapshot(cluster: LocalCluster) -> tuple[dict[str, NodeInventory], ClusterView]:
     from kubegpu.status.sources import from_api_server
 
-    inventories, records, problems = from_api_server(cluster.client)
-    view = build_view(inventories, records)
-    if problems:
-        view = ClusterView(view.nodes, view.totals, (*view.problems, *problems))
-    return {i.name: i for i in inventories}, view
+    snap = from_api_server(cluster.client)  # replica holders and MIG layout come with it
+    return {i.name: i for i in snap.inventories}, snap.view()
 
 
 def live_view(cluster: LocalCluster, rep: Reporter, title: str) -> ClusterView:
@@ -381,8 +378,8 @@ def _end_state(cluster: LocalCluster, tr: _Tracker, inventories: dict[str, NodeI
     from kubegpu.status.sources import SourceError, from_extender
 
     try:
-        ext_inventories, ext_records, _ = from_extender(cluster.extender_url)
-        extender_view: ClusterView | None = build_view(ext_inventories, ext_records)
+        ext = from_extender(cluster.extender_url)
+        extender_view: ClusterView | None = build_view(ext.inventories, ext.records)
     except SourceError:
         extender_view = None
     return EndState(

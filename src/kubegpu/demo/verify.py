@@ -313,7 +313,8 @@ def verify(state: EndState) -> list[Check]:
 def replica_overlaps(runs: Iterable[Run]) -> list[str]:
     """GPUs that serve time-slicing replicas and fine-grained shares at once (worth a note: replicas
     are counted by the kubelet, shares by the extender, and neither sees the other)."""
-    replica, share = set(), set()
+    replica: set[tuple[str, str]] = set()
+    share: set[tuple[str, str]] = set()
     for r in runs:
         for resource, ids in r.devices.items():
             for d in ids:

@@ -10,9 +10,25 @@ from __future__ import annotations
 from importlib import resources as importlib_resources
 from typing import Any
 
+import msgspec
 import yaml
 
-from kubegpu.install.values import Values, default_affinity
+from kubegpu.install import security
+from kubegpu.install.values import (
+    Values,
+    check_values,
+    default_affinity,
+    default_config_entry,
+    gpu_resources,
+    has_admission_policies,
+    has_match_conditions,
+    kube_scheduler_image,
+    node_fullname,
+    scheduler_config_version,
+    target_namespace,
+    webhook_failure_policy,
+)
+from kubegpu.model import resources as R
 
 Obj = dict[str, Any]
 
@@ -75,24 +91,62 @@ def device_crd() -> Obj:
     return yaml.safe_load(text)
 
 
+def mig_monitoring(v: Values) -> bool:
+    """NVIDIA's chart rule (``allPossibleMigStrategiesAreNone``): MIG monitoring is set up unless every
+    strategy the daemon could run with is ``none`` (the value, else each ``config.map`` entry's)."""
+    if v.mig_strategy is not None:
+        return v.mig_strategy != "none"
+    for text in v.config.map.values():
+        try:
+            doc = yaml.safe_load(text) or {}
+        except yaml.YAMLError:
+            return True  # cannot tell: as NVIDIA's chart does with an opaque ConfigMap
+        flags = doc.get("flags") if isinstance(doc, dict) else None
+        if isinstance(flags, dict) and flags.get("migStrategy", "none") != "none":
+            return True
+    return False
+
+
+def node_security_context(v: Values) -> Obj:
+    """As tight as the node daemon can run: root (the kubelet's device-plugin directory and the CDI
+    directory are root's), no privilege escalation, a read-only root filesystem, the runtime's seccomp
+    profile and no capabilities, except CAP_SYS_ADMIN where MIG devices must be monitored (NVML's MIG
+    event and capability files need it, NVIDIA's chart adds it for the same reason) and privileged with
+    ``compatWithCPUManager`` (device specs passed to the kubelet, as NVIDIA's chart)."""
+    if v.compat_with_cpu_manager:
+        return {"privileged": True}
+    ctx: Obj = {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsUser": 0,
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "capabilities": {"drop": ["ALL"]},
+    }
+    if mig_monitoring(v):
+        ctx["capabilities"]["add"] = ["SYS_ADMIN"]
+    return ctx
+
+
 def node_objects(v: Values) -> list[Obj]:
-    name = f"{APP}-node"
-    rules = [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
-        {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
-        # The handoff reads the scheduler's record on pods bound to this node and acknowledges it.
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
-        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
-        {"apiGroups": ["kubegpu.io"], "resources": ["devices"],
-         "verbs": ["get", "list", "watch", "create", "update", "patch"]},
+    name = node_fullname(v)
+    env: list[Obj] = [
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        # What NVIDIA's image and chart give the plugin, so the NVIDIA container runtime injects the
+        # driver (NVML) into this container: every GPU visible, and the capabilities NVML needs.
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+        {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"},
     ]
-    env: list[Obj] = [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+    if mig_monitoring(v):
+        env.append({"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"})
+    env += resources_env(v)
     for key, value in (
         ("MIG_STRATEGY", v.mig_strategy),
         ("FAIL_ON_INIT_ERROR", v.fail_on_init_error),
         ("DEVICE_LIST_STRATEGY", v.device_list_strategy),
         ("DEVICE_ID_STRATEGY", v.device_id_strategy),
         ("NVIDIA_DRIVER_ROOT", v.nvidia_driver_root),
+        ("DEVICE_DISCOVERY_STRATEGY", v.device_discovery_strategy),
+        ("NVIDIA_CDI_HOOK_PATH", v.cdi.nvidia_hook_path or None),
         ("PASS_DEVICE_SPECS", True if v.compat_with_cpu_manager else None),
     ):
         if value is not None:
@@ -102,29 +156,28 @@ def node_objects(v: Values) -> list[Obj]:
         {"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources", "readOnly": True},
         {"name": "cdi-root", "mountPath": "/var/run/cdi"},
         {"name": "driver-root", "mountPath": "/driver-root", "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},  # the root filesystem is read-only
     ]
     volumes = [
         {"name": "device-plugin", "hostPath": {"path": v.device_plugin_path}},
         {"name": "pod-resources", "hostPath": {"path": "/var/lib/kubelet/pod-resources"}},
         {"name": "cdi-root", "hostPath": {"path": v.cdi_root, "type": "DirectoryOrCreate"}},
         {"name": "driver-root", "hostPath": {"path": v.nvidia_driver_root}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
     ]
-    objs: list[Obj] = _rbac(name, v, "node", rules)
+    objs: list[Obj] = _rbac(name, v, "node", security.rbac_rules("node"))
     args = ["node", "--device-plugin-dir", "/var/lib/kubelet/device-plugins",
             "--metrics-address", f":{v.metrics_port}"]
-    if v.config.map:
-        default = v.config.default or sorted(v.config.map)[0]
-        env.append({"name": "CONFIG_FILE", "value": f"/config/{default}"})
+    if v.config.map or v.config.name:
+        if v.config.map:
+            objs.append(config_map(v))
+        env.extend(config_env(v))
         mounts.append({"name": "config", "mountPath": "/config", "readOnly": True})
-        volumes.append({"name": "config", "configMap": {"name": f"{APP}-device-plugin-config"}})
-        objs.append({"apiVersion": "v1", "kind": "ConfigMap",
-                     "metadata": _meta(f"{APP}-device-plugin-config", v, "node"), "data": dict(v.config.map)})
+        volumes.append({"name": "config", "configMap": {"name": config_map_name(v)}})
     container = _container(
         v, "node", args, v.resources, env=env, volumeMounts=mounts,
         ports=[{"name": "metrics", "containerPort": v.metrics_port}],
-        # compatWithCPUManager (NVIDIA's chart): privileged so device specs can be passed.
-        securityContext=({"privileged": True} if v.compat_with_cpu_manager else
-                         {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}),
+        securityContext=v.security_context if v.security_context is not None else node_security_context(v),
     )
     pod_spec: Obj = {
         "serviceAccountName": name,
@@ -137,16 +190,61 @@ def node_objects(v: Values) -> list[Obj]:
     if v.node_selector:
         pod_spec["nodeSelector"] = v.node_selector
     if v.runtime_class_name:
+        # The runtime class of the NVIDIA container runtime where it is not the node's default.
         pod_spec["runtimeClassName"] = v.runtime_class_name
+    if v.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = v.image_pull_secrets
+    template_meta: Obj = {"labels": _selector("node")}
+    if v.pod_annotations:
+        template_meta["annotations"] = dict(v.pod_annotations)
     objs.append({
         "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": _meta(name, v, "node"),
         "spec": {
             "selector": {"matchLabels": _selector("node")},
-            "updateStrategy": {"type": "RollingUpdate"},
-            "template": {"metadata": {"labels": _selector("node")}, "spec": pod_spec},
+            "updateStrategy": v.update_strategy,
+            "template": {"metadata": template_meta, "spec": pod_spec},
         },
     })
     return objs
+
+
+def resources_env(v: Values) -> list[Obj]:
+    """The renamed GPU resources the nodes serve, for every role that reads pods (model/resources.py)."""
+    names = gpu_resources(v)
+    return [{"name": R.GPU_RESOURCES_ENV, "value": ",".join(names)}] if names else []
+
+
+def managed_resources(v: Values) -> list[Obj]:
+    """The extender's managedResources: kubegpu's own, every MIG profile of the table (and the values'), every
+    renamed resource. A pod asking for none of these never reaches the extender."""
+    base = ["nvidia.com/gpu", "nvidia.com/gpu.shared", R.GPU_SLOTS, R.GPU_CORE, R.GPU_MEMORY, R.GPU_MEMORY_RATIO]
+    out = [{"name": n, "ignoredByScheduler": False} for n in base]
+    out.append({"name": R.GPU_PERCENT, "ignoredByScheduler": True})  # shorthand; the webhook expands it
+    seen = {m["name"] for m in out}
+    for n in (*R.mig_resources(v.mig_profiles), *gpu_resources(v)):
+        if n not in seen:
+            seen.add(n)
+            out.append({"name": n, "ignoredByScheduler": False})
+    return out
+
+
+def config_map_name(v: Values) -> str:
+    return v.config.name or f"{APP}-device-plugin-config"
+
+
+def config_map(v: Values) -> Obj:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(config_map_name(v), v, "node"),
+            "data": dict(v.config.map)}
+
+
+def config_env(v: Values) -> list[Obj]:
+    """Which ``config.map`` entry the daemon reads: the one its node's ``nvidia.com/device-plugin.config``
+    label names (NVIDIA's per-node selection), else ``config.default`` (or the only entry)."""
+    default = default_config_entry(v)
+    env = [{"name": "CONFIG_DIR", "value": "/config"}]
+    if default:
+        env.append({"name": "CONFIG_FILE", "value": f"/config/{default}"})
+    return env
 
 
 def scheduler_config(v: Values) -> Obj:
@@ -154,11 +252,15 @@ def scheduler_config(v: Values) -> Obj:
     sv = v.scheduler
     text = importlib_resources.files("kubegpu.install").joinpath("base", "scheduler", "scheduler-config.yaml")
     cfg = yaml.safe_load(text.read_text().replace(BASE_NAMESPACE, v.namespace))
+    cfg["apiVersion"] = f"kubescheduler.config.k8s.io/{scheduler_config_version(v)}"
     cfg["leaderElection"]["resourceName"] = sv.scheduler_name
+    # kube-scheduler's own identity (rbac.yaml): not the pod's, which is the extender's.
+    cfg["clientConnection"] = {"kubeconfig": "/etc/kubegpu/kubeconfig"}
     cfg["profiles"] = [{"schedulerName": sv.scheduler_name}]
     (ext,) = cfg["extenders"]
     ext["urlPrefix"] = f"http://127.0.0.1:{sv.port}/scheduler"
     ext["weight"], ext["httpTimeout"] = sv.weight, sv.http_timeout
+    ext["managedResources"] = managed_resources(v)
     return cfg
 
 
@@ -174,18 +276,45 @@ def scheduler_objects(v: Values) -> list[Obj]:
             continue
         o["spec"]["replicas"] = sv.replicas
         pod = o["spec"]["template"]["spec"]
+        if sv.runtime_class_name:
+            pod["runtimeClassName"] = sv.runtime_class_name
         for c in pod["containers"]:
             if c["name"] == "kube-scheduler":
-                c["image"] = sv.kube_scheduler_image
+                c["image"] = kube_scheduler_image(v)
             elif c["name"] == "extender":
                 c["args"] = ["scheduler", "--listen", f"127.0.0.1:{sv.port}", "--metrics-listen", "0.0.0.0:9401",
                              "--node-policy", sv.node_policy, "--gpu-policy", sv.gpu_policy]
                 if sv.resources:
                     c["resources"] = sv.resources
+                c["env"] = c.get("env", []) + resources_env(v)
+    objs += [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": _meta("kubegpu-scheduler-extender", v, "scheduler", namespaced=False),
+         "rules": security.rbac_rules("extender")},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": _meta("kubegpu-scheduler-extender", v, "scheduler", namespaced=False),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": "kubegpu-scheduler-extender"},
+         "subjects": [{"kind": "ServiceAccount", "name": "kubegpu-scheduler-extender", "namespace": v.namespace}]},
+    ]
     objs.append({"apiVersion": "v1", "kind": "ConfigMap",
                  "metadata": _meta("kubegpu-scheduler-config", v, "scheduler"),
-                 "data": {"scheduler-config.yaml": yaml.safe_dump(scheduler_config(v), sort_keys=False)}})
+                 "data": {"scheduler-config.yaml": yaml.safe_dump(scheduler_config(v), sort_keys=False),
+                          "kubeconfig": yaml.safe_dump(kube_scheduler_kubeconfig(), sort_keys=False)}})
     return objs
+
+
+def kube_scheduler_kubeconfig() -> Obj:
+    """kube-scheduler's credentials: the kubegpu-kube-scheduler token Secret mounted into its container."""
+    root = "/var/run/secrets/kubegpu-kube-scheduler"
+    return {
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "in-cluster", "cluster": {"server": "https://kubernetes.default.svc",
+                                                        "certificate-authority": f"{root}/ca.crt"}}],
+        "users": [{"name": "kubegpu-kube-scheduler", "user": {"tokenFile": f"{root}/token"}}],
+        "contexts": [{"name": "default", "context": {"cluster": "in-cluster", "user": "kubegpu-kube-scheduler"}}],
+        "current-context": "default",
+    }
 
 
 BASE_NAMESPACE = "kubegpu-system"
@@ -218,16 +347,22 @@ def webhook_objects(v: Values) -> list[Obj]:
     for o in objs:
         if o["kind"] == "Deployment":
             o["spec"]["replicas"] = w.replicas
+            if w.runtime_class_name:
+                o["spec"]["template"]["spec"]["runtimeClassName"] = w.runtime_class_name
             if w.resources:
                 o["spec"]["template"]["spec"]["containers"][0]["resources"] = w.resources
+            extra = resources_env(v)
+            if extra:
+                c0 = o["spec"]["template"]["spec"]["containers"][0]
+                c0["env"] = c0.get("env", []) + extra
         if o["kind"] not in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
             continue
         if not w.cert_manager:
             o["metadata"].pop("annotations", None)
         for hook in o["webhooks"]:
-            hook["failurePolicy"] = w.failure_policy
+            hook["failurePolicy"] = webhook_failure_policy(v)
             hook["timeoutSeconds"] = w.timeout_seconds
-            if not w.match_conditions:
+            if not has_match_conditions(v):
                 hook.pop("matchConditions", None)
             if w.ca_bundle:
                 hook["clientConfig"]["caBundle"] = w.ca_bundle
@@ -237,14 +372,46 @@ def webhook_objects(v: Values) -> list[Obj]:
     return objs
 
 
-def render(v: Values) -> list[Obj]:
-    """All objects for ``v.mode``, in an order ``kubectl apply`` can take."""
-    objs: list[Obj] = [namespace(v), device_crd(), *node_objects(v)]
+def policy_objects(v: Values) -> list[Obj]:
+    """The ValidatingAdmissionPolicies that narrow RBAC (``install/security.py``), where the release has them."""
+    if not has_admission_policies(v):
+        return []
+    labels = {"app.kubernetes.io/name": APP, "app.kubernetes.io/component": "policy",
+              "app.kubernetes.io/managed-by": "kubegpu-manifests"}
+    objs = security.node_restriction_policy(v.namespace, labels, node_fullname(v))
     if v.mode == "full":
-        objs += scheduler_objects(v) + webhook_objects(v)
+        objs += security.record_writers_policy(v.namespace, labels, node_fullname(v))
     return objs
 
 
+def notes(v: Values) -> list[str]:
+    """What the operator must know about this render (printed by ``kubegpu manifests`` on stderr)."""
+    out = []
+    if v.mode == "full" and not has_match_conditions(v):
+        out.append(f"Kubernetes {v.kube_version or 'release'} has no webhook matchConditions: the webhook is sent "
+                   f"every pod outside the excluded namespaces, so its failurePolicy is "
+                   f"{webhook_failure_policy(v)} (with Ignore, GPU pods are admitted unchecked while it is down)")
+    if not has_admission_policies(v):
+        out.append("before Kubernetes 1.30 there are no ValidatingAdmissionPolicies: the node daemon's RBAC is not "
+                   "narrowed to its own node, and the record annotations are guarded by the webhook alone")
+    return out
+
+
+def render(v: Values) -> list[Obj]:
+    """All objects for ``v.mode``, in an order ``kubectl apply`` can take."""
+    check_values(v)
+    v = msgspec.structs.replace(v, namespace=target_namespace(v))
+    objs: list[Obj] = [namespace(v), device_crd(), *node_objects(v)]
+    if v.mode == "full":
+        objs += scheduler_objects(v) + webhook_objects(v)
+    return objs + policy_objects(v)
+
+
 def to_yaml(objs: list[Obj]) -> str:
-    header = "# Rendered by `kubegpu manifests`; edit the values, not this file.\n"
+    header = ("# Rendered by `kubegpu manifests`; edit the values, not this file.\n"
+              "# Prerequisites: the NVIDIA driver and the NVIDIA Container Toolkit on every GPU node (the NVIDIA\n"
+              "# runtime as the default runtime, or a RuntimeClass named in runtimeClassName).\n")
+    if any(o["apiVersion"].startswith("cert-manager.io/") for o in objs):
+        header += ("# Full mode with certManager: true needs cert-manager installed first (its Issuer and Certificate\n"
+                   "# are below); without it set webhook.certManager: false and webhook.caBundle.\n")
     return header + yaml.safe_dump_all(objs, sort_keys=False, default_flow_style=False)

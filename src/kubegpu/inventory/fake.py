@@ -191,14 +191,15 @@ class FakeBackend:
 
     def _apply(self, f: Fault) -> None:
         # Runs under the (re-entrant by design: Condition wraps an RLock) lock.
+        gpu: int | str = -1 if f.gpu is None else f.gpu  # the topology loader requires a GPU for these kinds
         if f.kind == "xid":
-            self.inject_xid(f.gpu, f.xid, f.gi, f.ci, f.message)  # type: ignore[arg-type]
+            self.inject_xid(gpu, f.xid, f.gi, f.ci, f.message)
         elif f.kind == "lost":
-            self.fall_off_bus(f.gpu)  # type: ignore[arg-type]
+            self.fall_off_bus(gpu)
         elif f.kind == "recover":
-            self.recover(f.gpu)  # type: ignore[arg-type]
+            self.recover(gpu)
         elif f.kind == "probe-fail":
-            self.fail_probe(f.gpu, f.times)  # type: ignore[arg-type]
+            self.fail_probe(gpu, f.times)
         elif f.kind == "discover-error":
             self.fail_discovery(f.times or 1, f.message or "Unknown Error (scheduled)")
         elif f.kind == "wait-error":

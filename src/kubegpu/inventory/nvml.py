@@ -26,12 +26,13 @@ needed); P2P indexes are passed as plain ints (``NVML_P2P_CAPS_INDEX_READ`` is a
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import logging
 import os
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -56,6 +57,51 @@ _NVLINK_DEVICE_TYPE_SWITCH = 0x02
 # NVML error codes that mean "there is no usable NVML here" rather than "this call failed".
 _UNAVAILABLE = {9: "driver not loaded", 12: "NVML shared library not found", 13: "function not found",
                 18: "NVML/driver version mismatch"}
+
+# Where NVIDIA's device plugin looks for the driver's NVML library under the (container) driver root
+# (k8s-device-plugin ``root.tryResolveLibrary``), in this order.
+NVML_LIBRARY = "libnvidia-ml.so.1"
+LIBRARY_DIRS = ("usr/lib64", "usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "lib64",
+                "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu")
+
+
+def locate_nvml(driver_root: str | Path | None) -> Path | None:
+    """``libnvidia-ml.so.1`` under the driver root mounted into this container, or None.
+
+    NVIDIA's plugin loads NVML from the driver root it is given (the chart mounts the host's at
+    ``/driver-root``) and otherwise from the library path, where the NVIDIA container runtime
+    puts it for a container started with ``NVIDIA_VISIBLE_DEVICES`` set."""
+    if not driver_root:
+        return None
+    root = Path(driver_root)
+    for d in LIBRARY_DIRS:
+        candidate = root / d / NVML_LIBRARY
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def _preload(path: Path) -> None:
+    """Load the library by path with global symbols: pynvml's own ``dlopen("libnvidia-ml.so.1")`` then
+    finds the already loaded object by its soname instead of searching the library path."""
+    ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+
+
+def runtime_hint(env: Mapping[str, str]) -> str:
+    """Why the driver may be missing from this container, from the environment the runtime saw."""
+    visible = env.get("NVIDIA_VISIBLE_DEVICES")
+    caps = env.get("NVIDIA_DRIVER_CAPABILITIES", "")
+    if not visible or visible in ("void", "none"):
+        return ("NVIDIA_VISIBLE_DEVICES is not set to 'all' in this container, so the NVIDIA container runtime "
+                "did not inject the driver: run it as `kubegpu manifests` renders it (NVIDIA_VISIBLE_DEVICES=all, "
+                "runtimeClassName of the NVIDIA runtime where it is not the default)")
+    if caps and caps != "all" and "utility" not in caps.split(","):
+        return (f"NVIDIA_DRIVER_CAPABILITIES={caps} lacks 'utility', the capability that carries NVML "
+                "(use compute,utility)")
+    return ("is the NVIDIA driver installed on the node and this pod run by the NVIDIA container runtime "
+            "(runtimeClassName, or the runtime's default), or the host driver root mounted at the container "
+            "driver root?")
+
 
 # GPU-instance profile ids -> go-nvlib's name suffix.
 _PROFILE_SUFFIX = {0x7: "+me", 0x8: "+me", 0xA: "+gfx", 0xB: "+gfx", 0xC: "+gfx", 0x11: "+gfx",
@@ -89,9 +135,16 @@ class NvmlBackend:
     """GPUs as the NVIDIA driver reports them."""
 
     def __init__(self, node_name: str | None = None, nvml: ModuleType | Any | None = None,
-                 sysfs_root: str | Path = "/sys") -> None:
-        self._node_name = node_name or os.environ.get("NODE_NAME") or socket.gethostname()
+                 sysfs_root: str | Path = "/sys", driver_root: str | Path | None = None,
+                 env: Mapping[str, str] | None = None,
+                 preload: Callable[[Path], None] = _preload) -> None:
+        self._env = dict(os.environ) if env is None else dict(env)
+        self._node_name = node_name or self._env.get("NODE_NAME") or socket.gethostname()
         self._nvml_module = nvml
+        # The host's driver root as mounted in this container (NVIDIA's containerDriverRoot).
+        self._driver_root = driver_root
+        self._preload = preload
+        self.library: Path | None = None  # the NVML library loaded by path, if any
         self._sysfs = Path(sysfs_root)
         self._lock = threading.Lock()
         self._initialized = False
@@ -118,9 +171,11 @@ class NvmlBackend:
     def _error(self, exc: BaseException, what: str) -> InventoryError:
         code = getattr(exc, "value", None)
         if code in _UNAVAILABLE:
+            where = (f" (no {NVML_LIBRARY} under the driver root {self._driver_root} either)"
+                     if self._driver_root and self.library is None else "")
             return InventoryError(
-                f"NVML not available: {_UNAVAILABLE[code]} while trying to {what} ({exc}); "
-                "is the NVIDIA driver installed and the container run with the NVIDIA runtime?")
+                f"NVML not available: {_UNAVAILABLE[code]} while trying to {what} ({exc}){where}; "
+                f"{runtime_hint(self._env)}")
         return InventoryError(f"NVML failed to {what}: {exc} (NVML error {code})")
 
     def _call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
@@ -147,6 +202,15 @@ class NvmlBackend:
         if self._closed:
             raise InventoryError("NVML backend is closed")
         if not self._initialized:
+            if self.library is None:
+                found = locate_nvml(self._driver_root)
+                if found is not None:
+                    try:
+                        self._preload(found)
+                        self.library = found
+                        log.info("NVML from the driver root: %s", found)
+                    except OSError as exc:
+                        log.warning("cannot load %s (%s); trying the library path", found, exc)
             try:
                 self.nvml.nvmlInit()
             except InventoryError:

@@ -109,8 +109,8 @@ def load_topology(name_or_path: str | Path, node_name: str | None = None) -> Top
     source, text = resolve(name_or_path)
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise TopologyError(f"{source}: not valid YAML: {exc}") from exc
+    except (yaml.YAMLError, RecursionError) as exc:  # RecursionError: nested too deeply
+        raise TopologyError(f"{source}: not valid YAML: {str(exc)[:300]}") from None
     return parse_topology(data, node_name=node_name, source=source)
 
 
@@ -293,7 +293,10 @@ def _parse_mig(r: _Reader, node: str, gpu_index: int, parent: str, model: str, t
         mem_mib = spec.memory_mib
     else:
         # Unknown model: take the profile's own GB figure as the size.
-        mem_mib = int(PROFILE_RE.match(profile)["gb"]) * 1024  # type: ignore[index]
+        named = PROFILE_RE.match(profile)
+        if named is None:  # checked above; kept for the type checker
+            raise r.fail(f"{path}.profile", f"{profile!r} is not a MIG profile such as 3g.40gb")
+        mem_mib = int(named["gb"]) * 1024
     gb = memory_gb(mem_mib, total)
     if f"g.{gb}gb" not in profile:
         raise r.fail(f"{path}.profile",

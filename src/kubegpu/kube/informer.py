@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -78,7 +78,7 @@ class Informer:
     """Keeps a cache of one kind in step with the API server and tells the handler about changes."""
 
     def __init__(self, client: AsyncClient, resource: type, handler: Callable[[WatchEvent], None], *,
-                 namespace: str | None = "*", fields: dict[str, str] | None = None,
+                 namespace: str | None = "*", fields: Mapping[str, Any] | None = None,
                  labels: dict[str, str] | None = None, resync_s: float = 300.0,
                  server_timeout_s: int = 240, backoff: Backoff | None = None, name: str = "") -> None:
         self._client = client
@@ -116,7 +116,7 @@ class Informer:
 
     async def relist(self) -> None:
         """List everything and hand over the difference against the cache."""
-        listing = self._client.list(self._res, **self._kw())
+        listing: Any = self._client.list(self._res, **self._kw())
         fresh: dict[str, Any] = {}
         async for obj in listing:
             fresh[object_key(obj)] = obj
@@ -136,7 +136,7 @@ class Informer:
         self.synced.set()
 
     async def _watch(self) -> None:
-        stream = self._client.watch(self._res, resource_version=self.resource_version or None,
+        stream: Any = self._client.watch(self._res, resource_version=self.resource_version or None,
                                     server_timeout=self._server_timeout, **self._kw())
         async for kind, obj in stream:
             self._backoff.reset()

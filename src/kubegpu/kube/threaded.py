@@ -44,7 +44,7 @@ class InformerThread:
 
             async def main() -> None:
                 assert self.informer is not None
-                self._task = asyncio.current_task()  # type: ignore[assignment]
+                self._task = asyncio.current_task()
                 runner = asyncio.create_task(self.informer.run())
                 await self.informer.synced.wait()
                 self._synced.set()

@@ -75,7 +75,7 @@ def update_with_retry(client: Client, res: type, name: str, mutate: Callable[[An
     """Read, ``mutate`` (returns the object to write, or None when nothing needs writing), replace
     with the version read; on 409 read again and retry."""
     for attempt in range(attempts):
-        obj = client.get(res, name, namespace=namespace) if namespace else client.get(res, name)
+        obj: Any = client.get(res, name, namespace=namespace) if namespace else client.get(res, name)
         new = mutate(obj)
         if new is None:
             return obj
@@ -105,7 +105,7 @@ def emit_event(client: Client, **kw: Any) -> None:
 async def aupdate_with_retry(client: AsyncClient, res: type, name: str, mutate: Callable[[Any], Any | None], *,
                              namespace: str | None = None, attempts: int = CONFLICT_ATTEMPTS) -> Any:
     for attempt in range(attempts):
-        obj = await (client.get(res, name, namespace=namespace) if namespace else client.get(res, name))
+        obj: Any = await (client.get(res, name, namespace=namespace) if namespace else client.get(res, name))
         new = mutate(obj)
         if new is None:
             return obj
@@ -125,7 +125,7 @@ async def apatch_with_precondition(client: AsyncClient, res: type, name: str,
     read resourceVersion as a precondition; on 409 read again and retry. Lighter than a replace
     of the whole object and just as safe."""
     for attempt in range(attempts):
-        obj = await client.get(res, name, namespace=namespace)
+        obj: Any = await client.get(res, name, namespace=namespace)
         patch = build(obj)
         if patch is None:
             return obj

@@ -21,6 +21,9 @@ from typing import Any
 from kubegpu.model import resources as R
 from kubegpu.model.quantity import QuantityError, format_bytes, parse_int
 
+# The API server caps all of an object's annotations at 256 KiB together; a record is far smaller.
+MAX_RECORD_BYTES = 256 * 1024
+
 
 class AnnotationError(ValueError):
     """A device-allocated annotation that cannot be read (corrupt, or not this shape)."""
@@ -127,10 +130,12 @@ def _grants(items: object) -> tuple[DeviceGrant, ...]:
 
 def decode(text: str) -> PodAllocation:
     """Read an annotation value; raises :class:`AnnotationError` on anything malformed."""
+    if isinstance(text, str | bytes) and len(text) > MAX_RECORD_BYTES:
+        raise AnnotationError(f"{len(text)} bytes, more than any record ({MAX_RECORD_BYTES})")
     try:
         data = json.loads(text)
-    except (TypeError, ValueError) as exc:
-        raise AnnotationError(f"not JSON: {exc}") from None
+    except (TypeError, ValueError, RecursionError) as exc:  # RecursionError: "[" * 100000
+        raise AnnotationError(f"not JSON: {str(exc)[:200]}") from None
     if not isinstance(data, Mapping):
         raise AnnotationError("must be a JSON object")
     if "containers" in data:

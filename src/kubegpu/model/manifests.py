@@ -65,6 +65,8 @@ def load_documents(text: str) -> list[Any]:
     """Every document of a (multi-document) YAML or JSON text; empty documents dropped."""
     try:
         return [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]
+    except RecursionError:
+        raise ManifestError("not valid YAML: nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -118,7 +120,8 @@ def pods_in(obj: object, document: int = 0) -> tuple[list[PodSource], list[Skipp
     """Every pod spec in one parsed document (recursing into ``List`` items)."""
     if not isinstance(obj, Mapping):
         return [], [Skipped(document, type(obj).__name__, "")]
-    kind = obj.get("kind") if isinstance(obj.get("kind"), str) else ""
+    raw_kind = obj.get("kind")
+    kind = raw_kind if isinstance(raw_kind, str) else ""
     name, ns = _meta(obj)
     if kind.endswith("List") and isinstance(obj.get("items"), list):
         found: list[PodSource] = []

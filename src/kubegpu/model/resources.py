@@ -6,7 +6,9 @@ never disagree on what a name means.
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Iterable
 from typing import Final
 
 # Canonical names (ARCHITECTURE.md, "Resource protocol").
@@ -39,8 +41,55 @@ ALIASES: Final[dict[str, str]] = {
 }
 
 # MIG resource names: nvidia.com/mig-<g>g.<m>gb, optionally with a compute-slice prefix
-# (<c>c.<g>g.<m>gb) and +me / -me / +gfx style suffixes, as NVIDIA's naming produces them.
-MIG_PROFILE_RE: Final = re.compile(r"^(?:(\d+)c\.)?(\d+)g\.(\d+)gb(?:[+-][a-z]+)*$")
+# (<c>c.<g>g.<m>gb) and +me / -me / +gfx / +me.all suffixes, as NVIDIA's naming produces them ("+" becomes
+# "." in a resource name, where "+" is not allowed).
+MIG_PROFILE_RE: Final = re.compile(r"^(?:(\d+)c\.)?(\d+)g\.(\d+)gb(?:[+.-][a-z]+(?:\.all)?)*$")
+
+# Every MIG profile of the current data-centre GPUs (NVIDIA's MIG user guide, supported-profiles tables), by
+# GPU. One table drives what the extender manages and what the webhook and the CLI treat as GPUs; the values'
+# `migProfiles` extends it for a GPU newer than this list.
+MIG_PROFILE_TABLE: Final[dict[str, tuple[str, ...]]] = {
+    "A100 40GB": ("1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"),
+    "A100 80GB": ("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),
+    "A30 24GB": ("1g.6gb", "1g.6gb+me", "2g.12gb", "2g.12gb+me", "4g.24gb"),
+    "H100 80GB": ("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),
+    "H100 NVL 94GB": ("1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb"),
+    "GH200 96GB": ("1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.48gb", "4g.48gb", "7g.96gb"),
+    "H200 141GB": ("1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"),
+    "GH200 144GB": ("1g.18gb", "1g.18gb+me", "1g.36gb", "2g.36gb", "3g.72gb", "4g.72gb", "7g.144gb"),
+    "B200 180GB": ("1g.23gb", "1g.23gb+me", "1g.23gb-me", "1g.23gb+me.all", "1g.45gb", "2g.45gb",
+                   "2g.45gb-me", "2g.45gb+me.all", "3g.90gb", "4g.90gb", "7g.180gb"),
+    "GB200 186GB": ("1g.23gb", "1g.23gb+me", "1g.23gb-me", "1g.23gb+me.all", "1g.47gb", "2g.47gb",
+                    "2g.47gb-me", "2g.47gb+me.all", "3g.93gb", "4g.93gb", "7g.186gb"),
+}
+
+
+def mig_resource(profile: str) -> str:
+    """``1g.10gb+me`` -> ``nvidia.com/mig-1g.10gb.me`` (the name the node serves the profile under)."""
+    return NVIDIA_MIG_PREFIX + profile.replace("+", ".")
+
+
+def mig_resources(extra_profiles: Iterable[str] = ()) -> tuple[str, ...]:
+    """Every MIG resource name of the table plus ``extra_profiles``, sorted, without duplicates."""
+    profiles = {p for ps in MIG_PROFILE_TABLE.values() for p in ps} | set(extra_profiles)
+    return tuple(sorted({mig_resource(p) for p in profiles}))
+
+
+# Renamed GPU resources a deployment serves (time-slicing/MPS renames, `--resource-config` short forms) that
+# no naming rule can recognise, e.g. the sharing fork's nvidia.com/small. `kubegpu manifests` derives them
+# from the values and sets this variable in every role's container; a CLI may set it too.
+GPU_RESOURCES_ENV: Final = "KUBEGPU_GPU_RESOURCES"
+_declared: set[str] = set()
+
+
+def declare_gpu_resources(names: Iterable[str]) -> None:
+    """Add resource names every reader in this process treats as GPU resources."""
+    _declared.update(n.strip() for n in names if n and n.strip())
+
+
+def declared_gpu_resources() -> frozenset[str]:
+    env = os.environ.get(GPU_RESOURCES_ENV, "")
+    return frozenset(_declared | {n.strip() for n in env.split(",") if n.strip()})
 
 # Names under these prefixes belong to a GPU scheme kubegpu speaks; a name there that is
 # neither canonical nor a known alias is a typo and is refused rather than ignored.
@@ -79,9 +128,11 @@ def is_nvidia_gpu_name(name: str) -> bool:
     ``nvidia.com/`` also holds NVIDIA network-operator devices (``rdma_shared_device_a``,
     ``hostdev``, SR-IOV pools) that routinely sit beside ``nvidia.com/gpu`` in one container;
     they are not GPUs. A renamed replica resource is recognised when its name contains
-    ``gpu``; other renamings (the seed's ``nvidia.com/small``) must be declared to the parser
-    (``replica_resources``).
+    ``gpu`` or when it is declared (:func:`declared_gpu_resources`: the deployment's values, through
+    ``KUBEGPU_GPU_RESOURCES``), as the seed's ``nvidia.com/small`` must be.
     """
+    if name in declared_gpu_resources():
+        return True
     if not name.startswith(NVIDIA_PREFIX):
         return False
     rest = name[len(NVIDIA_PREFIX):]
@@ -91,13 +142,14 @@ def is_nvidia_gpu_name(name: str) -> bool:
 def is_gpu_resource(name: str, replica_resources: frozenset[str] = frozenset()) -> bool:
     """True for every name kubegpu owns or understands, canonical or alias, or one that
     sits in a GPU scheme's namespace (and is refused there when unknown)."""
-    return (name in ALIASES or name in replica_resources or name.startswith(KUBEGPU_PREFIX)
+    return (name in ALIASES or name in replica_resources or name in declared_gpu_resources()
+            or name.startswith(KUBEGPU_PREFIX)
             or name.startswith(GPU_ALIAS_PREFIXES) or is_nvidia_gpu_name(name))
 
 
 def is_known_name(name: str, replica_resources: frozenset[str] = frozenset()) -> bool:
     """True for canonical names, aliases and device-plugin names the parser can turn into a request."""
-    if name in ALIASES or name in CANONICAL or name in replica_resources:
+    if name in ALIASES or name in CANONICAL or name in replica_resources or name in declared_gpu_resources():
         return True
     if name.startswith(KUBEGPU_PREFIX) or name.startswith(GPU_ALIAS_PREFIXES):
         return False

@@ -108,6 +108,8 @@ def build_response(plan: ResourcePlan, ids: Sequence[str], known: Mapping[str, A
 
     if settings.cdi_enabled:
         cdi = [qualified_name(settings.cdi_vendor, settings.cdi_class, n) for n in names]
+        if settings.gdrcopy_enabled:
+            cdi.append(qualified_name(settings.cdi_vendor, "gdrcopy", "all"))
         if settings.gds_enabled:
             cdi.append(qualified_name(settings.cdi_vendor, "gds", "all"))
         if settings.mofed_enabled:
@@ -124,7 +126,9 @@ def build_response(plan: ResourcePlan, ids: Sequence[str], known: Mapping[str, A
         resp.mounts.extend(pb.Mount(host_path=VOLUME_MOUNTS_HOST, container_path=f"{VOLUME_MOUNTS_ROOT}/{n}")
                            for n in names)
     if settings.pass_device_specs:
-        resp.devices.extend(device_specs(devices, settings.driver_root, mig_minors or {}))
+        resp.devices.extend(device_specs(devices, settings.dev_root, mig_minors or {}))
+    if settings.gdrcopy_enabled:
+        envs["NVIDIA_GDRCOPY"] = "enabled"
     if settings.gds_enabled:
         envs["NVIDIA_GDS"] = "enabled"
     if settings.mofed_enabled:

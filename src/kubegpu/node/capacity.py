@@ -48,7 +48,7 @@ def publish_capacity(client: Client, inventory: NodeInventory, *, attempts: int 
     for attempt in range(attempts):
         try:
             client.patch(Node.Status, inventory.name, patch, patch_type=PatchType.MERGE)
-            log.info("node %s: share capacity %s", inventory.name, patch["status"]["capacity"])  # type: ignore[index]
+            log.info("node %s: share capacity %s", inventory.name, share_capacity(inventory))
             return True
         except ApiError as e:
             code = getattr(e.status, "code", 0) or 0

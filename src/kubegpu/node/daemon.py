@@ -28,7 +28,7 @@ from pathlib import Path
 
 from kubegpu.inventory.base import InventoryBackend, InventoryError
 from kubegpu.model.inventory import NodeInventory
-from kubegpu.node.cdi import build_spec, write_spec
+from kubegpu.node.cdi import CdiGenerationError, build_spec, generate_spec, write_spec
 from kubegpu.node.devspecs import read_mig_minors
 from kubegpu.node.health import HealthMonitor, XidPolicy
 from kubegpu.node.health_state import HealthState
@@ -178,7 +178,8 @@ class NodeDaemon:
         state.apply({u: h for u, h in prev.items() if not h and u in set(state.uuids())})
         state.add_listener(self._on_health_change)
         self.inventory, self.state = inv, state
-        self._write_cdi(inv)
+        if not self._write_cdi(inv):
+            return
         minors = read_mig_minors(opts.settings.mig_minors_file) if any(
             g.mig_enabled for g in inv.gpus) else {}
         placement = {m.uuid: (m.gi, m.ci) for g in inv.gpus for m in g.mig_devices}
@@ -187,6 +188,7 @@ class NodeDaemon:
                                      recovery_interval_s=opts.recovery_interval_s,
                                      on_xid=self._on_xid, mig_placement=placement)
         self.monitor.start()
+        self.metrics.set_inventory(inv)
         self.servers = [self._make_server(p, inv, state, minors) for p in plans]
         self.reg = {s.resource: _RegState() for s in self.servers}
         for s in self.servers:
@@ -209,14 +211,24 @@ class NodeDaemon:
         self.waiting_reason = reason
         log.warning("%s; failOnInitError is false: waiting indefinitely", reason)
 
-    def _write_cdi(self, inv: NodeInventory) -> None:
+    def _write_cdi(self, inv: NodeInventory) -> bool:
+        """Write the node's CDI spec where one is wanted; False when the CDI strategies cannot be served."""
         s = self.options.settings
         want = self.options.write_cdi_spec if self.options.write_cdi_spec is not None else s.cdi_enabled
         if not want:
-            return
-        minors = read_mig_minors(s.mig_minors_file)
-        spec = build_spec(inv, vendor=s.cdi_vendor, cls=s.cdi_class, driver_root=s.driver_root,
-                          mig_minors=minors)
+            return True
+        if s.cdi_enabled:
+            # What a container can run with: the toolkit's spec (libraries, hooks), or a refusal.
+            try:
+                spec = generate_spec(inv, vendor=s.cdi_vendor, cls=s.cdi_class, nvidia_ctk_path=s.nvidia_ctk_path,
+                                     container_driver_root=s.container_driver_root, driver_root=s.driver_root,
+                                     dev_root=s.dev_root, feature_flags=s.cdi_feature_flags, work_dir=s.cdi_dir)
+            except (CdiGenerationError, OSError) as exc:
+                self._init_failed(f"deviceListStrategy {','.join(s.device_list_strategies)}: {exc}")
+                return False
+        else:
+            spec = build_spec(inv, vendor=s.cdi_vendor, cls=s.cdi_class, driver_root=s.driver_root,
+                              mig_minors=read_mig_minors(s.mig_minors_file))
         try:
             path = write_spec(spec, s.cdi_dir, s.cdi_vendor, s.cdi_class)
             log.info("wrote CDI spec %s (%d devices)", path, len(spec["devices"]))
@@ -224,6 +236,7 @@ class NodeDaemon:
             if self.options.fail_on_init_error:
                 raise DaemonInitError(f"cannot write CDI spec to {s.cdi_dir}: {exc}") from exc
             log.error("cannot write CDI spec to %s: %s", s.cdi_dir, exc)
+        return True
 
     def _stop_plugins(self) -> None:
         if self.monitor is not None:
@@ -412,7 +425,17 @@ class NodeDaemon:
             st.needs, st.next_try = True, time.monotonic()
             self._wake.set()
 
-    # ----- introspection (CLI, tests) --------------------------------------------------------
+    # ----- introspection (CLI, tests, the /healthz and /readyz probes) ------------------------
+
+    def liveness(self) -> dict[str, str]:
+        """Whether the loops that keep the node served are running: "ok" or what died."""
+        checks = {"lifecycle": "ok" if self._thread is not None and self._thread.is_alive()
+                  else "the lifecycle loop is not running"}
+        if self.servers:  # serving: the NVML event loop must be watching the devices
+            monitor = self.monitor
+            alive = monitor is not None and monitor.alive()
+            checks["nvml-events"] = "ok" if alive else "the health monitor (NVML event loop) is not running"
+        return checks
 
     def status(self) -> dict[str, object]:
         with self._lock:

@@ -127,7 +127,7 @@ def pod_candidates(pod: dict[str, Any], seen: int) -> tuple[_PodEntry | None, st
             parsed = json.loads(raw_ack)
             if isinstance(parsed, dict) and isinstance(parsed.get("containers"), dict):
                 acked = {str(k): v for k, v in parsed["containers"].items() if isinstance(v, dict)}
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: "[" * 100000
             log.warning("pod %s: unreadable %s annotation ignored", key, DEVICE_ASSIGNED)
     return _PodEntry(key, str(meta.get("uid") or ""), created, seen, out, acked), ""
 
@@ -313,8 +313,8 @@ class HandoffResolver:
         with self._lock:
             served_to: dict[tuple[str, frozenset[str]], tuple[str, str]] = {}
             uid_key = {p.uid: p.key for p in self._pods.values()}
-            for (uid, container), (resource, ids) in self._served.items():
-                served_to[(resource, frozenset(ids))] = (uid_key.get(uid, uid), container)
+            for (uid, container), (resource, served_ids) in self._served.items():
+                served_to[(resource, frozenset(served_ids))] = (uid_key.get(uid, uid), container)
             by_key = dict(self._pods)
         problems: list[tuple[str, str, str]] = []
         for ns, pod, container, resource, ids in holdings:

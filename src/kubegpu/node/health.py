@@ -51,6 +51,9 @@ class HealthMonitor:
         self._thread = threading.Thread(target=self._run, name="kubegpu-health", daemon=True)
         self._thread.start()
 
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stop.set()
         if self._thread is not None:

@@ -71,11 +71,11 @@ class KubeNodePublisher:
             except ApiError as exc:
                 if not is_not_found(exc):
                     raise
-                self.client.create(Device(body))
+                self.client.create(Device(**body))
                 return
             body["metadata"]["resourceVersion"] = current.metadata.resourceVersion
             try:
-                self.client.replace(Device(body))
+                self.client.replace(Device(**body))
                 return
             except ApiError as exc:
                 if not is_conflict(exc):

@@ -32,6 +32,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Final
 
+from kubegpu.model import resources as R
 from kubegpu.model.inventory import Gpu, MigDevice, NodeInventory
 from kubegpu.node.config import Config
 
@@ -188,7 +189,7 @@ def _mig_strategy_labels(inv: NodeInventory, config: Config) -> dict[str, str]:
             counts[m.profile] = counts.get(m.profile, 0) + 1
     for profile in sorted(first):
         g, m = first[profile]
-        resource = f"nvidia.com/mig-{profile.replace('+', '.')}"
+        resource = R.mig_resource(profile)
         labels.update(_mig_labels(resource, g, m, counts[profile], config))
     return labels
 

@@ -69,8 +69,14 @@ class PluginSettings:
     device_id_strategy: str = "uuid"
     pass_device_specs: bool = False
     driver_root: str = "/"
+    dev_root: str = "/"  # NVIDIA's devRoot: where the /dev/nvidia* nodes live on the host (device specs, CDI)
+    gdrcopy_enabled: bool = False
     gds_enabled: bool = False
     mofed_enabled: bool = False
+    # CDI spec generation with the NVIDIA Container Toolkit (node/cdi.py).
+    nvidia_ctk_path: str = "/usr/bin/nvidia-ctk"
+    container_driver_root: str = "/driver-root"
+    cdi_feature_flags: tuple[str, ...] = ()
     cdi_dir: str = "/var/run/cdi"
     cdi_vendor: str = "k8s.device-plugin.nvidia.com"
     cdi_class: str = "gpu"

@@ -47,7 +47,7 @@ def mig_device(g: Gpu, m: MigDevice) -> AdvertisedDevice:
 
 def mig_resource_name(profile: str) -> str:
     """``1g.10gb+me`` -> ``nvidia.com/mig-1g.10gb.me`` (``+`` is not allowed in resource names)."""
-    return R.NVIDIA_MIG_PREFIX + profile.replace("+", ".")
+    return R.mig_resource(profile)
 
 
 def _match(patterns: Sequence[ResourcePattern], value: str) -> str | None:
@@ -185,7 +185,7 @@ def resource_counts(plans: Sequence[ResourcePlan]) -> dict[str, int]:
 
 
 def plugin_settings(config: Config, **overrides: object) -> PluginSettings:
-    """The plugin servers' settings from the config (fields PluginSettings lacks are skipped)."""
+    """The plugin servers' settings from the config."""
     f = config.flags
     values: Mapping[str, object] = {
         "device_list_strategies": f.plugin.device_list_strategy,
@@ -201,11 +201,9 @@ def plugin_settings(config: Config, **overrides: object) -> PluginSettings:
         "nvidia_ctk_path": f.plugin.nvidia_ctk_path,
         "container_driver_root": f.plugin.container_driver_root,
         "cdi_feature_flags": f.plugin.cdi_feature_flags,
-        "imex_channel_ids": config.imex.channel_ids,
-        "imex_required": config.imex.required,
         "mps_root": f.mps_root,
         "replica_policy": config.kubegpu.replica_choice,
         **overrides,
     }
-    known = {fld.name for fld in dataclasses.fields(PluginSettings)}
-    return PluginSettings(**{k: v for k, v in values.items() if k in known})  # type: ignore[arg-type]
+    # Every setting reaches the servers: a name PluginSettings lacks is a bug here, not a value to drop.
+    return PluginSettings(**values)  # type: ignore[arg-type]

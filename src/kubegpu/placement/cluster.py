@@ -13,7 +13,8 @@ millicores.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +26,8 @@ MILLI = 1000  # compute of one whole GPU
 # Pods per request kind on each node (column 0: GPU shares, k: k whole GPUs, 9: more); the
 # clustering policy reads it.
 TAG_COLUMNS = 10
+# Layout generations: every ClusterState (and every copy) gets its own, never reused (unlike id()).
+_LAYOUTS = itertools.count(1)
 
 
 def demand_tag(demand: Demand) -> int:
@@ -107,14 +110,70 @@ class ClusterState:
     # Bumped on every change of a node, so derived caches know which rows to refresh. Code that
     # writes the arrays directly must call touch(node).
     version: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # Which GPU models a demand's ``models`` admit: exact names by default; the extender plugs in its
+    # own matcher (GFD spellings, trace names) with :meth:`set_model_matcher`.
+    _matcher: Callable[[frozenset[str]], np.ndarray] | None = None
+    # This object's layout generation: caches derived from a cluster are keyed by (layout, row version).
+    # A new one for every object, every copy and every change of rows, slots or models; never reused.
+    layout: int = 0
+    # Row changes so far (every version bump): a cache that saw this epoch has nothing to refresh.
+    epoch: int = 0
 
     def __post_init__(self) -> None:
         if self.version.shape != self.cpu_cap.shape:
             self.version = np.zeros(self.cpu_cap.shape, np.int64)
+        self.layout = next(_LAYOUTS)
 
     def touch(self, node: int) -> None:
         """Record that a node's arrays changed."""
         self.version[node] += 1
+        self.epoch += 1
+
+    # ---- what the extender writes -----------------------------------------------------------
+    def set_models(self, names: Sequence[str]) -> None:
+        """Name the GPU models (``node_model`` indexes them); a new layout generation."""
+        self.model_names = tuple(names)
+        self._model_index = {m: i for i, m in enumerate(self.model_names)}
+        self.layout = next(_LAYOUTS)
+
+    def model_id(self, name: str) -> int:
+        """Index of a GPU model in ``model_names``; -1 when unknown."""
+        return self._model_index.get(name, -1)
+
+    def set_model_matcher(self, matcher: Callable[[frozenset[str]], np.ndarray] | None) -> None:
+        """Answer :meth:`model_mask` with ``matcher`` (an (N,) bool per allowed set); a new layout generation."""
+        self._matcher = matcher
+        self.layout = next(_LAYOUTS)
+
+    def set_row(self, node: int, src: ClusterState, model: str, src_row: int = 0) -> None:
+        """Copy row ``src_row`` of ``src`` (a node's own one-row state) into row ``node``; bumps its version.
+
+        Raises ValueError when ``src`` has more GPU slots than this cluster or an unknown GPU model.
+        """
+        k = src.n_slots
+        if k > self.n_slots:
+            raise ValueError(f"{self.names[node]}: {k} GPU slots, the cluster holds {self.n_slots}")
+        mid = self.model_id(model) if model else -1
+        if model and mid < 0:
+            raise ValueError(f"{self.names[node]}: GPU model {model!r} not in this cluster's table")
+        self.node_model[node] = mid
+        self.gpu_ok[node] = False
+        self.core_free[node] = 0
+        self.gmem_cap[node] = 0
+        self.gmem_free[node] = 0
+        self.cpu_cap[node], self.cpu_free[node] = src.cpu_cap[src_row], src.cpu_free[src_row]
+        self.mem_cap[node], self.mem_free[node] = src.mem_cap[src_row], src.mem_free[src_row]
+        self.gpu_ok[node, :k] = src.gpu_ok[src_row]
+        self.core_free[node, :k] = src.core_free[src_row]
+        self.gmem_cap[node, :k] = src.gmem_cap[src_row]
+        self.gmem_free[node, :k] = src.gmem_free[src_row]
+        if self.links is not None:
+            self.links[node] = 0
+            if src.links is not None:
+                self.links[node, :k, :k] = src.links[src_row]
+        if src.tags.shape[0] and self.tags.shape[0]:
+            self.tags[node] = src.tags[src_row]
+        self.touch(node)
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
@@ -211,6 +270,7 @@ class ClusterState:
             self.tags.copy(),
             dict(self._model_index),
             self.version.copy(),
+            self._matcher,
         )
 
     # ---- shape --------------------------------------------------------------------------------
@@ -231,6 +291,8 @@ class ClusterState:
         """(N,) bool: nodes whose GPU model is allowed."""
         if models is None:
             return np.ones(self.n_nodes, bool)
+        if self._matcher is not None:
+            return self._matcher(models)
         allowed = [self._model_index[m] for m in models if m in self._model_index]
         return np.isin(self.node_model, np.asarray(allowed, np.int32))
 
@@ -278,7 +340,7 @@ class ClusterState:
         need = self.gpu_memory_need(demand)[node]
         self.cpu_free[node] -= demand.cpu_milli
         self.mem_free[node] -= demand.memory_bytes
-        self.version[node] += 1
+        self.touch(node)
         tag = demand_tag(demand)
         if tag >= 0:
             self.tags[node, tag] += 1
@@ -295,7 +357,7 @@ class ClusterState:
         need = self.gpu_memory_need(demand)[node]
         self.cpu_free[node] = min(self.cpu_cap[node], self.cpu_free[node] + demand.cpu_milli)
         self.mem_free[node] = min(self.mem_cap[node], self.mem_free[node] + demand.memory_bytes)
-        self.version[node] += 1
+        self.touch(node)
         tag = demand_tag(demand)
         if tag >= 0 and self.tags[node, tag] > 0:
             self.tags[node, tag] -= 1

@@ -101,13 +101,17 @@ def place(
     """
     ctx = ctx or ScoreContext()
     npol = get_policy(node_policy)
+    if gpu_policy is None:
+        gpu_policy = npol.gpu_default
+    if gpu_policy == npol.name:
+        gpu_policy = npol  # the same instance: its kept per-GPU scores serve the GPU choice
     rows, scores = score_nodes(cluster, demand, npol, ctx)
     if len(rows) == 0:
         return None
     rank = None if ctx.node_rank is None else ctx.node_rank[rows]
     i = pick_best(scores, ctx.rng if ctx.random_ties else None, rank)
     node = int(rows[i])
-    gpus = choose_gpus(cluster, node, demand, gpu_policy if gpu_policy is not None else npol.gpu_default, ctx)
+    gpus = choose_gpus(cluster, node, demand, gpu_policy, ctx)
     return Placement(node, gpus, float(scores[i]))
 
 

@@ -101,9 +101,14 @@ class FragCache:
         self.slots = np.zeros((len(terms.freq), n), np.int64)
         self.s = np.zeros(n, np.int64)
         self.version = np.full(n, -1, np.int64)
+        self._seen = (-1, -1)  # (layout, epoch) of the cluster at the last sync
         self.sync(cluster)
 
     def sync(self, cluster: ClusterState) -> None:
+        seen = (cluster.layout, cluster.epoch)
+        if seen == self._seen:
+            return
+        self._seen = seen
         rows = np.flatnonzero(cluster.version != self.version)
         if len(rows) == 0:
             return

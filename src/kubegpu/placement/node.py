@@ -22,6 +22,9 @@ from kubegpu.placement.cluster import MILLI, ClusterState, Demand
 from kubegpu.placement.engine import choose_gpus
 from kubegpu.placement.policies import Policy, ScoreContext
 
+# CPU (millicores) or memory (bytes) of a node whose inventory does not say: never the limit.
+UNKNOWN_CAPACITY = 1 << 50
+
 
 class PlacementConflict(ValueError):
     """A choice or allocation no longer fits the node (a race, or a stale view); nothing was changed."""
@@ -83,6 +86,11 @@ class NodeState:
         self.inventory = inventory
         self.gpus: tuple[Gpu, ...] = tuple(sorted(inventory.gpus, key=lambda g: g.index))
         self.arrays = ClusterState.from_inventories([inventory], max_gpus=max(1, len(self.gpus)))
+        a = self.arrays
+        if a.cpu_cap[0] <= 0:  # not published: CPU is then kube-scheduler's business alone
+            a.cpu_cap[0] = a.cpu_free[0] = UNKNOWN_CAPACITY
+        if a.mem_cap[0] <= 0:
+            a.mem_cap[0] = a.mem_free[0] = UNKNOWN_CAPACITY
         self._slot = {g.uuid: i for i, g in enumerate(self.gpus)}
         self._mig: dict[str, tuple[Gpu, MigDevice]] = {
             m.uuid: (g, m) for g in self.gpus if g.mig_enabled for m in g.mig_devices
@@ -296,17 +304,23 @@ def _fit_container(
         slots = choose_gpus(view, 0, demand, gpu_policy, ctx)
     except ValueError as exc:
         return None, str(exc)
+    return grants_on(state, demand, slots, req.memory_ratio or 0), "fits"
+
+
+def grants_on(state: NodeState, demand: Demand, slots: Iterable[int], memory_ratio: int = 0) -> tuple[DeviceGrant, ...]:
+    """The annotation's grants for ``demand`` on GPU slots ``slots`` of ``state`` (as :func:`choose_gpus` numbers
+    them; the same slots as the node's row in a cluster built from node states)."""
     grants = []
-    need = view.gpu_memory_need(demand)[0]
+    need = state.arrays.gpu_memory_need(demand)[0]
     for j in slots:
         gpu = state.gpus[j]
         if demand.exclusive:
             grants.append(DeviceGrant(gpu.minor, gpu.uuid, 100, gpu.memory_bytes, 100))
         else:
             mem = int(need[j])
-            ratio = req.memory_ratio if req.memory_ratio else _ratio(mem, gpu.memory_bytes)
+            ratio = memory_ratio if memory_ratio else _ratio(mem, gpu.memory_bytes)
             grants.append(DeviceGrant(gpu.minor, gpu.uuid, demand.milli // 10, mem, ratio))
-    return tuple(grants), "fits"
+    return tuple(grants)
 
 
 def _ratio(mem: int, cap: int) -> int:

@@ -2,10 +2,13 @@
 the DeviceShare debug API, Prometheus metrics and a health check.
 
 Verbs are served under both ``/<verb>`` and ``/scheduler/<verb>`` (the fixture's
-``urlPrefix``). A malformed or oversized body is a 400 with a message; a
-failure inside a verb becomes the reply's ``Error`` field, never a 500 or a
-hang. Filter and prioritize only read the view; bind is the one commit point:
-it chooses the GPUs and holds them before its first ``await``, so concurrent
+``urlPrefix``). A malformed body is a 400 with a message, an oversized one a
+413, one that does not arrive in time a 408; a failure inside a verb becomes
+the reply's ``Error`` field, never a 500 or a hang. Every verb's cost is
+bounded before the expensive work (:mod:`kubegpu.scheduler.limits`).
+Filter and prioritize only read the view; bind is the one commit point: it
+reads the pod from the API server (never what an earlier ``/filter`` body
+said about that UID), chooses the GPUs and holds them before its next ``await``, so concurrent
 binds can never be handed the same capacity, posts one Binding that carries
 the ``kubegpu.io/device-allocated`` annotation (the API server applies both
 in one write), and releases the hold if that fails.
@@ -16,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -29,12 +31,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from kubegpu.httpserve import BodyError, read_body
 from kubegpu.kube.resources import Pod
 from kubegpu.kube.writes import abind_pod, is_conflict, retry_async
 from kubegpu.model import annotations as A
 from kubegpu.model.allocation import AnnotationError, PodAllocation, decode, encode
 from kubegpu.placement import DEFAULT_POLICY, PlacementConflict
 from kubegpu.scheduler import wire
+from kubegpu.scheduler.limits import Limits, bounded_filter, too_many_gpu_containers
 from kubegpu.scheduler.metrics import ExtenderMetrics
 from kubegpu.scheduler.requests import pod_policies
 from kubegpu.scheduler.state import ClusterView
@@ -42,32 +46,17 @@ from kubegpu.scheduler.state import ClusterView
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 32 * 1024 * 1024  # 5,000 full Node objects fit; anything larger is refused
-
-
-class BodyTooLarge(Exception):
-    pass
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge
-    chunks = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge
-        chunks.append(chunk)
-    return b"".join(chunks)
+MAX_MODEL_MASKS = 256  # distinct allowed-model lists whose node masks the view keeps (N bytes each)
 
 
 def _json(body: bytes, status: int = 200) -> Response:
     return Response(body, status_code=status, media_type="application/json")
 
 
-def _bad(message: str) -> Response:
-    return _json(wire.encode({"Error": message}), 400)
+def _bad(message: str, status: int = 400) -> Response:
+    headers = {"connection": "close"} if status in (408, 413) else None  # the rest of the body is not read
+    return Response(wire.encode({"Error": message}), status_code=status, media_type="application/json",
+                    headers=headers)
 
 
 class Extender:
@@ -75,29 +64,33 @@ class Extender:
 
     def __init__(self, view: ClusterView, client: AsyncClient | None, *, node_policy: str = DEFAULT_POLICY,
                  gpu_policy: str = DEFAULT_POLICY, max_body_bytes: int = MAX_BODY_BYTES,
-                 ready: Callable[[], bool] = lambda: True) -> None:
+                 ready: Callable[[], bool] = lambda: True, limits: Limits | None = None,
+                 body_timeout_s: float = 10.0) -> None:
         self.view = view
         self.client = client
         self.node_policy = node_policy
         self.gpu_policy = gpu_policy
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
+        self.limits = limits or Limits()
         self.metrics = ExtenderMetrics(view)
         self._ready = ready
         self._bind_locks: dict[str, asyncio.Lock] = {}
-        self._pods: OrderedDict[str, dict[str, Any]] = OrderedDict()  # UID -> pod, from filter/prioritize
-        self.pod_cache_size = 4096
         verbs = (("filter", self.filter), ("prioritize", self.prioritize), ("bind", self.bind))
         routes = [Route(f"{prefix}/{name}", self._verb(name, fn), methods=["POST"])
                   for prefix in ("", "/scheduler") for name, fn in verbs]
         self.app = Starlette(routes=routes + self.debug_routes())
         # The same read-only routes alone, for a separate listener (metrics scraped from outside the pod
-        # while the verbs stay on localhost beside kube-scheduler).
+        # while the verbs stay on localhost beside kube-scheduler). The debug API names every GPU pod, so
+        # the outside listener serves only /metrics and /healthz unless told otherwise (metrics_app).
         self.debug_app = Starlette(routes=self.debug_routes())
+        self.metrics_app = Starlette(routes=[r for r in self.debug_routes() if r.path in ("/metrics", "/healthz")])
 
     def debug_routes(self) -> list[Route]:
         return [
             Route("/apis/v1/plugins/DeviceShare/nodeDeviceSummaries", self.summaries, methods=["GET"]),
             Route("/apis/v1/plugins/DeviceShare/nodeDeviceSummaries/{node}", self.summary, methods=["GET"]),
+            Route("/apis/v1/plugins/DeviceShare/workload", self.workload, methods=["GET"]),
             Route("/metrics", self.prometheus, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
         ]
@@ -109,11 +102,13 @@ class Extender:
         async def handler(request: Request) -> Response:
             start = time.perf_counter()
             try:
-                body = await _read_body(request, self.max_body_bytes)
+                body = await read_body(request, self.max_body_bytes, self.body_timeout_s)
                 return await fn(body)
-            except BodyTooLarge:
+            except BodyError as e:
                 self.metrics.bad_requests.labels(name).inc()
-                return _bad(f"request body larger than {self.max_body_bytes} bytes")
+                if e.status == 499:
+                    log.info("%s: %s", name, e)  # nobody is left to answer
+                return _bad(str(e), e.status)
             except wire.WireError as e:
                 self.metrics.bad_requests.labels(name).inc()
                 return _bad(str(e))
@@ -130,11 +125,12 @@ class Extender:
         args = wire.decode_args(body)
         assert args.Pod is not None
         names = wire.node_names(args)
-        self.remember(args.Pod)
         try:
             self.view.expire_assumed()
             _, gpu_policy = self.policies(args.Pod)
-            out = self.view.filter(args.Pod, names, gpu_policy)
+            out = await bounded_filter(self.view, args.Pod, names, gpu_policy, self.limits)
+            if len(self.view._model_masks) > MAX_MODEL_MASKS:  # one per distinct allowed-model list
+                self.view._model_masks.clear()
         except Exception as e:  # a bug must not fail scheduling silently: say it in Error
             log.exception("filter failed")
             return _json(wire.encode(wire.ExtenderFilterResult(None, None, {}, {}, f"kubegpu filter: {e}")))
@@ -158,7 +154,10 @@ class Extender:
         names = wire.node_names(args)
         try:
             node_policy, _ = self.policies(args.Pod)
-            scores = self.view.prioritize(args.Pod, names, node_policy)
+            if too_many_gpu_containers(args.Pod, self.limits.max_gpu_containers):
+                scores = [0] * len(names)  # filter refused it; nothing to score
+            else:
+                scores = self.view.prioritize(args.Pod, names, node_policy)
         except Exception:
             log.exception("prioritize failed")  # errors are ignored by the scheduler: score nothing
             scores = [0] * len(names)
@@ -188,33 +187,33 @@ class Extender:
                 return ""  # a retry of a bind that went through (ours, or one the watch has shown)
             self.metrics.bind_failures.labels("already-bound").inc()
             return f"kubegpu bind: pod {key} is already bound to {held.node}"
-        # The scheduler sent this pod to filter moments ago; read it only when that copy is missing.
-        pod = self._pods.get(args.PodUID) if args.PodUID else None
-        uid = args.PodUID
-        if pod is None:
-            try:
-                current = await retry_async(lambda: self.client.get(Pod, name, namespace=ns))  # type: ignore[union-attr]
-            except ApiError as e:
-                self.metrics.bind_failures.labels("pod-lookup").inc()
-                return f"kubegpu bind: cannot read pod {key}: {e.status.message}"
-            except (OSError, httpx2.HTTPError) as e:
-                self.metrics.bind_failures.labels("api-unreachable").inc()
-                return f"kubegpu bind: API server unreachable: {e}"
-            uid = str(current.metadata.uid or "")
-            if args.PodUID and uid != args.PodUID:
-                self.metrics.bind_failures.labels("uid-changed").inc()
-                return f"kubegpu bind: pod {key} is now UID {uid}, not {args.PodUID} (recreated)"
-            bound_to = current.spec.nodeName if current.spec else None
-            if bound_to:
-                recorded = _recorded(current)
-                if bound_to == node and recorded is not None:  # bound by an earlier attempt of ours
-                    self._hold_quietly(key, uid, node, recorded)
-                    return ""
-                self.metrics.bind_failures.labels("already-bound").inc()
-                return f"kubegpu bind: pod {key} is already bound to {bound_to}"
-            pod = current.to_dict()
+        # Always the API server's pod: what an earlier /filter body said about this UID is not evidence.
+        try:
+            current = await retry_async(lambda: self.client.get(Pod, name, namespace=ns))  # type: ignore[union-attr]
+        except ApiError as e:
+            self.metrics.bind_failures.labels("pod-lookup").inc()
+            return f"kubegpu bind: cannot read pod {key}: {e.status.message}"
+        except (OSError, httpx2.HTTPError) as e:
+            self.metrics.bind_failures.labels("api-unreachable").inc()
+            return f"kubegpu bind: API server unreachable: {e}"
+        uid = str(current.metadata.uid or "")
+        if args.PodUID and uid != args.PodUID:
+            self.metrics.bind_failures.labels("uid-changed").inc()
+            return f"kubegpu bind: pod {key} is now UID {uid}, not {args.PodUID} (recreated)"
+        bound_to = current.spec.nodeName if current.spec else None
+        if bound_to:
+            recorded = _recorded(current)
+            if bound_to == node and recorded is not None:  # bound by an earlier attempt of ours
+                self._hold_quietly(key, uid, node, recorded)
+                return ""
+            self.metrics.bind_failures.labels("already-bound").inc()
+            return f"kubegpu bind: pod {key} is already bound to {bound_to}"
+        pod = current.to_dict()
+        if why := too_many_gpu_containers(pod, self.limits.max_gpu_containers):
+            self.metrics.bind_failures.labels("refused").inc()
+            return f"kubegpu bind: {why}"
         # Choose and hold before the first await below: no other bind can take the same capacity.
-        if held is not None:
+        if self.view.held.get(key) is not None:  # read again: the watch may have moved during the GET
             self.view.release(key)
         _, gpu_policy = self.policies(pod)
         alloc, why = self.view.choose(pod, node, gpu_policy)
@@ -222,7 +221,7 @@ class Extender:
             self.metrics.bind_failures.labels("no-fit").inc()
             return f"kubegpu bind: {why}"
         try:
-            self.view.hold(key, uid, node, alloc, assumed=True)
+            self.view.hold(key, uid, node, alloc, assumed=True, pod=pod)
         except PlacementConflict as e:  # cannot happen right after choose; refuse rather than over-commit
             self.metrics.bind_failures.labels("no-fit").inc()
             return f"kubegpu bind: {e}"
@@ -252,17 +251,7 @@ class Extender:
         """After a 409 on the Binding: is the pod bound to ``node`` with our record (a retry that raced)?"""
         pod = await self.client.get(Pod, name, namespace=ns)  # type: ignore[union-attr]
         return bool(pod.spec and pod.spec.nodeName == node
-                    and (pod.metadata.annotations or {}).get(A.DEVICE_ALLOCATED) == value)
-
-    def remember(self, pod: dict[str, Any]) -> None:
-        """Keep the scheduler's copy of a pod being scheduled, for its bind (bounded, oldest dropped)."""
-        meta = pod.get("metadata")
-        uid = meta.get("uid") if isinstance(meta, dict) else None
-        if isinstance(uid, str) and uid:
-            self._pods[uid] = pod
-            self._pods.move_to_end(uid)
-            while len(self._pods) > self.pod_cache_size:
-                self._pods.popitem(last=False)
+                    and ((pod.metadata and pod.metadata.annotations) or {}).get(A.DEVICE_ALLOCATED) == value)
 
     def _hold_quietly(self, key: str, uid: str, node: str, alloc: PodAllocation) -> None:
         try:
@@ -281,6 +270,10 @@ class Extender:
         if s is None:
             return JSONResponse({"error": f"node {node} has no GPUs known to kubegpu"}, status_code=404)
         return _json(wire.encode(s))
+
+    async def workload(self, request: Request) -> Response:
+        """The target workload learned from the live GPU pods (what fragmentation-aware scoring uses)."""
+        return JSONResponse(self.view.scoring.learner.summary())
 
     async def prometheus(self, request: Request) -> Response:
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -41,6 +41,13 @@ class _ViewCollector(Collector):
         held.add_metric(["confirmed"], len(self._view.held) - assumed)
         held.add_metric(["assumed"], assumed)
         yield held
+        learner = self._view.scoring.learner
+        wl = GaugeMetricFamily("kubegpu_learned_workload", "The target workload learned from live GPU pods",
+                               labels=["what"])
+        wl.add_metric(["live_gpu_pods"], learner.live)
+        wl.add_metric(["generation"], learner.generation)
+        wl.add_metric(["shapes"], len(learner.current))
+        yield wl
         bad = GaugeMetricFamily("kubegpu_allocation_annotations_rejected",
                                 "Allocation annotations that were unreadable or collided", labels=["why"])
         bad.add_metric(["corrupt"], self._view.corrupt)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from kubegpu.model import annotations as A
+from kubegpu.model import quantity
 from kubegpu.model.allocation import PodAllocation
 from kubegpu.model.request import PodRequest, RequestKind
 from kubegpu.placement import Demand, get_policy, request_demand
@@ -36,7 +38,7 @@ def pod_policies(pod: Mapping[str, Any], node_default: str, gpu_default: str) ->
                 try:
                     get_policy(value)
                 except KeyError:
-                    log.warning("pod %s: unknown %s policy %r ignored", meta.get("name"), current, value)
+                    log.warning("pod %s: unknown %s policy %r ignored", (meta or {}).get("name"), current, value)
                     continue
                 if current == "node":
                     node_p = value
@@ -82,3 +84,55 @@ def scoring_demand(request: PodRequest) -> Demand | None:
         if best is None or d.count * d.milli > best.count * best.milli:
             best = d
     return best
+
+
+def _quantity(value: object, scale: int) -> int:
+    try:
+        return max(0, int(quantity.parse(value) * scale))
+    except (quantity.QuantityError, ValueError, ArithmeticError):
+        return 0
+
+
+def _container_requests(c: Mapping[str, Any]) -> tuple[int, int]:
+    res = c.get("resources") if isinstance(c, Mapping) else None
+    res = res if isinstance(res, Mapping) else {}
+    req = res.get("requests") if isinstance(res.get("requests"), Mapping) else {}
+    lim = res.get("limits") if isinstance(res.get("limits"), Mapping) else {}
+    cpu = req.get("cpu", lim.get("cpu"))  # an unset request defaults to the limit
+    mem = req.get("memory", lim.get("memory"))
+    return (_quantity(cpu, 1000) if cpu is not None else 0, _quantity(mem, 1) if mem is not None else 0)
+
+
+def pod_resources(pod: Mapping[str, Any]) -> tuple[int, int]:
+    """The pod's CPU (millicores) and memory (bytes) requests as kube-scheduler counts them: the larger of
+    the app containers' sum and any one init container, plus the pod overhead. Unreadable values count 0."""
+    spec = pod.get("spec") if isinstance(pod, Mapping) else None
+    if not isinstance(spec, Mapping):
+        return 0, 0
+    cpu = mem = 0
+    for c in spec.get("containers") or ():
+        a, b = _container_requests(c)
+        cpu, mem = cpu + a, mem + b
+    for c in spec.get("initContainers") or ():
+        a, b = _container_requests(c)
+        cpu, mem = max(cpu, a), max(mem, b)
+    overhead = spec.get("overhead")
+    if isinstance(overhead, Mapping):
+        cpu += _quantity(overhead.get("cpu", 0), 1000)
+        mem += _quantity(overhead.get("memory", 0), 1)
+    return cpu, mem
+
+
+def with_resources(demand: Demand, pod: Mapping[str, Any]) -> Demand:
+    """``demand`` with the pod's CPU and memory (what the simulator's trace demands carry)."""
+    cpu, mem = pod_resources(pod)
+    return replace(demand, cpu_milli=cpu, memory_bytes=mem)
+
+
+def pod_demand(request: PodRequest, pod: Mapping[str, Any]) -> Demand:
+    """The demand the pod is scored and learned with: its largest whole/share container's (none: a CPU-only
+    demand) with the pod's CPU, memory and allowed models."""
+    d = scoring_demand(request)
+    if d is None:
+        d = Demand()
+    return with_resources(d, pod)

@@ -12,20 +12,22 @@ import contextlib
 import gc
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import uvicorn
 from lightkube import AsyncClient
 from lightkube import operators as op
 
+from kubegpu import httpserve
+from kubegpu.httpserve import BoundedServer, ServeLimits, server_context
 from kubegpu.kube.informer import EventType, Informer, WatchEvent
 from kubegpu.kube.resources import Device, Node, Pod
 from kubegpu.model import annotations as A
 from kubegpu.node.device_object import DeviceObjectError, inventory_from_device
 from kubegpu.placement import DEFAULT_POLICY
 from kubegpu.scheduler.app import Extender
+from kubegpu.scheduler.limits import Limits
 from kubegpu.scheduler.state import ClusterView
 
 log = logging.getLogger(__name__)
@@ -63,18 +65,11 @@ def device_handler(view: ClusterView) -> Any:
 def pod_handler(view: ClusterView) -> Any:
     def on_pod(ev: WatchEvent) -> None:
         meta = ev.obj.metadata
-        if A.DEVICE_ALLOCATED not in (meta.annotations or {}) and f"{meta.namespace}/{meta.name}" not in view.held:
-            return  # not a GPU pod of ours (most pods of a cluster): skip the conversion
+        if (A.DEVICE_ALLOCATED not in (meta.annotations or {}) and f"{meta.namespace}/{meta.name}" not in view.held
+                and not view.tracks(ev.obj.spec.nodeName if ev.obj.spec else None)):
+            return  # neither a GPU pod of ours nor on a GPU node (most pods of a cluster): skip the conversion
         view.observe_pod(ev.obj.to_dict(), deleted=ev.type is EventType.DELETED)
     return on_pod
-
-
-class _QuietServer(uvicorn.Server):
-    """A second server in the same process: it leaves SIGTERM/SIGINT to the main one (which would
-    otherwise lose them), and stops when the service cancels it."""
-
-    def capture_signals(self) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
-        return contextlib.nullcontext()
 
 
 @dataclass
@@ -85,6 +80,10 @@ class ExtenderService:
     node_policy: str = DEFAULT_POLICY
     gpu_policy: str = DEFAULT_POLICY
     resync_s: float = 1800.0  # a full relist is a safety net (410s relist anyway); at scale it costs seconds
+    limits: Limits | None = None  # cost bounds of the verbs (scheduler/limits.py)
+    # HTTP bounds (httpserve.py); keep-alive outlives Go's 90 s idle timeout so kube-scheduler never
+    # reuses a connection the extender has just closed (a POST is not retried)
+    serve_limits: ServeLimits = field(default_factory=lambda: ServeLimits(keep_alive_s=120))
 
     def __post_init__(self) -> None:
         self.view = ClusterView()
@@ -96,7 +95,9 @@ class ExtenderService:
                      resync_s=self.resync_s, name="pods"),
         ]
         self.extender = Extender(self.view, self.client, node_policy=self.node_policy,
-                                 gpu_policy=self.gpu_policy, ready=self.synced)
+                                 gpu_policy=self.gpu_policy, ready=self.synced, limits=self.limits,
+                                 max_body_bytes=self.serve_limits.max_body_bytes,
+                                 body_timeout_s=self.serve_limits.body_timeout_s)
 
     def synced(self) -> bool:
         return all(i.synced.is_set() for i in self.informers)
@@ -115,18 +116,21 @@ class ExtenderService:
 
     async def serve(self, host: str, port: int, *, tls_cert: str | Path | None = None,
                     tls_key: str | Path | None = None, started: asyncio.Event | None = None,
-                    metrics_listen: tuple[str, int] | None = None) -> None:
-        """Run the informers and the HTTP server (and the metrics/debug listener) until cancelled."""
-        config = uvicorn.Config(self.extender.app, host=host, port=port, log_level="warning", lifespan="off",
-                                access_log=False, ssl_certfile=str(tls_cert) if tls_cert else None,
-                                ssl_keyfile=str(tls_key) if tls_key else None, timeout_keep_alive=120,
-                                timeout_graceful_shutdown=3)
-        server = uvicorn.Server(config)
+                    metrics_listen: tuple[str, int] | None = None, debug_on_metrics: bool = False) -> None:
+        """Run the informers and the HTTP server (and the metrics listener, with the debug API when
+        ``debug_on_metrics``) until cancelled."""
+        tls: Any = None
+        if tls_cert and tls_key:
+            context = server_context(tls_cert, tls_key)  # raises CertificateError: one clear line
+            tls = lambda _config, _default: context  # noqa: E731 - uvicorn's ssl_context_factory
+        server = BoundedServer(httpserve.config(self.extender.app, self.serve_limits, host=host, port=port,
+                                                ssl_context_factory=tls))
         tasks = [asyncio.create_task(i.run(), name=f"informer-{i.name}") for i in self.informers]
         if metrics_listen is not None:
-            debug = _QuietServer(uvicorn.Config(self.extender.debug_app, host=metrics_listen[0],
-                                                  port=metrics_listen[1], log_level="warning", lifespan="off",
-                                                  access_log=False))
+            outside = self.extender.debug_app if debug_on_metrics else self.extender.metrics_app
+            debug = BoundedServer(httpserve.config(outside, self.serve_limits,
+                                                   host=metrics_listen[0], port=metrics_listen[1]),
+                                  quiet_signals=True)
             tasks.append(asyncio.create_task(debug.serve(), name="extender-metrics"))
         serve = asyncio.create_task(server.serve(), name="extender-http")
         try:

@@ -1,5 +1,7 @@
 """The DeviceShare debug API's node summary, in the seed's shape (``seed-examples/node-device-summary.json``):
-``allocateSet``, ``deviceTotal`` / ``deviceFree`` / ``deviceUsed`` and their per-minor details."""
+``allocateSet``, ``deviceTotal`` / ``deviceFree`` / ``deviceUsed`` and their per-minor details, plus one
+kubegpu key, ``allocateSetByContainer`` (the same holdings per container, so ``kubegpu status --extender``
+can name the containers; readers of the seed's shape ignore it)."""
 
 from __future__ import annotations
 
@@ -28,13 +30,17 @@ def node_summary(state: NodeState, held: Mapping[str, PodAllocation]) -> dict[st
             sums[k][1] += mem
             sums[k][2] += ratio
     allocate: dict[str, dict[str, dict[str, str]]] = {}
+    by_container: dict[str, dict[str, dict[str, dict[str, str]]]] = {}
     for key, alloc in held.items():
         per: dict[str, dict[str, str]] = {}
         for g in alloc.grants():
             per[str(g.minor)] = _res(g.core, g.memory_bytes, g.memory_ratio)
         allocate[key] = per
+        by_container[key] = {c.container: {str(g.minor): _res(g.core, g.memory_bytes, g.memory_ratio)
+                                           for g in c.grants} for c in alloc.containers}
     return {
         "allocateSet": {"gpu": allocate},
+        "allocateSetByContainer": {"gpu": by_container},
         "deviceFree": _res(*sums["free"]),
         "deviceFreeDetail": {"gpu": detail["free"]},
         "deviceTotal": _res(*sums["total"]),

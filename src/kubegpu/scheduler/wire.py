@@ -61,7 +61,9 @@ def decode_args(body: bytes) -> ExtenderArgs:
     try:
         args = _args.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise WireError(f"not an ExtenderArgs JSON object: {e}") from None
+        raise WireError(f"not an ExtenderArgs JSON object: {str(e)[:200]}") from None
+    except RecursionError:
+        raise WireError("not an ExtenderArgs JSON object: nested too deeply") from None
     if args.Pod is None:
         raise WireError("ExtenderArgs without a Pod")
     if args.NodeNames is None and args.Nodes is None:
@@ -85,7 +87,9 @@ def decode_binding(body: bytes) -> ExtenderBindingArgs:
     try:
         args = _bind.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise WireError(f"not an ExtenderBindingArgs JSON object: {e}") from None
+        raise WireError(f"not an ExtenderBindingArgs JSON object: {str(e)[:200]}") from None
+    except RecursionError:
+        raise WireError("not an ExtenderBindingArgs JSON object: nested too deeply") from None
     missing = [k for k in ("PodName", "PodNamespace", "Node") if not getattr(args, k)]
     if missing:
         raise WireError(f"ExtenderBindingArgs without {', '.join(missing)}")

@@ -108,7 +108,7 @@ def _int(path: Path, line: int, row: dict[str, str], field: str, lo: int, hi: in
         return default
     try:
         value = int(float(raw)) if raw and "." in raw else int(raw)
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: "1.0e999" is inf
         raise TraceError(f"{path}:{line}: {field}={raw!r} is not a number") from None
     if not lo <= value <= hi:
         raise TraceError(f"{path}:{line}: {field}={value} is out of range {lo}..{hi}")
@@ -130,7 +130,8 @@ def load_nodes(path: Path | str | None = None) -> TraceNodes:
         mems.append(_int(p, line, row, "memory_mib", 0, MAX_MEMORY_MIB) * MIB)
     # Name order: ties between equally scored nodes go to the lowest name, as in the FGD simulator.
     order = sorted(range(len(names)), key=lambda i: names[i])
-    return TraceNodes(*(tuple(col[i] for i in order) for col in (names, models, gpus, cpus, mems)))
+    return TraceNodes(tuple(names[i] for i in order), tuple(models[i] for i in order), tuple(gpus[i] for i in order),
+                      tuple(cpus[i] for i in order), tuple(mems[i] for i in order))
 
 
 def load_pods(path: Path | str | None = None) -> list[TracePod]:

@@ -7,7 +7,9 @@ Both end in the same :class:`~kubegpu.status.view.ClusterView`, so the table and
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -17,12 +19,35 @@ from kubegpu.model.allocation import AnnotationError, ContainerAllocation, Devic
 from kubegpu.model.annotations import DEVICE_ALLOCATED
 from kubegpu.model.inventory import Gpu, NodeInventory
 from kubegpu.model.quantity import QuantityError, parse_int
-from kubegpu.status.view import PodRecord
+from kubegpu.model.request import RequestKind, parse_pod
+from kubegpu.status.view import ClusterView, NodeInfo, PodRecord, ReplicaRecord, build_view
 
 log = logging.getLogger(__name__)
 
 SUMMARIES_PATH = "/apis/v1/plugins/DeviceShare/nodeDeviceSummaries"
 _DONE_PHASES = ("Succeeded", "Failed")
+# The extender's kubegpu addition to the seed's summary: per pod, per container, the minors it holds.
+BY_CONTAINER = "allocateSetByContainer"
+INSTALL_CRD = ("install it with `kubegpu manifests --mode node-only | kubectl apply -f -` (the namespace, the "
+               "Device CRD and the node DaemonSet, whose `kubegpu node` publishes one Device per GPU node)")
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything the view is built from, from either source."""
+
+    inventories: list[NodeInventory]
+    records: list[PodRecord]
+    problems: list[str]
+    node_info: dict[str, NodeInfo] = field(default_factory=dict)
+    replica_pods: list[ReplicaRecord] = field(default_factory=list)
+
+    def view(self, *, node: str | None = None, model: str | None = None,
+             namespace: str | None = None) -> ClusterView:
+        """The view of this snapshot (filters as :func:`build_view`), with the source's problems."""
+        v = build_view(self.inventories, self.records, node=node, model=model, namespace=namespace,
+                       node_info=self.node_info, replica_pods=self.replica_pods)
+        return ClusterView(v.nodes, v.totals, (*self.problems, *v.problems))
 
 
 class SourceError(RuntimeError):
@@ -48,21 +73,84 @@ def pod_records(pods: Iterable[Mapping[str, Any]], problems: list[str]) -> list[
     return out
 
 
-def from_api_server(client: Any) -> tuple[list[NodeInventory], list[PodRecord], list[str]]:
-    """List ``Device`` objects and pods through a lightkube client."""
+def replica_records(pods: Iterable[Mapping[str, Any]]) -> list[ReplicaRecord]:
+    """Containers of live, bound pods that hold time-slicing / MPS replicas (the kubelet counts those)."""
+    out = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node or (pod.get("status") or {}).get("phase") in _DONE_PHASES:
+            continue
+        for c in parse_pod(pod).containers:
+            req = c.request
+            if req is not None and req.kind is RequestKind.REPLICA and not c.init:
+                out.append(ReplicaRecord(meta.get("namespace", ""), meta.get("name", ""), node, c.name,
+                                         req.resource, req.count))
+    return out
+
+
+def node_infos(nodes: Iterable[Mapping[str, Any]]) -> dict[str, NodeInfo]:
+    """Each Node's GPU capacity (``nvidia.com/*``) and labels; unreadable quantities are left out."""
+    out = {}
+    for node in nodes:
+        meta = node.get("metadata") or {}
+        capacity: dict[str, int] = {}
+        for k, v in ((node.get("status") or {}).get("capacity") or {}).items():
+            if k.startswith("nvidia.com/"):
+                try:
+                    capacity[k] = parse_int(str(v))
+                except QuantityError:
+                    continue
+        out[meta.get("name", "")] = NodeInfo(capacity, dict(meta.get("labels") or {}))
+    return out
+
+
+def _refused(code: int | None, message: str, what: str) -> SourceError:
+    if code == 404 and what == "Device":
+        # An API server answers an unknown group with a bare "404 page not found", a known group without
+        # the resource with a JSON Status: either way the CRD is missing.
+        return SourceError(f"the API server has no Device resource (devices.kubegpu.io): the CRD is not "
+                           f"installed; {INSTALL_CRD}")
+    return SourceError(f"the API server refused to list {what} objects ({code or 'error'}): {message}")
+
+
+def _non_json(exc: BaseException, what: str) -> SourceError | None:
+    """An HTTP error answer without Kubernetes JSON (lightkube lets these through, or trips on a missing
+    Content-Type header while looking): the status code and the start of the body."""
+    for e in (exc, exc.__context__):
+        response = getattr(e, "response", None)
+        code = getattr(response, "status_code", None)
+        if isinstance(code, int):
+            text = " ".join(str(getattr(response, "text", "")).split())[:200]
+            return _refused(code, f"{text!r} (not Kubernetes JSON)", what)
+    return None
+
+
+def from_api_server(client: Any) -> Snapshot:
+    """List ``Device`` objects, Nodes and pods through a lightkube client."""
     import httpx2  # lightkube's HTTP client
     from lightkube.core.exceptions import ApiError
+    from lightkube.resources.core_v1 import Node
 
     from kubegpu.kube.resources import Device, Pod
     from kubegpu.node.device_object import DeviceObjectError, device_to_inventory
 
     problems: list[str] = []
+    what = "Device"
     try:
         devices = [d.to_dict() if hasattr(d, "to_dict") else dict(d) for d in client.list(Device)]
+        what = "Node"
+        nodes = [n.to_dict() for n in client.list(Node)]
+        what = "Pod"
         pods = [p.to_dict() for p in client.list(Pod, namespace="*")]
     except ApiError as exc:
-        raise SourceError(f"API server refused the list: {exc.status.message}") from None
-    except (httpx.HTTPError, httpx2.HTTPError) as exc:
+        raise _refused(exc.status.code, exc.status.message or str(exc), what) from None
+    except (httpx.HTTPError, httpx2.HTTPError, KeyError) as exc:
+        refused = _non_json(exc, what)
+        if refused is not None:
+            raise refused from None
+        if isinstance(exc, KeyError):
+            raise
         raise SourceError(f"cannot reach the API server: {exc}") from None
     inventories = []
     for d in devices:
@@ -70,7 +158,7 @@ def from_api_server(client: Any) -> tuple[list[NodeInventory], list[PodRecord], 
             inventories.append(device_to_inventory(d))
         except DeviceObjectError as exc:
             problems.append(f"Device {d.get('metadata', {}).get('name', '?')}: {exc}")
-    return inventories, pod_records(pods, problems), problems
+    return Snapshot(inventories, pod_records(pods, problems), problems, node_infos(nodes), replica_records(pods))
 
 
 def _summary_inventory(node: str, summary: Mapping[str, Any]) -> NodeInventory:
@@ -82,26 +170,42 @@ def _summary_inventory(node: str, summary: Mapping[str, Any]) -> NodeInventory:
     return NodeInventory(node, tuple(gpus))
 
 
+def _grants(per_minor: Mapping[str, Any]) -> tuple[DeviceGrant, ...]:
+    return tuple(
+        DeviceGrant(int(minor), f"minor-{minor}", parse_int(res.get(R.GPU_CORE, "0")),
+                    parse_int(res.get(R.GPU_MEMORY, "0")), parse_int(res.get(R.GPU_MEMORY_RATIO, "0")))
+        for minor, res in per_minor.items()
+    )
+
+
 def _summary_records(node: str, summary: Mapping[str, Any]) -> list[PodRecord]:
+    """The pods' holdings; per container where the extender gives them (kubegpu's addition to the seed's
+    shape), else one nameless container per pod (an extender that speaks only the seed's shape)."""
     out = []
+    by_container = (summary.get(BY_CONTAINER) or {}).get("gpu") or {}
     for pod, per_minor in ((summary.get("allocateSet") or {}).get("gpu") or {}).items():
         ns, _, name = pod.partition("/")
-        grants = tuple(
-            DeviceGrant(int(minor), f"minor-{minor}", parse_int(res.get(R.GPU_CORE, "0")),
-                        parse_int(res.get(R.GPU_MEMORY, "0")), parse_int(res.get(R.GPU_MEMORY_RATIO, "0")))
-            for minor, res in per_minor.items()
-        )
-        out.append(PodRecord(ns, name, node, PodAllocation((ContainerAllocation("", grants),))))
+        containers = by_container.get(pod)
+        if isinstance(containers, Mapping) and containers:
+            alloc = PodAllocation(tuple(ContainerAllocation(c, _grants(per)) for c, per in containers.items()))
+        else:
+            alloc = PodAllocation((ContainerAllocation("", _grants(per_minor)),))
+        out.append(PodRecord(ns, name, node, alloc))
     return out
 
 
-def from_extender(url: str, timeout_s: float = 5.0) -> tuple[list[NodeInventory], list[PodRecord], list[str]]:
-    """Read the extender's debug API (the seed's node device summaries)."""
+def from_extender(url: str, timeout_s: float = 5.0, ca: str | None = None) -> Snapshot:
+    """Read the extender's debug API (the seed's node device summaries). HTTPS is verified: against
+    ``ca`` (a PEM bundle) when given, else the system's trust store."""
     try:
-        resp = httpx.get(url.rstrip("/") + SUMMARIES_PATH, timeout=timeout_s, verify=False)
+        verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca) if ca else True
+        resp = httpx.get(url.rstrip("/") + SUMMARIES_PATH, timeout=timeout_s, verify=verify)
         resp.raise_for_status()
         body = resp.json()
-    except (httpx.HTTPError, ValueError) as exc:
+    except httpx.HTTPStatusError as exc:
+        raise SourceError(f"{url}{SUMMARIES_PATH} answered {exc.response.status_code}: is this the kubegpu "
+                          "extender's address (its --listen or --metrics-listen)?") from None
+    except (httpx.HTTPError, ValueError, OSError) as exc:  # OSError, ssl.SSLError: an unreadable CA file
         raise SourceError(f"cannot read {url}{SUMMARIES_PATH}: {exc}") from None
     if not isinstance(body, Mapping):
         raise SourceError(f"{url}{SUMMARIES_PATH} did not answer a JSON object")
@@ -112,4 +216,4 @@ def from_extender(url: str, timeout_s: float = 5.0) -> tuple[list[NodeInventory]
             records += _summary_records(node, summary)
         except (AttributeError, TypeError, ValueError, QuantityError) as exc:
             problems.append(f"node {node}: unreadable summary: {exc}")
-    return inventories, records, problems
+    return Snapshot(inventories, records, problems)

@@ -2,7 +2,10 @@
 
 Built from what the API server records (each node's ``Device`` object and the
 ``kubegpu.io/device-allocated`` annotations of live pods), so ``kubegpu
-status`` and ``kubectl gpu`` show exactly what the extender accounts.
+status`` and ``kubectl gpu`` show exactly what the extender accounts. Time-slicing / MPS
+replicas are counted by the kubelet, not the extender: they come from the Node's capacity and
+GFD labels (how many replicas of which resource, how many per GPU) and from the pods that ask
+for them; the GPUs offered only as replicas are not counted as whole free GPUs.
 """
 
 from __future__ import annotations
@@ -20,6 +23,71 @@ class Holder:
     container: str
     core: int
     memory_bytes: int
+    mig_uuid: str | None = None  # the MIG device held, for MIG grants
+
+
+@dataclass(frozen=True, slots=True)
+class MigView:
+    """One MIG device of a MIG-enabled GPU and who holds it."""
+
+    uuid: str
+    index: int
+    profile: str
+    memory_bytes: int
+    healthy: bool
+    slices: int  # GPU-instance slices it occupies (of 7 on A100/H100), 0 when unknown
+    holders: tuple[Holder, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaHolder:
+    pod: str  # namespace/name
+    container: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaView:
+    """A time-slicing / MPS replica resource on a node: how many GPUs, replicas, and who holds them."""
+
+    resource: str
+    total: int  # replicas the node offers (its capacity)
+    per_gpu: int  # replicas of each GPU (GFD's ``<resource>.replicas`` label), 0 when unknown
+    holders: tuple[ReplicaHolder, ...] = ()
+
+    @property
+    def gpus(self) -> int:
+        """GPUs (or MIG devices) behind the replicas; 0 when the replicas per GPU are unknown."""
+        return self.total // self.per_gpu if self.per_gpu > 0 else 0
+
+    @property
+    def held(self) -> int:
+        return sum(h.count for h in self.holders)
+
+    @property
+    def whole_gpus(self) -> bool:
+        """Replicas of whole GPUs (not of MIG devices, whose resource names the profile)."""
+        return "mig-" not in self.resource
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """What the Node object says about GPU resources the kubelet counts (capacity, GFD labels)."""
+
+    capacity: Mapping[str, int]
+    labels: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRecord:
+    """A live pod's container holding replicas of a time-slicing / MPS resource on a node."""
+
+    namespace: str
+    name: str
+    node: str
+    container: str
+    resource: str
+    count: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,15 +102,23 @@ class GpuView:
     core_used: int  # percent, may exceed 100 only if records are inconsistent (shown, never hidden)
     memory_used: int
     holders: tuple[Holder, ...] = ()
+    mig: tuple[MigView, ...] = ()  # its MIG devices when MIG is enabled
+    mig_enabled: bool = False
+    replica_only: bool = False  # offered to the kubelet only as time-slicing / MPS replicas
+
+    @property
+    def placeable(self) -> bool:
+        """Can the extender give it (or part of it) to a whole-GPU or share request."""
+        return self.healthy and not self.mig_enabled and not self.replica_only
 
     @property
     def core_free(self) -> int:
-        return max(0, 100 - self.core_used) if self.healthy else 0
+        return max(0, 100 - self.core_used) if self.placeable else 0
 
     @property
     def partial(self) -> bool:
         """In use but not full: its free part cannot serve a whole-GPU request."""
-        return self.healthy and self.core_used < 100 and (self.core_used > 0 or self.memory_used > 0)
+        return self.placeable and self.core_used < 100 and (self.core_used > 0 or self.memory_used > 0)
 
     @property
     def overcommitted(self) -> bool:
@@ -53,6 +129,7 @@ class GpuView:
 class NodeView:
     name: str
     gpus: tuple[GpuView, ...]
+    replicas: tuple[ReplicaView, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +140,13 @@ class ClusterTotals:
     allocated_gpu: float  # GPUs' worth of compute allocated
     free_gpu: float  # GPUs' worth of compute free on healthy GPUs
     stranded_gpu: float  # free compute on partially used GPUs (fragments)
-    whole_free_gpus: int  # healthy GPUs nobody holds
+    whole_free_gpus: int  # healthy GPUs nobody holds that a whole-GPU request can get (not MIG, not replicas)
+    replica_gpus: int = 0  # GPUs offered only as time-slicing / MPS replicas
+    replicas_total: int = 0
+    replicas_held: int = 0
+    replica_pods: int = 0
+    mig_devices: int = 0
+    mig_devices_free: int = 0
 
     @property
     def allocated_pct(self) -> float:
@@ -89,18 +172,78 @@ class ClusterView:
                 "allocated_pct": round(self.totals.allocated_pct, 2),
                 "stranded_pct": round(self.totals.stranded_pct, 2),
                 "whole_free_gpus": self.totals.whole_free_gpus,
+                "replica_gpus": self.totals.replica_gpus, "replicas_total": self.totals.replicas_total,
+                "replicas_held": self.totals.replicas_held, "replica_pods": self.totals.replica_pods,
+                "mig_devices": self.totals.mig_devices, "mig_devices_free": self.totals.mig_devices_free,
             },
             "nodes": [
                 {"name": n.name, "gpus": [
                     {"index": g.index, "minor": g.minor, "uuid": g.uuid, "model": g.model, "healthy": g.healthy,
                      "memory_bytes": g.memory_bytes, "core_used": g.core_used, "memory_used": g.memory_used,
-                     "holders": [{"pod": h.pod, "container": h.container, "core": h.core,
-                                  "memory_bytes": h.memory_bytes} for h in g.holders]}
-                    for g in n.gpus]}
+                     "mig_enabled": g.mig_enabled, "replica_only": g.replica_only,
+                     "holders": [_holder_json(h) for h in g.holders],
+                     "mig": [{"uuid": m.uuid, "index": m.index, "profile": m.profile,
+                              "memory_bytes": m.memory_bytes, "healthy": m.healthy, "slices": m.slices,
+                              "holders": [_holder_json(h) for h in m.holders]} for m in g.mig]}
+                    for g in n.gpus],
+                 "replicas": [{"resource": r.resource, "total": r.total, "per_gpu": r.per_gpu, "gpus": r.gpus,
+                               "held": r.held,
+                               "holders": [{"pod": h.pod, "container": h.container, "count": h.count}
+                                           for h in r.holders]} for r in n.replicas]}
                 for n in self.nodes
             ],
             "problems": list(self.problems),
         }
+
+
+def _holder_json(h: Holder) -> dict:
+    out: dict = {"pod": h.pod, "container": h.container, "core": h.core, "memory_bytes": h.memory_bytes}
+    if h.mig_uuid is not None:
+        out["mig_uuid"] = h.mig_uuid
+    return out
+
+
+def replica_resources(capacity: Mapping[str, int]) -> list[str]:
+    """The Node's capacity names that are time-slicing / MPS replica resources (renamed ones included)."""
+    from kubegpu.model.request import RequestKind, parse_resources
+
+    out = []
+    for name in sorted(capacity):
+        if not name.startswith("nvidia.com/"):
+            continue
+        try:
+            req = parse_resources("c", {"limits": {name: "1"}}).request
+        except Exception:  # a capacity name the request rules refuse is no replica resource
+            continue
+        if req is not None and req.kind is RequestKind.REPLICA:
+            out.append(name)
+    return out
+
+
+def _replica_label(labels: Mapping[str, str], resource: str) -> int:
+    """Replicas per device from GFD's labels: ``nvidia.com/gpu.replicas`` for whole GPUs (renamed or not),
+    ``nvidia.com/mig-<profile>.replicas`` for MIG devices."""
+    base = resource.removesuffix(".shared")
+    if "mig-" not in base:
+        base = "nvidia.com/gpu"
+    try:
+        n = int(labels.get(f"{base}.replicas", "0"))
+    except ValueError:
+        return 0
+    return n if n > 1 else 0
+
+
+def _replica_views(info: NodeInfo | None, records: list[ReplicaRecord]) -> tuple[ReplicaView, ...]:
+    names = set(replica_resources(info.capacity)) if info is not None else set()
+    names |= {r.resource for r in records}
+    out = []
+    for name in sorted(names):
+        holders = tuple(ReplicaHolder(f"{r.namespace}/{r.name}", r.container, r.count)
+                        for r in records if r.resource == name)
+        total = info.capacity.get(name, 0) if info is not None else 0
+        per_gpu = _replica_label(info.labels, name) if info is not None else 0
+        out.append(ReplicaView(name, total, per_gpu, holders))
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,17 +263,26 @@ def build_view(
     node: str | None = None,
     model: str | None = None,
     namespace: str | None = None,
+    node_info: Mapping[str, NodeInfo] | None = None,
+    replica_pods: Iterable[ReplicaRecord] = (),
 ) -> ClusterView:
     """Join inventories and allocation records; filters narrow what is shown *and* totalled.
 
     A record pointing at a GPU the node does not have is reported in ``problems``,
-    never dropped silently.
+    never dropped silently. ``node_info`` (each Node's capacity and labels) and ``replica_pods``
+    add the time-slicing / MPS replicas the kubelet hands out.
     """
     by_node: dict[str, list[PodRecord]] = {}
     for p in pods:
         by_node.setdefault(p.node, []).append(p)
+    replicas_by_node: dict[str, list[ReplicaRecord]] = {}
+    for r in replica_pods:
+        if namespace is None or r.namespace == namespace:
+            replicas_by_node.setdefault(r.node, []).append(r)
+    infos = node_info or {}
     problems: list[str] = []
     views: list[NodeView] = []
+    whole_free = 0
     for inv in sorted(inventories, key=lambda i: i.name):
         if node is not None and inv.name != node:
             continue
@@ -145,7 +297,14 @@ def build_view(
                                         f"is not on node {inv.name}")
                         continue
                     holders[uuid].append(Holder(f"{rec.namespace}/{rec.name}", c.container, grant.core,
-                                                grant.memory_bytes))
+                                                grant.memory_bytes, grant.mig_uuid))
+        replicas = _replica_views(infos.get(inv.name), replicas_by_node.get(inv.name, []))
+        # GPUs behind whole-GPU replicas. The Node says how many, not which: when they are all of the
+        # node's non-MIG GPUs (the usual config) each is marked; otherwise the count is taken off the
+        # node's whole free GPUs below.
+        replica_gpus = sum(r.gpus for r in replicas if r.whole_gpus)
+        plain = [g for g in inv.gpus if not g.mig_enabled]
+        mark_replicas = replica_gpus > 0 and replica_gpus == len(plain)
         gpus = []
         for g in inv.gpus:
             if model is not None and model.lower() not in g.model.lower():
@@ -153,15 +312,24 @@ def build_view(
             hs = holders[g.uuid]
             if namespace is not None and hs and not any(h.pod.startswith(f"{namespace}/") for h in hs):
                 continue
+            migs = tuple(MigView(m.uuid, m.index, m.profile, m.memory_bytes, m.healthy,
+                                 int(m.attributes.get("slices.gi", 0)),
+                                 tuple(h for h in hs if h.mig_uuid == m.uuid))
+                         for m in sorted(g.mig_devices, key=lambda m: m.index)) if g.mig_enabled else ()
             gv = GpuView(inv.name, g.index, g.minor, g.uuid, g.model, g.healthy, g.memory_bytes,
-                         sum(h.core for h in hs), sum(h.memory_bytes for h in hs), tuple(hs))
+                         sum(h.core for h in hs), sum(h.memory_bytes for h in hs), tuple(hs), migs,
+                         g.mig_enabled, mark_replicas and not g.mig_enabled)
             if gv.overcommitted:
                 problems.append(f"{inv.name} GPU {g.index}: overcommitted ({gv.core_used} % compute, "
                                 f"{gv.memory_used} of {gv.memory_bytes} bytes)")
             gpus.append(gv)
         if gpus:
-            views.append(NodeView(inv.name, tuple(gpus)))
+            views.append(NodeView(inv.name, tuple(gpus), replicas))
+            unmarked = replica_gpus if not mark_replicas else 0
+            whole_free += max(0, sum(1 for g in gpus if g.placeable and not g.holders) - unmarked)
     all_gpus = [g for n in views for g in n.gpus]
+    all_replicas = [r for n in views for r in n.replicas]
+    all_migs = [m for g in all_gpus for m in g.mig]
     totals = ClusterTotals(
         nodes=len(views),
         gpus=len(all_gpus),
@@ -169,6 +337,12 @@ def build_view(
         allocated_gpu=sum(min(g.core_used, 100) for g in all_gpus) / 100,
         free_gpu=sum(g.core_free for g in all_gpus) / 100,
         stranded_gpu=sum(g.core_free for g in all_gpus if g.partial) / 100,
-        whole_free_gpus=sum(1 for g in all_gpus if g.healthy and not g.holders),
+        whole_free_gpus=whole_free,
+        replica_gpus=sum(r.gpus for r in all_replicas if r.whole_gpus),
+        replicas_total=sum(r.total for r in all_replicas),
+        replicas_held=sum(r.held for r in all_replicas),
+        replica_pods=len({h.pod for r in all_replicas for h in r.holders}),
+        mig_devices=len(all_migs),
+        mig_devices_free=sum(1 for m in all_migs if m.healthy and not m.holders),
     )
     return ClusterView(tuple(views), totals, tuple(problems))

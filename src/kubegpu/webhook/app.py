@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -22,23 +22,50 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from kubegpu.model.normalise import AdmissionPolicy, review_ephemeral, review_pod
-from kubegpu.webhook.review import BadReview, encode_json, read_review, write_response
+from kubegpu.httpserve import BodyError, ServeLimits, read_body
+from kubegpu.model import annotations as A
+from kubegpu.model.limits import DEFAULT_MAX_GPU_CONTAINERS, count_gpu_containers, too_many_gpu_containers
+from kubegpu.model.normalise import DEVICE_ENV_VARS, AdmissionPolicy, review_ephemeral, review_pod
+from kubegpu.webhook.review import MAX_BODY_BYTES, BadReview, encode_json, read_review, write_response
 
 log = logging.getLogger(__name__)
 _JSON = "application/json"
 
 
+RECORD_ANNOTATIONS = (A.DEVICE_ALLOCATED, A.DEVICE_ASSIGNED)
+# kubegpu's own service accounts, in its namespace: the node daemon writes device-assigned (and the
+# extender writes device-allocated through the Binding, which pod webhooks never see).
+RECORD_WRITER_ACCOUNTS = ("kubegpu-node", "kubegpu-scheduler", "kubegpu-extender")
+DEFAULT_SCHEDULERS = frozenset({"", "default-scheduler"})
+
+
+def default_record_writers(namespace: str) -> frozenset[str]:
+    return frozenset(f"system:serviceaccount:{namespace or 'kubegpu-system'}:{sa}" for sa in RECORD_WRITER_ACCOUNTS)
+
+
 @dataclass(frozen=True, slots=True)
 class WebhookSettings:
-    """What the webhook does besides the rules: scope and the normalisation policy."""
+    """What the webhook does besides the rules: scope and the normalisation policy.
+
+    ``record_writers``: the users (``userInfo.username``) that may set or change kubegpu's record
+    annotations on a pod (None: kubegpu's service accounts in ``own_namespace``).
+    ``scheduler_name``: in full mode, GPU pods left to the default scheduler are given this one.
+    ``max_gpu_containers``: pods with more GPU containers are refused (the extender's cap)."""
 
     policy: AdmissionPolicy = field(default_factory=AdmissionPolicy)
     own_namespace: str = ""
     exclude_namespaces: frozenset[str] = frozenset({"kube-system"})
+    record_writers: frozenset[str] | None = None
+    scheduler_name: str = ""
+    max_gpu_containers: int = DEFAULT_MAX_GPU_CONTAINERS
 
     def excluded(self, namespace: str) -> bool:
         return bool(namespace) and (namespace == self.own_namespace or namespace in self.exclude_namespaces)
+
+    def may_write_records(self, username: str) -> bool:
+        writers = self.record_writers if self.record_writers is not None else \
+            default_record_writers(self.own_namespace)
+        return username in writers
 
 
 @dataclass(slots=True)
@@ -80,6 +107,17 @@ def decide(body: bytes, settings: WebhookSettings, *, mutate: bool) -> Verdict:
     req = read_review(body)
     if req.object is None or req.kind != "Pod":
         return Verdict(write_response(req.uid, allowed=True), "allowed", "not-a-pod")
+    # Only kubegpu writes the records, in every namespace and on every path that can carry metadata.
+    old = req.old_object if req.operation == "UPDATE" else None
+    changed = _record_changes(req.object, old) if req.operation in ("CREATE", "UPDATE") else []
+    if changed and not settings.may_write_records(req.username):
+        who = f"{_object_namespace(req.object) or req.namespace}/{_object_name(req.object)}"
+        log.info("pod %s refused: %s may not write %s", who, req.username[:256] or "(unknown user)",
+                 ", ".join(changed))
+        return Verdict(write_response(req.uid, allowed=False, message=(
+            f"{' and '.join(changed)} {'is' if len(changed) == 1 else 'are'} written only by kubegpu "
+            "(the scheduler extender records the GPUs it chose, the node daemon acknowledges them); "
+            "remove the annotation from the pod or its template")), "denied", "record-write")
     ephemeral = req.sub_resource == "ephemeralcontainers" and req.operation == "UPDATE"
     if req.sub_resource and not ephemeral:
         return Verdict(write_response(req.uid, allowed=True), "allowed", "subresource")
@@ -91,17 +129,83 @@ def decide(body: bytes, settings: WebhookSettings, *, mutate: bool) -> Verdict:
     if ephemeral:
         review = review_ephemeral(req.object, req.old_object, settings.policy)
     else:
-        review = review_pod(req.object, settings.policy)
+        if why := too_many_gpu_containers(req.object, settings.max_gpu_containers,
+                                          settings.policy.replica_resources):
+            return Verdict(write_response(req.uid, allowed=False, message=why), "denied", "gpu-container-cap")
+        policy = settings.policy
+        if _node_name(req.object):
+            # Created straight onto a node (no scheduler, no toleration needed): it may be a GPU node, so its
+            # containers that ask for no GPU get NVIDIA_VISIBLE_DEVICES=void like any pod that can land there.
+            policy = replace(policy, void_all_pods=True)
+        review = review_pod(req.object, policy)
     if not review.allowed:
         who = _object_name(req.object)
         log.info("pod %s/%s refused: %s", namespace, who, "; ".join(str(r) for r in review.refusals))
         return Verdict(write_response(req.uid, allowed=False, message=_message(review.refusals)),
                        "denied", review.refusals[0].code or "refused")
     reason = "gpu" if review.gpu_pod else "not-gpu"
-    if mutate and review.patch:
-        return Verdict(write_response(req.uid, allowed=True, patch=review.patch, warnings=review.warnings),
-                       "patched", reason)
-    return Verdict(write_response(req.uid, allowed=True), "allowed", reason)
+    patch, warnings = list(review.patch), list(review.warnings)
+    if mutate and not ephemeral and review.gpu_pod:  # said once, by the webhook that can act on it
+        _steer(req.object, settings.scheduler_name, patch, warnings)
+        warnings.extend(_env_from_warnings(req.object))
+    if mutate and patch:
+        return Verdict(write_response(req.uid, allowed=True, patch=patch, warnings=warnings), "patched", reason)
+    return Verdict(write_response(req.uid, allowed=True, warnings=warnings if mutate else ()), "allowed", reason)
+
+
+def _annotations(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    ann = meta.get("annotations") if isinstance(meta, Mapping) else None
+    return ann if isinstance(ann, Mapping) else {}
+
+
+def _record_changes(obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[str]:
+    """The record annotations this request sets, changes or removes."""
+    new_ann, old_ann = _annotations(obj), _annotations(old)
+    return [k for k in RECORD_ANNOTATIONS if (k in new_ann or k in old_ann) and new_ann.get(k) != old_ann.get(k)]
+
+
+def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    spec = obj.get("spec")
+    return spec if isinstance(spec, Mapping) else {}
+
+
+def _node_name(obj: Mapping[str, Any]) -> str:
+    name = _spec(obj).get("nodeName")
+    return name if isinstance(name, str) else ""
+
+
+def _steer(obj: Mapping[str, Any], scheduler: str, patch: list[dict[str, Any]], warnings: list[str]) -> None:
+    """In full mode a GPU pod left to the default scheduler goes to kubegpu's (placed, accounted)."""
+    if not scheduler or _node_name(obj):
+        return
+    current = _spec(obj).get("schedulerName")
+    if current is None or current in DEFAULT_SCHEDULERS:
+        patch.append({"op": "add", "path": "/spec/schedulerName", "value": scheduler})
+        warnings.append(f"spec.schedulerName set to {scheduler} (GPU pods are placed by kubegpu)")
+    elif current != scheduler and isinstance(current, str):
+        warnings.append(f"spec.schedulerName is {current[:64]!r}: kubegpu neither places nor accounts this "
+                        f"pod's GPUs ({scheduler} does)")
+
+
+def _env_from_warnings(obj: Mapping[str, Any]) -> list[str]:
+    """GPU containers whose envFrom could set a device variable: admission cannot see a ConfigMap's or
+    Secret's keys, and the pod's own environment overrides the device plugin's."""
+    out = []
+    spec = _spec(obj)
+    for key in ("initContainers", "containers"):
+        items = spec.get(key)
+        for c in items if isinstance(items, list) else ():
+            if not isinstance(c, Mapping) or not isinstance(c.get("envFrom"), list) or \
+                    count_gpu_containers({"spec": {"containers": [c]}}) == 0:
+                continue
+            prefixes = [e.get("prefix") or "" for e in c["envFrom"] if isinstance(e, Mapping)]
+            if any(isinstance(p, str) and any(v.startswith(p) for v in DEVICE_ENV_VARS) for p in prefixes):
+                name = c.get("name") if isinstance(c.get("name"), str) else "?"
+                out.append(f"container {name[:64]!r}: envFrom may set NVIDIA_VISIBLE_DEVICES, which admission "
+                           "cannot see; nodes must run the NVIDIA runtime with "
+                           "accept-nvidia-visible-devices-envvar-when-unprivileged = false (docs/security.md)")
+    return out
 
 
 def _object_namespace(obj: Mapping[str, Any]) -> str:
@@ -118,8 +222,10 @@ def _object_name(obj: Mapping[str, Any]) -> str:
     return name if isinstance(name, str) else "?"
 
 
-def create_app(settings: WebhookSettings, metrics: WebhookMetrics | None = None) -> Starlette:
+def create_app(settings: WebhookSettings, metrics: WebhookMetrics | None = None,
+               limits: ServeLimits | None = None) -> Starlette:
     metrics = metrics or WebhookMetrics()
+    limits = limits or ServeLimits(max_body_bytes=MAX_BODY_BYTES)
 
     def endpoint(mutate: bool):  # type: ignore[no-untyped-def]
         label = "mutate" if mutate else "validate"
@@ -129,8 +235,14 @@ def create_app(settings: WebhookSettings, metrics: WebhookMetrics | None = None)
         async def handle(request: Request) -> Response:
             start = time.perf_counter()
             try:
-                body = await request.body()
+                body = await read_body(request, limits.max_body_bytes, limits.body_timeout_s)
                 verdict = decide(body, settings, mutate=mutate)
+            except BodyError as exc:
+                reviews.labels(label, "error", f"http-{exc.status}").inc()
+                if exc.status == 499:
+                    log.info("admission review: %s", exc)  # nobody is left to answer
+                return Response(encode_json({"error": str(exc)}), status_code=exc.status, media_type=_JSON,
+                                headers={"connection": "close"})
             except BadReview as exc:
                 reviews.labels(label, "error", "bad-request").inc()
                 return Response(encode_json({"error": str(exc)}), status_code=400, media_type=_JSON)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,9 +26,14 @@ class KeyPair:
 
     def write(self, cert_path: str | Path, key_path: str | Path) -> None:
         """Write key then certificate, each via a rename, so a reader never sees half a file."""
-        for path, data in ((key_path, self.key_pem), (cert_path, self.cert_pem)):
+        for path, data, mode in ((key_path, self.key_pem, 0o600), (cert_path, self.cert_pem, 0o644)):
             tmp = Path(f"{path}.tmp")
-            tmp.write_bytes(data)
+            tmp.unlink(missing_ok=True)
+            # The key is created owner-only from its first byte (no window where it is world-readable).
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.chmod(tmp, mode)  # whatever the umask
             tmp.replace(path)
 
 

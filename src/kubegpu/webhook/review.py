@@ -38,6 +38,7 @@ class AdmissionRequest:
     object: Mapping[str, Any] | None
     dry_run: bool
     old_object: Mapping[str, Any] | None = None
+    username: str = ""  # userInfo.username of whoever sent the request
 
 
 def _str(data: Mapping[str, Any], key: str) -> str:
@@ -51,7 +52,9 @@ def read_review(body: bytes) -> AdmissionRequest:
     try:
         data = _decoder.decode(body)
     except msgspec.DecodeError as exc:
-        raise BadReview(f"body is not JSON: {exc}") from None
+        raise BadReview(f"body is not JSON: {str(exc)[:200]}") from None
+    except RecursionError:
+        raise BadReview("body is JSON nested too deeply") from None
     if not isinstance(data, dict):
         raise BadReview("body is not a JSON object")
     if data.get("apiVersion") != API_VERSION or data.get("kind") != KIND:
@@ -76,6 +79,7 @@ def read_review(body: bytes) -> AdmissionRequest:
         object=obj if isinstance(obj, dict) else None,
         dry_run=req.get("dryRun") is True,
         old_object=old if isinstance(old := req.get("oldObject"), dict) else None,
+        username=_str(user, "username") if isinstance(user := req.get("userInfo"), dict) else "",
     )
 
 

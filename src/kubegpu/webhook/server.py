@@ -16,7 +16,10 @@ from collections.abc import Callable
 
 import uvicorn
 
+from kubegpu import httpserve
+from kubegpu.httpserve import BoundedServer, ServeLimits
 from kubegpu.webhook.app import WebhookMetrics, WebhookSettings, create_app
+from kubegpu.webhook.review import MAX_BODY_BYTES
 from kubegpu.webhook.tls import CertReloader
 
 log = logging.getLogger(__name__)
@@ -33,12 +36,13 @@ def parse_listen(listen: str) -> tuple[str, int]:
 class WebhookServer:
     def __init__(self, settings: WebhookSettings, cert_file: str, key_file: str, *,
                  host: str = "127.0.0.1", port: int = 0, cert_poll_s: float = 2.0,
-                 log_level: str = "warning") -> None:
+                 log_level: str = "warning", limits: ServeLimits | None = None) -> None:
+        self.limits = limits or ServeLimits(max_body_bytes=MAX_BODY_BYTES)
         self.metrics = WebhookMetrics()
-        self.reloader = CertReloader(cert_file, key_file, on_reload=self._reloaded)
+        self.reloader = CertReloader(cert_file, key_file, on_reload=self._reloaded)  # CertificateError
         self.metrics.cert_not_after.set(self.reloader.not_after.timestamp())
         self.cert_poll_s = cert_poll_s
-        self.app = create_app(settings, self.metrics)
+        self.app = create_app(settings, self.metrics, self.limits)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         # proto must say TCP: asyncio only sets TCP_NODELAY on accepted sockets whose proto is
         # IPPROTO_TCP, and without it every response (headers, then body) waits 40 ms for a delayed ACK.
@@ -53,9 +57,8 @@ class WebhookServer:
                             _default: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
             return self.reloader.context
 
-        config = uvicorn.Config(self.app, log_level=log_level, access_log=False, lifespan="off",
-                                ssl_context_factory=context_factory, timeout_keep_alive=30)
-        self.server = uvicorn.Server(config)
+        config = httpserve.config(self.app, self.limits, log_level=log_level, ssl_context_factory=context_factory)
+        self.server = BoundedServer(config)
         self._thread: threading.Thread | None = None
 
     def _reloaded(self, ok: bool, _error: str) -> None:

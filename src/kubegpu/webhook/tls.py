@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 from cryptography import x509
 
+from kubegpu.httpserve import CertificateError, harden, load_pair
+
 log = logging.getLogger(__name__)
 
 
@@ -38,7 +40,7 @@ def _stamp(path: str) -> tuple[int, int, int, int]:
 
 def _new_context() -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    harden(ctx)  # TLS >= 1.2, AEAD suites only
     return ctx
 
 
@@ -56,12 +58,15 @@ class CertReloader:
         self.key_file = key_file
         self._on_reload = on_reload
         self.context = _new_context()
-        self.context.load_cert_chain(cert_file, key_file)  # a bad pair at start is fatal: raise
+        load_pair(self.context, cert_file, key_file)  # a bad pair at start is fatal: CertificateError
+        try:
+            self.not_after = certificate_not_after(cert_file)
+        except (OSError, ValueError) as e:
+            raise CertificateError(f"cannot read the certificate {cert_file}: {e}") from None
         self._stamp = self._read_stamp()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.not_after = certificate_not_after(cert_file)
 
     def _read_stamp(self) -> _Stamp | None:
         try:

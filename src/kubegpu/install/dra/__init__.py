@@ -61,11 +61,10 @@ def device_classes(v: Values, *, extended_resource: bool = False) -> list[Obj]:
 
 
 def rbac(v: Values) -> list[Obj]:
-    rules = [
+    rules = [  # exactly what kubegpu.node.dra calls (tests/node/dra/test_dra_manifests.py scans for it)
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
-         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
-        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+         "verbs": ["list", "watch", "create", "update", "delete"]},
     ]
     meta = {"name": NAME, "labels": _labels(v)}
     sa = f"system:serviceaccount:{v.namespace}:{NAME}"
@@ -146,7 +145,8 @@ def daemonset(v: Values, *, all_nodes: bool = False, shared_gpus: str = "none") 
                  "--dra-registry-dir", f"{kubelet}/plugins_registry", "--cdi-spec-dir", "/var/run/cdi",
                  "--dra-shared-gpus", shared_gpus],
         "env": env, "volumeMounts": mounts, "resources": v.resources,
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}},
     }
     spec: Obj = {
         "serviceAccountName": NAME, "priorityClassName": v.priority_class_name, "tolerations": v.tolerations,

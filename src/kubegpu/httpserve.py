@@ -1,0 +1,230 @@
+"""Serving an ASGI app with uvicorn under bounds a hostile or broken client cannot lift.
+
+Shared by the extender and the webhook. uvicorn alone holds a connection forever while its request
+headers trickle in (it only times out idle keep-alive connections), accepts any number of
+connections, waits on TLS close-notify of idle keep-alive clients at shutdown, and lets the
+application read a body for as long as the client takes. Here:
+
+* :class:`GuardedH11` (uvicorn's h11 protocol): a connection must deliver each request's headers
+  within ``header_timeout_s`` of connecting or of its first byte (``408`` and closed otherwise);
+  connections beyond ``max_connections`` are dropped at once; headers are capped at
+  ``max_header_bytes`` (h11 answers ``400``); at shutdown, idle connections are aborted rather than
+  closed politely;
+* :func:`read_body`: the application's body reader, bounded in bytes (``413``) and in time
+  (``408``), quiet when the client hangs up mid-body;
+* :class:`BoundedServer`: a graceful shutdown that ends within ``shutdown_s`` whatever the clients do;
+* :func:`server_context`: TLS 1.2 and 1.3 only, and in TLS 1.2 only AEAD suites with forward secrecy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import h11
+import uvicorn
+from starlette.requests import ClientDisconnect, Request
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+log = logging.getLogger(__name__)
+
+# TLS 1.2 suites: ECDHE/DHE key exchange with AES-GCM or ChaCha20-Poly1305 only (no CBC, no RSA key
+# exchange). TLS 1.3 suites are all AEAD and are not affected by this string.
+AEAD_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20:DHE+AESGCM:DHE+CHACHA20:!aNULL:!eNULL:!MD5:!DSS"
+
+
+@dataclass(frozen=True, slots=True)
+class ServeLimits:
+    """What one client may hold of a server."""
+
+    max_body_bytes: int = 32 * 2**20
+    header_timeout_s: float = 10.0  # connect (or first byte of a request) to its last header byte
+    body_timeout_s: float = 10.0  # headers to the last body byte
+    max_header_bytes: int = 16 * 1024
+    max_connections: int = 1000
+    max_in_flight: int = 256  # requests being answered at once; beyond, 503
+    keep_alive_s: int = 30
+    shutdown_s: float = 3.0
+
+
+class CertificateError(ValueError):
+    """A serving certificate or key that cannot be loaded (the message says which file and why)."""
+
+
+def server_context(cert_file: str | Path, key_file: str | Path) -> ssl.SSLContext:
+    """A server context with TLS >= 1.2, AEAD suites only. Raises :class:`CertificateError`."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    harden(ctx)
+    load_pair(ctx, cert_file, key_file)
+    return ctx
+
+
+def harden(ctx: ssl.SSLContext) -> None:
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_ciphers(AEAD_CIPHERS)
+    ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
+
+
+def load_pair(ctx: ssl.SSLContext, cert_file: str | Path, key_file: str | Path) -> None:
+    try:
+        ctx.load_cert_chain(str(cert_file), str(key_file))
+    except FileNotFoundError as e:
+        raise CertificateError(f"{e.filename}: no such file") from None
+    except (ssl.SSLError, OSError, ValueError) as e:
+        what = getattr(e, "reason", None) or getattr(e, "strerror", None) or str(e) or type(e).__name__
+        raise CertificateError(f"cannot load the key pair {cert_file} / {key_file}: {what} "
+                               "(is each file a PEM certificate or key, not empty, and do they match?)") from None
+
+
+# ---- the protocol -------------------------------------------------------------------------------
+_TIMEOUT_408 = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                b"content-length: 32\r\nconnection: close\r\n\r\nrequest headers not sent in time")
+
+
+_TOO_LARGE_431 = (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n"
+                  b"connection: close\r\n\r\n")
+
+
+class GuardedH11(H11Protocol):
+    """uvicorn's h11 protocol with a header deadline, a connection cap and an abrupt idle shutdown."""
+
+    limits = ServeLimits()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._cycle_at_arm: Any = None
+        self._header_bytes = 0
+        if len(self.connections) > self.limits.max_connections:
+            log.warning("connection from %s dropped: %d connections open (limit %d)", self.client,
+                        len(self.connections) - 1, self.limits.max_connections)
+            transport.abort()
+            return
+        self._arm()
+
+    def _arm(self) -> None:
+        if self._deadline is None:
+            self._cycle_at_arm = self.cycle
+            self._deadline = self.loop.call_later(self.limits.header_timeout_s, self._headers_late)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def data_received(self, data: bytes) -> None:
+        if self.conn.their_state is h11.IDLE:  # reading a request's headers
+            if self._deadline is None:
+                self._arm()  # the first bytes of the next request on a kept-alive connection
+                self._header_bytes = 0
+            end = data.find(b"\r\n\r\n")
+            self._header_bytes += len(data) if end < 0 else end
+            if self._header_bytes > self.limits.max_header_bytes:  # h11 only bounds what it cannot parse yet
+                self._disarm()
+                with contextlib.suppress(Exception):
+                    self.transport.write(_TOO_LARGE_431)
+                self.transport.close()
+                return
+        super().data_received(data)
+        if self.cycle is not self._cycle_at_arm:  # the headers arrived: the app bounds the body
+            self._disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _headers_late(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is self._cycle_at_arm:
+            with contextlib.suppress(Exception):
+                self.transport.write(_TIMEOUT_408)
+        self.transport.abort()
+
+    def shutdown(self) -> None:
+        if self.cycle is None or self.cycle.response_complete:
+            self._disarm()
+            self.transport.abort()  # idle: no TLS close-notify round trip to wait for
+        else:
+            self.cycle.keep_alive = False
+
+
+def protocol_class(limits: ServeLimits) -> type[GuardedH11]:
+    return type("GuardedH11", (GuardedH11,), {"limits": limits})
+
+
+class BoundedServer(uvicorn.Server):
+    """A uvicorn server whose shutdown ends within ``config.timeout_graceful_shutdown`` (+ 1 s): what is
+    still open then is aborted. ``quiet_signals`` leaves SIGTERM/SIGINT to another server in the process."""
+
+    def __init__(self, config: uvicorn.Config, *, quiet_signals: bool = False) -> None:
+        super().__init__(config)
+        self._quiet_signals = quiet_signals
+
+    def capture_signals(self) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
+        if self._quiet_signals:
+            return contextlib.nullcontext()
+        return super().capture_signals()
+
+    async def shutdown(self, sockets: list[Any] | None = None) -> None:
+        bound = float(self.config.timeout_graceful_shutdown or 3) + 1.0
+        try:
+            await asyncio.wait_for(super().shutdown(sockets), bound)
+        except TimeoutError:
+            for conn in list(self.server_state.connections):
+                with contextlib.suppress(Exception):
+                    conn.transport.abort()  # type: ignore[attr-defined]
+            for t in list(self.server_state.tasks):
+                t.cancel()
+
+
+def config(app: Any, limits: ServeLimits, **kwargs: Any) -> uvicorn.Config:
+    """A uvicorn configuration that applies ``limits``; ``kwargs`` go to uvicorn (host, port, ssl, logs)."""
+    kwargs.setdefault("log_level", "warning")
+    kwargs.setdefault("access_log", False)
+    kwargs.setdefault("lifespan", "off")
+    return uvicorn.Config(app, http=protocol_class(limits), limit_concurrency=limits.max_in_flight,
+                          timeout_keep_alive=limits.keep_alive_s,
+                          timeout_graceful_shutdown=max(1, round(limits.shutdown_s)),
+                          h11_max_incomplete_event_size=limits.max_header_bytes, **kwargs)
+
+
+# ---- the application's side ---------------------------------------------------------------------
+class BodyError(Exception):
+    """The request body could not be read: ``status`` (408, 413, 499) and a message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes:
+    """The whole body, or :class:`BodyError`: 413 when it is (or says it is) larger than ``max_bytes``,
+    408 when it does not arrive within ``timeout_s``, 499 when the client hung up (nothing is sent)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise BodyError(413, f"request body larger than {max_bytes} bytes")
+    chunks: list[bytes] = []
+    size = 0
+
+    async def collect() -> None:
+        nonlocal size
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise BodyError(413, f"request body larger than {max_bytes} bytes")
+            chunks.append(chunk)
+
+    try:
+        await asyncio.wait_for(collect(), timeout_s)
+    except TimeoutError:
+        raise BodyError(408, f"request body not received within {timeout_s:g} s") from None
+    except ClientDisconnect:
+        raise BodyError(499, "client closed the connection before sending the whole body") from None
+    return b"".join(chunks)

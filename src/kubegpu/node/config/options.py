@@ -1,0 +1,138 @@
+"""The option table: file key, flag, environment variable, type, default and help of every scalar setting.
+
+The single source the loader layers (flag > env > file > default) and ``kubegpu node --help`` prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from kubegpu.node.config.model import (
+    DEVICE_ID_STRATEGIES,
+    DEVICE_LIST_STRATEGIES,
+    DISCOVERY_STRATEGIES,
+    MIG_STRATEGIES,
+    REPLICA_CHOICES,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One scalar setting: its file key path, flag, environment variable, type and default."""
+
+    key: str  # dotted path in the file, e.g. flags.plugin.deviceIDStrategy
+    flag: str  # command-line name without dashes, e.g. device-id-strategy
+    env: str
+    kind: Literal["str", "bool", "int", "ints", "duration", "choice", "choices", "list"]
+    default: Any
+    help: str = ""
+    choices: tuple[str, ...] = ()
+    minimum: int = 0
+    maximum: int = 1 << 30
+    aliases: tuple[str, ...] = ()  # other flag names for the same setting
+    more_env: tuple[str, ...] = ()  # other variables, read in order after ``env``
+
+    @property
+    def envs(self) -> tuple[str, ...]:
+        return (self.env, *self.more_env)
+
+
+OPTIONS: Final[tuple[Option, ...]] = (
+    Option("flags.migStrategy", "mig-strategy", "MIG_STRATEGY", "choice", "none",
+           "the strategy for exposing MIG devices",
+           MIG_STRATEGIES),
+    Option("flags.failOnInitError", "fail-on-init-error", "FAIL_ON_INIT_ERROR", "bool", True,
+           "fail if initialization fails, otherwise block indefinitely"),
+    Option("flags.restartOnDeviceUnhealthy", "restart-on-device-unhealthy", "RESTART_ON_DEVICE_UNHEALTHY",
+           "bool", False, "restart the plugin when a device turns unhealthy", ()),
+    Option("flags.mpsRoot", "mps-root", "MPS_ROOT", "str", "/run/nvidia/mps",
+           "the host path where the MPS control daemon keeps its pipes and shm"),
+    Option("flags.nvidiaDriverRoot", "nvidia-driver-root", "NVIDIA_DRIVER_ROOT", "str", "/",
+           "the root of the NVIDIA driver installation ('/' or '/run/nvidia/driver')",
+           aliases=("driver-root",)),
+    Option("flags.nvidiaDevRoot", "nvidia-dev-root", "NVIDIA_DEV_ROOT", "str", "",
+           "the root of the NVIDIA device nodes (default: the driver root)", aliases=("dev-root",)),
+    Option("flags.gdrcopyEnabled", "gdrcopy-enabled", "GDRCOPY_ENABLED", "bool", False,
+           "start containers with NVIDIA_GDRCOPY=enabled"),
+    Option("flags.gdsEnabled", "gds-enabled", "GDS_ENABLED", "bool", False,
+           "start containers with NVIDIA_GDS=enabled"),
+    Option("flags.mofedEnabled", "mofed-enabled", "MOFED_ENABLED", "bool", False,
+           "start containers with NVIDIA_MOFED=enabled"),
+    Option("flags.useNodeFeatureAPI", "use-node-feature-api", "USE_NODE_FEATURE_API", "bool", False,
+           "publish labels through the NodeFeature API", more_env=("GFD_USE_NODE_FEATURE_API",)),
+    Option("flags.deviceDiscoveryStrategy", "device-discovery-strategy", "DEVICE_DISCOVERY_STRATEGY",
+           "choice", "auto", "how GPUs are discovered", DISCOVERY_STRATEGIES),
+    Option("flags.plugin.passDeviceSpecs", "pass-device-specs", "PASS_DEVICE_SPECS", "bool", False,
+           "pass the /dev/nvidia* device specs to the kubelet on Allocate"),
+    Option("flags.plugin.deviceListStrategy", "device-list-strategy", "DEVICE_LIST_STRATEGY", "choices",
+           ("envvar",), "how the device list reaches the runtime (comma list)", DEVICE_LIST_STRATEGIES),
+    Option("flags.plugin.deviceIDStrategy", "device-id-strategy", "DEVICE_ID_STRATEGY", "choice", "uuid",
+           "how devices are named to the runtime", DEVICE_ID_STRATEGIES),
+    Option("flags.plugin.cdiAnnotationPrefix", "cdi-annotation-prefix", "CDI_ANNOTATION_PREFIX", "str",
+           "cdi.k8s.io/", "the prefix of CDI container annotation keys"),
+    Option("flags.plugin.nvidiaCTKPath", "nvidia-cdi-hook-path", "NVIDIA_CDI_HOOK_PATH", "str",
+           "/usr/bin/nvidia-ctk", "the NVIDIA CDI hook (nvidia-ctk) path written in the generated CDI spec",
+           aliases=("nvidia-ctk-path",), more_env=("NVIDIA_CTK_PATH",)),
+    Option("flags.plugin.containerDriverRoot", "driver-root-ctr-path", "DRIVER_ROOT_CTR_PATH", "str",
+           "/driver-root", "where the driver root is mounted in this container (for CDI specs)",
+           aliases=("container-driver-root",), more_env=("CONTAINER_DRIVER_ROOT",)),
+    Option("flags.plugin.cdiFeatureFlags", "cdi-feature-flags", "CDI_FEATURE_FLAGS", "list", (),
+           "feature flags for CDI spec generation (comma list)"),
+    Option("imex.channelIDs", "imex-channel-ids", "IMEX_CHANNEL_IDS", "ints", (),
+           "IMEX channels to inject (comma list of numbers)"),
+    Option("imex.required", "imex-required", "IMEX_REQUIRED", "bool", False,
+           "the IMEX channels are required"),
+    Option("flags.gfd.oneshot", "oneshot", "GFD_ONESHOT", "bool", False, "label once and exit"),
+    Option("flags.gfd.noTimestamp", "no-timestamp", "GFD_NO_TIMESTAMP", "bool", False,
+           "do not add the timestamp label"),
+    Option("flags.gfd.sleepInterval", "sleep-interval", "GFD_SLEEP_INTERVAL", "duration", 60.0,
+           "time between two labellings"),
+    Option("flags.gfd.outputFile", "output-file", "GFD_OUTPUT_FILE", "str",
+           "/etc/kubernetes/node-feature-discovery/features.d/gfd", "the NFD feature file"),
+    Option("flags.gfd.machineTypeFile", "machine-type-file", "GFD_MACHINE_TYPE_FILE", "str",
+           "/sys/class/dmi/id/product_name", "the file holding the machine type"),
+    Option("kubegpu.sharedSlots", "shared-slots", "KUBEGPU_SHARED_SLOTS", "int", 100,
+           "kubegpu.io/gpu.shared slots per GPU (0: not served)",
+           (), 0, 10000),
+    Option("kubegpu.replicaChoice", "replica-choice", "KUBEGPU_REPLICA_CHOICE", "choice", "distributed",
+           "which replicas are preferred: least-shared GPU first, or packed", REPLICA_CHOICES),
+    Option("kubegpu.healthRecoveryInterval", "health-recovery-interval", "KUBEGPU_HEALTH_RECOVERY_INTERVAL",
+           "duration", 60.0, "quiet time after which an answering GPU is Healthy again (0: never)", ()),
+    Option("kubegpu.cdiSpecDir", "cdi-spec-dir", "KUBEGPU_CDI_SPEC_DIR", "str", "/var/run/cdi",
+           "where the node's CDI spec is written"),
+    Option("kubegpu.devicePluginDir", "device-plugin-dir", "KUBEGPU_DEVICE_PLUGIN_DIR", "str",
+           "/var/lib/kubelet/device-plugins", "the kubelet's device-plugin directory"),
+    Option("kubegpu.metricsAddress", "metrics-address", "KUBEGPU_METRICS_ADDRESS", "str", ":9400",
+           "host:port of /metrics, /healthz and /readyz ('' or 0 disables them)"),
+    Option("kubegpu.resourceConfig", "resource-config", "RESOURCE_CONFIG", "list", (),
+           "short form <resource>:<new name>:<replicas>, comma separated (gpu:sharedgpu:4)",
+           ()),
+    Option("kubegpu.podResourcesSocket", "pod-resources-socket", "KUBEGPU_POD_RESOURCES_SOCKET", "str",
+           "/var/lib/kubelet/pod-resources/kubelet.sock",
+           "the kubelet's PodResources socket, used to verify the handoff (full mode)"),
+)
+
+OPTIONS_BY_KEY: Final = {o.key: o for o in OPTIONS}
+OPTIONS_BY_FLAG: Final = {name: o for o in OPTIONS for name in (o.flag, *o.aliases)}
+CONFIG_FILE_FLAG: Final = "config-file"
+CONFIG_FILE_ENV: Final = "CONFIG_FILE"
+
+
+
+def flag_help() -> list[tuple[str, str, str, str]]:
+    """(flag, env var, default, help) rows, for ``kubegpu node --help`` and the docs."""
+    def show(o: Option) -> str:
+        d = o.default
+        if isinstance(d, tuple):
+            return ",".join(str(x) for x in d)
+        if isinstance(d, bool):
+            return str(d).lower()
+        if o.kind == "duration":
+            return f"{d:g}s"
+        return str(d)
+    rows = [(", ".join(f"--{n}" for n in (o.flag, *o.aliases)), ", ".join(o.envs), show(o), o.help)
+            for o in OPTIONS]
+    rows.append((f"--{CONFIG_FILE_FLAG}", CONFIG_FILE_ENV, "",
+                 "the config file (NVIDIA's format plus a kubegpu: section)"))
+    return rows

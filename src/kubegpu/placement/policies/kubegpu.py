@@ -1,0 +1,299 @@
+"""kubegpu's own policies: ``kubegpu`` (FGD with shares packed by what can still fill a GPU and ties settled
+by what the rest of the workload will need) and ``spread``.
+
+``kubegpu`` keeps every measure it adds in caches of its own, keyed by the
+workload generation, the demand and the row version (:class:`RowCache`): a
+pod pays only for the nodes changed since the last pod of its shape, and the
+"before" side of the host-reservation test is kept per node and reused by
+every demand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from kubegpu.placement.cluster import MILLI, ClusterState, Demand
+from kubegpu.placement.fill import fill_delta_per_gpu
+from kubegpu.placement.frag import capacity_delta_per_node, frag_delta_per_gpu
+from kubegpu.placement.policies.base import MAX_SCORE, ScoreContext, bestfit_choice
+from kubegpu.placement.policies.paper import FgdPolicy, _RowLocal
+from kubegpu.placement.workload import Workload, WorkloadShape
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveTerms:
+    """The shapes of a workload (rare ones included) that fewer than half of a cluster's nodes could ever host.
+
+    An 8-GPU pod asking for 120 cores fits only the largest nodes. Once the
+    hosts still able to take such a shape are no more than the pods of it
+    expected while the free GPU lasts, a pod that would take a node's room
+    for it loses (``loss``) against tied nodes that keep theirs. Reserving
+    earlier measured worse: idle large nodes kept too long fill up with
+    shares at the end and strand more.
+    """
+
+    cpu: np.ndarray  # (R,)
+    memory: np.ndarray  # (R,)
+    count: np.ndarray  # (R,) GPUs
+    need: np.ndarray  # (R,) index into ``levels``: the free compute a GPU needs for the shape
+    levels: np.ndarray  # (V,) distinct per-GPU compute needs
+    access: np.ndarray  # (R, N) bool: the node's GPU model is allowed
+    freq: np.ndarray  # (R,) share of all pods
+    mean_gpu: float  # GPU compute (milli) of the average pod of the workload
+
+    @classmethod
+    def build(cls, cluster: ClusterState, workload: Workload, host_share: float = 0.5) -> ReserveTerms:
+        gpus = cluster.gpu_ok.sum(axis=1)
+        picked: list[tuple[WorkloadShape, float, np.ndarray]] = []
+        mean_gpu = float(sum(f * s.count * s.milli for s, f in zip(workload.every, workload.every_freq, strict=True)))
+        # A shape expected less than once even on an empty cluster never runs short of hosts: skipped.
+        at_most = float(gpus.sum()) * MILLI / max(mean_gpu, 1.0)
+        for s, f in zip(workload.every, workload.every_freq, strict=True):
+            access = cluster.model_mask(s.models) if s.models is not None else np.ones(cluster.n_nodes, bool)
+            hosts = access & (cluster.cpu_cap >= s.cpu_milli) & (cluster.mem_cap >= s.memory_bytes) & (gpus >= s.count)
+            if 0 < hosts.sum() < host_share * cluster.n_nodes and f * at_most >= 1.0:
+                picked.append((s, float(f), access))
+        need = np.array([s.milli if s.count else 0 for s, _, _ in picked], np.int64)
+        levels, idx = np.unique(need, return_inverse=True)
+        return cls(
+            cpu=np.array([s.cpu_milli for s, _, _ in picked], np.int64),
+            memory=np.array([s.memory_bytes for s, _, _ in picked], np.int64),
+            count=np.array([s.count for s, _, _ in picked], np.int64),
+            need=idx.astype(np.int64),
+            levels=levels,
+            access=np.array([a for _, _, a in picked], bool).reshape(len(picked), cluster.n_nodes),
+            freq=np.array([f for _, f, _ in picked], np.float64),
+            mean_gpu=mean_gpu,
+        )
+
+    def able(
+        self,
+        rows: np.ndarray,
+        free: np.ndarray,
+        cpu: np.ndarray,
+        mem: np.ndarray,
+        shapes: np.ndarray | slice = slice(None),
+    ) -> np.ndarray:
+        """(R, n) bool: node rows[i], with free compute ``free`` (n, G), CPU and memory, could host shape r."""
+        gpus = (free[None, :, :] >= self.levels[:, None, None]).sum(axis=2)  # (V, n)
+        return (
+            self.access[shapes][:, rows]
+            & (cpu[None, :] >= self.cpu[shapes, None])
+            & (mem[None, :] >= self.memory[shapes, None])
+            & (gpus[self.need[shapes]] >= self.count[shapes, None])
+        )
+
+
+class SpreadPolicy(_RowLocal):
+    """The least loaded node and the emptiest GPU (availability over density)."""
+
+    name = "spread"
+    gpu_default = "spread"
+
+    def node_scores(
+        self,
+        cluster: ClusterState,
+        demand: Demand,
+        rows: np.ndarray,
+        candidates: np.ndarray,
+        ctx: ScoreContext,
+    ) -> np.ndarray:
+        gpu_cap = np.maximum(cluster.gpu_ok[rows].sum(axis=1) * MILLI, 1)
+        gpu = cluster.usable_free(rows).sum(axis=1) / gpu_cap
+        cpu = cluster.cpu_free[rows] / np.maximum(cluster.cpu_cap[rows], 1)
+        return gpu + 0.1 * cpu
+
+    def gpu_scores(
+        self, cluster: ClusterState, node: int, demand: Demand, candidates: np.ndarray, ctx: ScoreContext
+    ) -> np.ndarray:
+        return cluster.usable_free(node).astype(np.float64)
+
+
+class KubegpuPolicy(FgdPolicy):
+    """kubegpu's default: FGD, with shares packed by what can still fill a GPU and ties settled by what
+    the rest of the workload will need.
+
+    GPU shares (one GPU, not whole) score each GPU by FGD's rounded score
+    minus ``fill_weight`` per milli of growth of the node's expected stranded
+    compute (:mod:`kubegpu.placement.fill`): an 810 goes where a 160 already
+    is rather than open a GPU only a rare small share could top up, a 320 waits
+    on an idle GPU for a 650 rather than leave 210 beside a 470, and a share
+    does not take the last CPU of a node whose other GPUs still have room. The
+    node's score is its best GPU's; the same score picks the GPU.
+
+    Whole-GPU and CPU-only pods keep FGD's rounded score as the primary key
+    (its ties, settled by a fixed node order, pack pods onto few nodes and
+    keep whole nodes free for multi-GPU requests). Among the tied nodes, by
+    weight:
+
+    - host reservation (``ReserveTerms``): a pod avoids taking the room for a
+      rare large shape on one of the few nodes able to host it, once those
+      hosts get as few as the pods of that shape still expected (FGD's target
+      workload drops such shapes, so it hands the largest nodes to small pods
+      first and the 8-GPU, 120-core pods then fail early);
+    - model scarcity: a GPU pod free to run on any model avoids the models
+      that model-constrained shapes of the workload need most
+      (``KubegpuPolicy._scarcity``);
+    - the placement that grows the capacity-aware fragment least: FGD counts a
+      node's free GPUs as usable as soon as one pod of a shape fits, this
+      measure also asks how many such pods the node's CPU and memory can feed
+      (:func:`kubegpu.placement.frag.capacity_frag`).
+
+    Only tied candidates pay for these extra measures; each depends on the
+    node and the whole cluster, never on which other nodes are tied, except
+    for the scaling of the scarcity term by its largest tied value.
+    """
+
+    name = "kubegpu"
+    gpu_default = "kubegpu"
+    refines = "fgd"
+    use_memory = False  # for the primary (FGD) term
+    capacity_memory: ClassVar[bool] = True
+    # On: beside the fill measure it measured even on the default trace (4.01 vs 4.02 %, 4 seeds) and the
+    # 120-core 8-GPU pods that failed at 10-44 % arrived went from four to two (seed 42).
+    reserve_weight: ClassVar[float] = 1.0
+    scarcity_weight: ClassVar[float] = 0.3
+    # FGD points per milli of expected stranded compute. Measured on the openb trace (unallocated GPU at
+    # arrived 100 %): 0.15 gave 3.94 % on the default list (10 seeds; fgd 4.75) and beat fgd on all 24 lists
+    # (seed 42); 0.1 gave 3.99 %. In runs before scores were rounded to make equal placements tie exactly,
+    # 0.2 lost to fgd on gpushare100 and gpuspec33, and ranking by this measure first (FGD only to break
+    # its ties) lost on three lists.
+    fill_weight: ClassVar[float] = 0.15
+    secondary_weight: ClassVar[float] = 5e-4  # times a 0..100 score
+
+    def row_local(self, demand: Demand) -> bool:
+        return demand.count == 1 and not demand.exclusive
+
+    def _secondary(self, delta: np.ndarray) -> np.ndarray:
+        return self.secondary_weight * np.trunc(MAX_SCORE / (1.0 + np.exp(np.clip(delta, -5e5, 5e5) / 1000.0)))
+
+    def _share_scores(
+        self, cluster: ClusterState, demand: Demand, rows: np.ndarray, candidates: np.ndarray, ctx: ScoreContext
+    ) -> np.ndarray:
+        """(n, G) score of each candidate GPU of node rows[i] for a one-GPU share; -inf elsewhere."""
+        terms = ctx.frag_terms(cluster, self.use_memory)
+        cache = ctx.frag_cache(cluster, self.use_memory)
+        primary = self._score(frag_delta_per_gpu(cluster, terms, rows, demand, candidates, cache))
+        value, floor = ctx.fill_tables()
+        stranded = fill_delta_per_gpu(cluster, rows, demand, candidates, value, floor)
+        # Rounded so that equal placements tie exactly (and go to the node order), whatever the float noise.
+        score = np.round(primary - self.fill_weight * np.where(candidates, stranded, 0.0), 6)
+        return np.where(candidates, score, -np.inf)
+
+    # ---- the tie-break's measures, each kept per row -------------------------------------------
+    def _reserve(self, cluster: ClusterState, ctx: ScoreContext) -> ReserveTerms:
+        wl = ctx._need_workload()
+        return ctx.derived("reserve", cluster, lambda: ReserveTerms.build(cluster, wl))
+
+    def _able_now(self, cluster: ClusterState, ctx: ScoreContext, rows: np.ndarray) -> np.ndarray:
+        """(n, R) whether node rows[i] could host reserved shape r now (kept per row version)."""
+        res = self._reserve(cluster, ctx)
+
+        def compute(pos: np.ndarray) -> np.ndarray:
+            sub = rows[pos]
+            return res.able(sub, cluster.usable_free(sub), cluster.cpu_free[sub], cluster.mem_free[sub]).T
+
+        return self.rows.get(("able", ctx.workload_gen), cluster, rows, compute, (len(res.cpu),)) > 0.5
+
+    def reserve_loss(
+        self, cluster: ClusterState, ctx: ScoreContext, demand: Demand, rows: np.ndarray, cand: np.ndarray
+    ) -> np.ndarray:
+        """(n,) how many short-of-hosts shapes node rows[i] could no longer host after ``demand``."""
+        res = self._reserve(cluster, ctx)
+        if not len(res.cpu):
+            return np.zeros(len(rows))
+
+        def compute(pos: np.ndarray) -> np.ndarray:
+            sub = rows[pos]
+            before = self._able_now(cluster, ctx, sub)
+            free = cluster.usable_free(sub)
+            if demand.count > 0:
+                choice = bestfit_choice(free, cand[pos], demand.count)
+                r = np.arange(len(sub))[:, None]
+                free[r, choice] = np.maximum(free[r, choice] - (MILLI if demand.exclusive else demand.milli), 0)
+            after = res.able(
+                sub, free, cluster.cpu_free[sub] - demand.cpu_milli, cluster.mem_free[sub] - demand.memory_bytes
+            ).T
+            return before & ~after
+
+        lost = self.rows.get(("lost", ctx.workload_gen, demand), cluster, rows, compute, (len(res.cpu),)) > 0.5
+        shapes = np.flatnonzero(lost.any(axis=0))
+        if not len(shapes):
+            return np.zeros(len(rows))
+        # Only the shapes some tied node would lose pay for counting their hosts over the whole cluster.
+        hosts = self._able_now(cluster, ctx, np.arange(cluster.n_nodes))[:, shapes].sum(axis=0)
+        # Pods of each shape expected while the free GPU lasts (at the workload's mix): a shape is
+        # short of hosts once no more hosts can take it than pods of it are still to come.
+        free_total = float(ctx.frag_cache(cluster, self.use_memory).s.sum())
+        expected = res.freq[shapes] * free_total / max(res.mean_gpu, 1.0)
+        return lost[:, shapes].astype(np.float64) @ (expected >= hosts).astype(np.float64)
+
+    def _scarcity(self, cluster: ClusterState, ctx: ScoreContext) -> np.ndarray:
+        """(N,) how much of each node's GPU capacity the model-constrained shapes of the workload claim.
+
+        Each constrained shape's GPU demand is spread over the capacity of the
+        nodes it may use; a node's value is the sum. Zero everywhere when no
+        shape names a model.
+        """
+
+        def build() -> np.ndarray:
+            terms = ctx.frag_terms(cluster, False)
+            gpus = cluster.gpu_ok.sum(axis=1).astype(np.float64)
+            demand = terms.freq * terms.milli * terms.count
+            out = np.zeros(cluster.n_nodes)
+            for t in np.flatnonzero(~terms.access.all(axis=1)):
+                cap = float((gpus * terms.access[t]).sum())
+                if cap > 0:
+                    out += terms.access[t] * demand[t] / cap
+            return out
+
+        return ctx.derived("scarcity", cluster, build)
+
+    def _capacity(
+        self, cluster: ClusterState, ctx: ScoreContext, demand: Demand, rows: np.ndarray, cand: np.ndarray
+    ) -> np.ndarray:
+        def compute(pos: np.ndarray) -> np.ndarray:
+            sub = rows[pos]
+            choice = bestfit_choice(cluster.usable_free(sub), cand[pos], demand.count) if demand.count else None
+            cache = ctx.frag_cache(cluster, self.capacity_memory)
+            return self._secondary(capacity_delta_per_node(cluster, cache, sub, demand, choice))
+
+        return self.rows.get(("capacity", ctx.workload_gen, demand), cluster, rows, compute)
+
+    def node_scores(
+        self, cluster: ClusterState, demand: Demand, rows: np.ndarray, candidates: np.ndarray, ctx: ScoreContext
+    ) -> np.ndarray:
+        if not self._has_workload(ctx):
+            return super().node_scores(cluster, demand, rows, candidates, ctx)
+        primary = self._node_primary(cluster, demand, rows, candidates, ctx)
+        if self.row_local(demand) or len(rows) < 2:
+            return primary
+        top = np.flatnonzero(primary == primary.max())
+        if len(top) < 2:
+            return primary
+        sub, cand = rows[top], candidates[top]
+        out = primary.astype(np.float64).copy()
+        if self.reserve_weight > 0:
+            loss = self.reserve_loss(cluster, ctx, demand, sub, cand)
+            out[top] += self.reserve_weight * (1.0 - np.minimum(loss, 1.0))
+        if demand.count > 0 and demand.models is None:
+            # A pod that may run anywhere leaves the GPU models that constrained pods need to them.
+            scarce = self._scarcity(cluster, ctx)[sub]
+            if scarce.max() > 0:
+                out[top] += self.scarcity_weight * (1.0 - scarce / scarce.max())
+        out[top] += self._capacity(cluster, ctx, demand, sub, cand)
+        return out
+
+    def gpu_scores(
+        self, cluster: ClusterState, node: int, demand: Demand, candidates: np.ndarray, ctx: ScoreContext
+    ) -> np.ndarray:
+        if not self._has_workload(ctx) or demand.exclusive or demand.count == 0:
+            return super().gpu_scores(cluster, node, demand, candidates, ctx)
+        if self.row_local(demand):
+            return self._gpu_matrix(cluster, demand, np.array([node]), candidates[None, :], ctx)[0]
+        # A share over several GPUs: FGD's per-GPU score of one GPU's part (not kept).
+        one = np.array([node])
+        return FgdPolicy._share_scores(self, cluster, self._single(demand), one, candidates[None, :], ctx)[0]

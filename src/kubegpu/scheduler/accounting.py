@@ -1,0 +1,194 @@
+"""Who holds what: the extender's accounting of pods' GPUs, CPU and memory per node.
+
+Accounting is rebuilt, never trusted from memory: it is the set of
+``kubegpu.io/device-allocated`` annotations of live, bound pods (from the pod
+watch), the CPU and memory requests of every live pod bound to a GPU node,
+plus the allocations this extender assumed at bind time and has not yet seen
+echoed by the watch. Each pod is held at most once (keyed by namespace/name
+and checked by UID), so an echo, a relist or a restart never counts it twice.
+Every hold and release also feeds the learned target workload.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubegpu.model import annotations as A
+from kubegpu.model.allocation import AnnotationError, PodAllocation, decode
+from kubegpu.model.request import parse_pod
+from kubegpu.placement import Demand, PlacementConflict
+from kubegpu.placement.workload import LearnedWorkload
+from kubegpu.scheduler.mirror import ArrayMirror
+from kubegpu.scheduler.nodes import NodeRecord
+from kubegpu.scheduler.requests import pod_demand, pod_resources
+
+log = logging.getLogger(__name__)
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(slots=True)
+class Held:
+    """One pod's allocation as this extender accounts it."""
+
+    key: str  # namespace/name
+    uid: str
+    node: str
+    alloc: PodAllocation
+    assumed_at: float | None = None  # set while only this extender knows (bind not yet echoed)
+    binding: bool = False  # a bind is in flight: never expire it
+    cpu_milli: int = 0
+    memory_bytes: int = 0
+    shape: Demand | None = None  # what the learned workload counts for it (GPU pods only)
+
+
+@dataclass(frozen=True, slots=True)
+class PodFacts:
+    """What accounting reads from a pod besides its allocation."""
+
+    cpu_milli: int = 0
+    memory_bytes: int = 0
+    shape: Demand | None = None
+
+    @classmethod
+    def of(cls, pod: Mapping[str, Any] | None) -> PodFacts:
+        if pod is None:
+            return cls()
+        cpu, mem = pod_resources(pod)
+        request = parse_pod(pod)
+        shape = LearnedWorkload.shape_of(pod_demand(request, pod)) if request.ok and request.wants_gpu else None
+        return cls(cpu, mem, shape)
+
+
+class Ledger:
+    """The held pods, per key and per node; applies each change to the node's state and its array row."""
+
+    def __init__(self, nodes: dict[str, NodeRecord], mirror: ArrayMirror, learner: LearnedWorkload, *,
+                 assume_ttl_s: float = 120.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.nodes = nodes
+        self.mirror = mirror
+        self.learner = learner
+        self.held: dict[str, Held] = {}
+        self.by_node: dict[str, set[str]] = {}
+        self.assume_ttl_s = assume_ttl_s
+        self._clock = clock
+        self.conflicts = 0  # annotations that could not be held (double allocation seen in the cluster)
+        self.corrupt = 0  # annotations that could not be read
+        self._assumed: set[str] = set()  # keys of held entries not yet echoed by the watch
+
+    def pods_on(self, node: str) -> list[tuple[PodAllocation, int, int]]:
+        """(allocation, CPU, memory) of the pods held on a node, in key order (to rebuild its state)."""
+        return [(h.alloc, h.cpu_milli, h.memory_bytes)
+                for h in (self.held[k] for k in sorted(self.by_node.get(node, ())))]
+
+    def hold(self, key: str, uid: str, node: str, alloc: PodAllocation, *, assumed: bool = False,
+             pod: Mapping[str, Any] | None = None, facts: PodFacts | None = None) -> None:
+        """Account a pod's allocation (and, given the pod, its CPU and memory) on a node, replacing what
+        was held for it. Raises PlacementConflict when it does not fit; then nothing changes."""
+        f = facts if facts is not None else PodFacts.of(pod)
+        old = self.held.get(key)
+        if (old is not None and old.uid == uid and old.node == node and old.alloc == alloc
+                and (pod is None or (old.cpu_milli, old.memory_bytes, old.shape) == (f.cpu_milli, f.memory_bytes,
+                                                                                      f.shape))):
+            if not assumed:
+                old.assumed_at = None
+                old.binding = False
+                self._assumed.discard(key)
+            return
+        if old is not None and pod is None and facts is None:
+            f = PodFacts(old.cpu_milli, old.memory_bytes, old.shape)  # same pod, re-held without its spec
+        rec = self.nodes.get(node)
+        if old is not None:
+            self.release(key)
+        if rec is not None and rec.state is not None:
+            try:
+                rec.state.apply_allocation(alloc, f.cpu_milli, f.memory_bytes)
+            except PlacementConflict:
+                if old is not None:  # put back what was there
+                    self.hold(key, old.uid, old.node, old.alloc, assumed=old.assumed_at is not None,
+                              facts=PodFacts(old.cpu_milli, old.memory_bytes, old.shape))
+                raise
+            self.mirror.sync(node)
+        self.held[key] = Held(key, uid, node, alloc, self._clock() if assumed else None, binding=assumed,
+                              cpu_milli=f.cpu_milli, memory_bytes=f.memory_bytes, shape=f.shape)
+        self.by_node.setdefault(node, set()).add(key)
+        if assumed:
+            self._assumed.add(key)
+        self.learner.add(f.shape)
+
+    def release(self, key: str, uid: str | None = None) -> Held | None:
+        h = self.held.get(key)
+        if h is None or (uid is not None and h.uid != uid):
+            return None
+        del self.held[key]
+        self._assumed.discard(key)
+        self.by_node.get(h.node, set()).discard(key)
+        rec = self.nodes.get(h.node)
+        if rec is not None and rec.state is not None:
+            rec.state.release_allocation(h.alloc, h.cpu_milli, h.memory_bytes)
+            self.mirror.sync(h.node)
+        self.learner.remove(h.shape)
+        return h
+
+    @property
+    def assumed_count(self) -> int:
+        return len(self._assumed)
+
+    def mark_bound(self, key: str) -> None:
+        """The bind of an assumed pod went through: wait up to the TTL for the watch to echo it."""
+        h = self.held.get(key)
+        if h is not None and h.assumed_at is not None:
+            h.binding = False
+            h.assumed_at = self._clock()
+
+    def expire_assumed(self) -> list[str]:
+        """Drop assumptions whose bind finished but never showed in the watch within the TTL."""
+        now = self._clock()
+        ttl = self.assume_ttl_s
+        gone = [k for k in self._assumed
+                if (h := self.held[k]).assumed_at is not None and not h.binding and now - h.assumed_at > ttl]
+        for k in gone:
+            log.warning("pod %s: assumed allocation expired (bind never seen in the watch); released", k)
+            self.release(k)
+        return gone
+
+    def tracks(self, node: str | None) -> bool:
+        """Whether pods bound to ``node`` are accounted (it is a GPU node with a known state)."""
+        rec = self.nodes.get(node or "")
+        return rec is not None and rec.state is not None
+
+    def observe_pod(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
+        """A pod from the watch (a dict shaped like a v1.Pod)."""
+        meta = pod.get("metadata") or {}
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        uid = str(meta.get("uid") or "")
+        phase = (pod.get("status") or {}).get("phase")
+        if deleted or phase in TERMINAL_PHASES:
+            self.release(key, uid or None)
+            return
+        node = (pod.get("spec") or {}).get("nodeName") or ""
+        value = (meta.get("annotations") or {}).get(A.DEVICE_ALLOCATED)
+        current = self.held.get(key)
+        if not node or (not value and not self.tracks(node)):
+            # Not bound yet (or no GPUs recorded): keep an in-flight assumption, drop anything else.
+            if current is not None and current.assumed_at is None and current.uid == uid:
+                self.release(key)
+            return
+        if value:
+            try:
+                alloc = decode(value)
+            except AnnotationError as e:
+                self.corrupt += 1
+                log.error("pod %s: unreadable %s annotation (%s); not accounted", key, A.DEVICE_ALLOCATED, e)
+                return
+        else:
+            alloc = PodAllocation(())  # a pod without GPUs on a GPU node: its CPU and memory count
+        try:
+            self.hold(key, uid, node, alloc, pod=pod)
+        except PlacementConflict as e:
+            self.conflicts += 1
+            log.error("pod %s on %s: recorded GPUs collide with another pod's: %s", key, node, e)

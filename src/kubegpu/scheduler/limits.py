@@ -1,0 +1,226 @@
+"""Bounds on what one extender request may cost, decided before the expensive work.
+
+A pod with many GPU containers cannot take the vectorised filter path: each node needs an exact,
+container-by-container fit (about 40 µs per container). Unbounded, one pod of 1,000 one-percent
+containers cost 14 CPU-seconds per ``/filter`` on 300 nodes and stalled every other pod's filter
+behind it, since the extender serves all verbs from one event loop. Four bounds keep any request
+cheap and the loop answering:
+
+* a cap on GPU containers per pod (:attr:`Limits.max_gpu_containers`), counted on the raw pod before
+  it is parsed; the webhook refuses the same pods at admission with the same message
+  (:func:`kubegpu.model.limits.too_many_gpu_containers`);
+* an aggregate-capacity prefilter: a node whose free compute, free memory or free whole GPUs summed
+  over its GPUs cannot hold the sum of the pod's app containers is ruled out by array arithmetic
+  before any per-node fit;
+* a time budget per filter (:attr:`Limits.filter_budget_s`): nodes not reached in it fail with a
+  reason saying so (kube-scheduler retries the pod and rotates the node list);
+* the per-node fits run in slices of :attr:`Limits.slice_s` with the event loop given back between
+  slices, so a 1-GPU pod's filter is answered within a slice while a large one is in flight. The view
+  is only touched from the loop, so no lock is needed; a node whose state changed between slices is
+  simply fitted against its new state (bind re-checks everything anyway).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import compress
+from typing import Any
+
+import numpy as np
+
+from kubegpu.model.limits import DEFAULT_MAX_GPU_CONTAINERS, count_gpu_containers, too_many_gpu_containers
+from kubegpu.model.request import PodRequest, RequestKind, parse_pod
+from kubegpu.placement import MILLI, Demand, fit, request_demand
+from kubegpu.scheduler.nodes import all_linked, for_node
+from kubegpu.scheduler.reasons import insufficient
+from kubegpu.scheduler.requests import requires_nvlink, simple_demand
+from kubegpu.scheduler.state import ClusterView, FilterOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one request may cost (flags of ``kubegpu scheduler`` and ``kubegpu webhook``)."""
+
+    max_gpu_containers: int = DEFAULT_MAX_GPU_CONTAINERS
+    filter_budget_s: float = 0.5  # per-node fits of one filter; kube-scheduler's httpTimeout is 10 s
+    slice_s: float = 0.002  # the event loop is given back after this much fitting (a request needs several turns)
+
+
+# ---- aggregate prefilter ------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Aggregate:
+    """Lower bounds on what the pod's app containers take from one node, summed over its GPUs."""
+
+    milli: int  # compute, thousandths of a GPU
+    memory_bytes: int  # GPU memory asked in bytes
+    memory_ratio: int  # GPU memory asked in percent of a GPU (summed over GPUs)
+    whole: int  # GPUs taken whole
+    containers: tuple[str, ...] = ()  # the app containers counted
+
+    @property
+    def who(self) -> str:
+        shown = ", ".join(repr(c) for c in self.containers[:4])
+        more = f" and {len(self.containers) - 4} more" if len(self.containers) > 4 else ""
+        return f"containers {shown}{more}" if len(self.containers) > 1 else f"container {shown}"
+
+    @property
+    def empty(self) -> bool:
+        return not (self.milli or self.memory_bytes or self.memory_ratio or self.whole)
+
+
+def aggregate(request: PodRequest) -> Aggregate:
+    """The sum over app containers (init containers run before them and are checked one by one).
+    MIG and replica containers use their own resources and add nothing here."""
+    milli = mem = ratio = whole = 0
+    names: list[str] = []
+    for c in request.gpu_containers:
+        req = c.request
+        if c.init or req is None or req.kind not in (RequestKind.WHOLE, RequestKind.SHARE):
+            continue
+        names.append(c.name)
+        if req.exclusive:
+            whole += req.count
+            milli += MILLI * req.count
+            ratio += 100 * req.count
+            continue
+        milli += req.core * (MILLI // 100) * req.count
+        if req.memory_bytes is not None:
+            mem += req.memory_bytes * req.count
+        else:
+            ratio += (req.memory_ratio or 0) * req.count
+    return Aggregate(milli, mem, ratio, whole, tuple(names))
+
+
+def aggregate_short(view: ClusterView, rows: np.ndarray, need: Aggregate) -> list[str]:
+    """Per row, why the node cannot hold ``need`` in total ('' when it might)."""
+    cluster = view.cluster
+    ok = cluster.gpu_ok[rows]
+    core = np.where(ok, cluster.core_free[rows], 0).sum(axis=1)
+    gmem_free = np.where(ok, cluster.gmem_free[rows], 0).sum(axis=1)
+    cap = np.where(ok, cluster.gmem_cap[rows], np.iinfo(np.int64).max)
+    smallest = np.where(ok.any(axis=1), cap.min(axis=1), 0)
+    # A ratio takes at least ratio % of the node's smallest GPU on each GPU it lands on.
+    mem_need = need.memory_bytes + (need.memory_ratio * smallest) // 100
+    whole_free = (ok & (cluster.core_free[rows] >= MILLI) & (cluster.gmem_free[rows] >= cluster.gmem_cap[rows])
+                  ).sum(axis=1)
+    out = [""] * len(rows)
+    for i in np.flatnonzero((core < need.milli) | (gmem_free < mem_need) | (whole_free < need.whole)):
+        if whole_free[i] < need.whole:
+            out[i] = f"{need.who}: {need.whole} whole GPUs requested in all, {int(whole_free[i])} free"
+        elif core[i] < need.milli:
+            out[i] = (f"{need.who} need {need.milli / 10:g} % of a GPU's compute in all, "
+                      f"the node has {int(core[i]) / 10:g} % free")
+        else:
+            out[i] = (f"{need.who} need {int(mem_need[i]) / 2**30:.1f} GiB of GPU memory in all, "
+                      f"the node has {int(gmem_free[i]) / 2**30:.1f} GiB free")
+    return out
+
+
+# ---- the bounded filter -------------------------------------------------------------------------
+def refused_outcome(names: Sequence[str], why: str) -> FilterOutcome:
+    reasons: Counter[str] = Counter({"refused": len(names)}) if names else Counter()
+    return FilterOutcome([], {}, dict.fromkeys(names, f"request refused: {why}"), reasons)
+
+
+async def bounded_filter(view: ClusterView, pod: Mapping[str, Any], names: Sequence[str], gpu_policy: str,
+                         limits: Limits, clock: Any = time.perf_counter) -> FilterOutcome:
+    """``view.filter`` with every bound above. The vectorised path (one app container asking for whole
+    GPUs or a share) is the view's own; every other GPU pod takes the exact path here."""
+    why = too_many_gpu_containers(pod, limits.max_gpu_containers)
+    if why:
+        return refused_outcome(names, why)
+    request = parse_pod(pod)
+    if not request.ok or not request.wants_gpu or (simple_demand(request) is not None and not requires_nvlink(pod)):
+        return view.filter(pod, names, gpu_policy)
+    return await _exact(view, pod, request, names, gpu_policy, limits, clock)
+
+
+async def _exact(view: ClusterView, pod: Mapping[str, Any], request: PodRequest, names: Sequence[str],
+                 gpu_policy: str, limits: Limits, clock: Any) -> FilterOutcome:
+    start = clock()
+    passed: list[str] = []
+    failed: dict[str, str] = {}
+    reasons: Counter[str] = Counter()
+    cluster = view.cluster
+    all_rows = view.rows_of(names)
+    known = all_rows >= 0
+    for i in np.flatnonzero(~known):
+        rec = view.nodes.get(names[i])
+        failed[names[i]] = (f"its Device object is unreadable: {rec.device_error}" if rec and rec.device_error
+                            else "no GPUs known (no kubegpu Device object; is `kubegpu node` running?)")
+        reasons["no-device-object"] += 1
+    names_known = list(compress(names, known.tolist()))
+    rows = all_rows[known]
+    ok = view.model_mask(request.allowed_models)[rows] if len(rows) else np.zeros(0, bool)
+    for i in np.flatnonzero(~ok):
+        n = names_known[i]
+        present = ", ".join(sorted(view.nodes[n].models)) or "none"
+        failed[n] = f"GPU model {present} not in the allowed {', '.join(sorted(request.allowed_models or ()))}"
+        reasons["gpu-model"] += 1
+    # Each distinct container demand alone (a pod of identical containers costs one pass).
+    seen: dict[Demand, str] = {}
+    for c in request.gpu_containers:
+        req = c.request
+        if req is None or req.kind not in (RequestKind.WHOLE, RequestKind.SHARE):
+            continue
+        d = request_demand(req, None)
+        if d in seen or not ok.any():
+            continue
+        seen[d] = c.name
+        short = ok & (cluster.gpu_candidates(d)[rows].sum(axis=1) < d.count)
+        bad = np.flatnonzero(short)
+        if len(bad):
+            for i, text in zip(bad, insufficient(cluster, rows[bad], d), strict=True):
+                failed[names_known[i]] = f"container {c.name!r}: {text}"
+            reasons["insufficient-gpu"] += len(bad)
+            ok &= ~short
+    need = aggregate(request)
+    if not need.empty and ok.any():
+        cand = np.flatnonzero(ok)
+        for i, text in zip(cand, aggregate_short(view, rows[cand], need), strict=True):
+            if text:
+                failed[names_known[i]] = text
+                reasons["insufficient-gpu"] += 1
+                ok[i] = False
+    # Exact fits node by node, in the order given, in slices, until enough nodes pass or time is up.
+    nvlink = requires_nvlink(pod)
+    candidates = [names_known[i] for i in np.flatnonzero(ok)]
+    slice_end = clock() + limits.slice_s
+    for done, n in enumerate(candidates):
+        now = clock()
+        over = now - start > limits.filter_budget_s
+        if len(passed) >= view.exact_fit_enough or over:
+            why = (f"not examined: the filter's time budget of {limits.filter_budget_s * 1000:.0f} ms ran out "
+                   f"after {done} nodes" if over and len(passed) < view.exact_fit_enough else
+                   f"not examined: {len(passed)} feasible nodes were found first "
+                   "(pods with several GPU containers are fitted node by node)")
+            for m in candidates[done:]:
+                failed[m] = why
+            reasons["time-budget" if over else "not-examined"] += len(candidates) - done
+            break
+        if now >= slice_end:
+            await asyncio.sleep(0)  # let other requests and watch events in
+            slice_end = clock() + limits.slice_s
+        rec = view.nodes.get(n)
+        if rec is None or rec.state is None:  # went away while the loop was given back
+            failed[n] = "no GPUs known (no kubegpu Device object; is `kubegpu node` running?)"
+            reasons["no-device-object"] += 1
+            continue
+        result = fit(rec.state, for_node(request, rec), gpu_policy=gpu_policy)
+        if result.ok and nvlink and result.choice is not None and not all_linked(rec, result.choice):
+            failed[n] = "no free set of GPUs is fully NVLink-connected for this pod"
+            reasons["nvlink"] += 1
+        elif result.ok:
+            passed.append(n)
+        else:
+            failed[n] = result.reason
+            reasons["insufficient-gpu"] += 1
+    return FilterOutcome(passed, failed, {}, reasons)
+
+
+__all__ = ["DEFAULT_MAX_GPU_CONTAINERS", "Aggregate", "Limits", "aggregate", "aggregate_short", "bounded_filter",
+           "count_gpu_containers", "refused_outcome", "too_many_gpu_containers"]

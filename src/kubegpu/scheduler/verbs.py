@@ -1,0 +1,275 @@
+"""The extender's three questions, answered through the placement core the simulator runs.
+
+- ``filter``: which of these nodes can take the pod (GPUs, allowed models, and the CPU and memory the
+  extender accounts on GPU nodes), with a readable reason for each node that cannot;
+- ``prioritize``: the policy's scores of the feasible nodes (``Policy.node_scores`` with the learned
+  workload's context, as ``kubegpu simulate`` calls it), mapped to the extender scale so that the node
+  the simulator would pick (ties: lowest node name) is the only one at the top;
+- ``choose`` (bind): the exact GPUs, by the GPU-level policy on the node's array row with the same
+  context (``choose_gpus``), or placement's per-node ``fit`` for pods with several GPU containers.
+
+Everything here reads; accounting changes only through :class:`~kubegpu.scheduler.accounting.Ledger`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import compress
+from typing import Any
+
+import numpy as np
+
+from kubegpu.model.allocation import ContainerAllocation, PodAllocation
+from kubegpu.model.request import RequestKind, parse_pod
+from kubegpu.placement import Demand, choose_gpus, fit, pick_best, request_demand
+from kubegpu.placement.node import grants_on
+from kubegpu.scheduler.accounting import Ledger
+from kubegpu.scheduler.mirror import ArrayMirror
+from kubegpu.scheduler.nodes import NodeRecord, all_linked, for_node
+from kubegpu.scheduler.reasons import insufficient
+from kubegpu.scheduler.requests import pod_demand, requires_nvlink, simple_demand, with_resources
+from kubegpu.scheduler.scoring import Scoring
+
+MAX_PRIORITY = 10  # kube-scheduler's MaxExtenderPriority
+
+
+@dataclass(frozen=True, slots=True)
+class FilterOutcome:
+    passed: list[str]
+    failed: dict[str, str]
+    unresolvable: dict[str, str]
+    reasons: Counter[str]  # short reason category -> nodes, for metrics
+
+
+def _resources_short(cluster: Any, rows: np.ndarray, demand: Demand) -> list[str]:
+    out = []
+    for r in rows.tolist():
+        if cluster.cpu_free[r] < demand.cpu_milli:
+            out.append(f"{demand.cpu_milli}m CPU requested, {int(cluster.cpu_free[r])}m free on this GPU node")
+        else:
+            out.append(f"{demand.memory_bytes / 2**30:.1f} GiB memory requested, "
+                       f"{int(cluster.mem_free[r]) / 2**30:.1f} GiB free on this GPU node")
+    return out
+
+
+class Verbs:
+    """filter, prioritize and choose over the mirror, the ledger and the scoring objects."""
+
+    nodes: dict[str, NodeRecord]
+    mirror: ArrayMirror
+    ledger: Ledger
+    scoring: Scoring
+    exact_fit_enough: int
+
+    # ---- filter ----------------------------------------------------------------------------------
+    def filter(self, pod: Mapping[str, Any], names: Sequence[str], gpu_policy: str) -> FilterOutcome:
+        request = parse_pod(pod)
+        passed: list[str] = []
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        reasons: Counter[str] = Counter()
+        if not request.ok:
+            why = "request refused: " + "; ".join(str(r) for r in request.refusals)
+            for n in names:
+                unresolvable[n] = why
+            reasons["refused"] += len(names)
+            return FilterOutcome(passed, failed, unresolvable, reasons)
+        cluster = self.mirror.cluster
+        # One pass over the names (kube-scheduler sends thousands): rows, -1 for unknown nodes.
+        all_rows = self.mirror.rows_of(names)
+        known = all_rows >= 0
+        if not request.wants_gpu:
+            # Nodes without kubegpu GPUs are kube-scheduler's alone; GPU nodes must have the CPU and memory.
+            demand = with_resources(Demand(), pod)
+            ok = ~known
+            ok[known] = cluster.feasible(demand)[all_rows[known]]
+            passed.extend(compress(names, ok.tolist()))
+            self.mirror.passed_memo = (list(passed), all_rows[ok])
+            bad = np.flatnonzero(~ok)
+            if len(bad):
+                failed.update(zip((names[i] for i in bad), _resources_short(cluster, all_rows[bad], demand),
+                                  strict=True))
+                reasons["insufficient-cpu-memory"] += len(bad)
+            return FilterOutcome(passed, failed, unresolvable, reasons)
+        for i in np.flatnonzero(~known):
+            n = names[i]
+            rec = self.nodes.get(n)
+            if rec is not None and rec.device_error:
+                failed[n] = f"its Device object is unreadable: {rec.device_error}"
+            else:
+                failed[n] = "no GPUs known (no kubegpu Device object; is `kubegpu node` running?)"
+            reasons["no-device-object"] += 1
+        if not known.any():
+            return FilterOutcome(passed, failed, unresolvable, reasons)
+        names_known = [names[i] for i in np.flatnonzero(known)] if not known.all() else list(names)
+        rows = all_rows[known]
+        models = request.allowed_models
+        ok = self.mirror.model_mask(models)[rows]
+        for i in np.flatnonzero(~ok):
+            n = names_known[i]
+            present = ", ".join(sorted(self.nodes[n].models)) or "none"
+            failed[n] = f"GPU model {present} not in the allowed {', '.join(sorted(models or ()))}"
+            reasons["gpu-model"] += 1
+        pod_demand_ = pod_demand(request, pod)
+        roomy = (cluster.cpu_free[rows] >= pod_demand_.cpu_milli) & (cluster.mem_free[rows] >= pod_demand_.memory_bytes)
+        short = ok & ~roomy
+        if short.any():
+            texts = _resources_short(cluster, rows[short], pod_demand_)
+            failed.update(zip(compress(names_known, short.tolist()), texts, strict=True))
+            reasons["insufficient-cpu-memory"] += len(texts)
+            ok = ok & roomy
+        simple = simple_demand(request)
+        nvlink = requires_nvlink(pod)
+        if simple is not None and not nvlink:
+            demand = simple
+            cand = cluster.gpu_candidates(demand)[rows]
+            enough = cand.sum(axis=1) >= demand.count
+            good = ok & enough
+            passed.extend(compress(names_known, good.tolist()))
+            self.mirror.passed_memo = (list(passed), rows[good])
+            short = ok & ~enough
+            if short.any():
+                texts = insufficient(cluster, rows[short], demand)
+                failed.update(zip(compress(names_known, short.tolist()), texts, strict=True))
+                reasons["insufficient-gpu"] += len(texts)
+            return FilterOutcome(passed, failed, unresolvable, reasons)
+        # Exact path (several GPU containers, MIG, replicas, NVLink): first what the arrays can rule out
+        # (each container alone, and the whole GPUs of all app containers together), then placement's
+        # fit node by node, in the order given, until enough nodes are found feasible: like
+        # kube-scheduler's percentageOfNodesToScore, and for the same reason (an exact fit costs ~0.2 ms).
+        whole_total = 0
+        for c in request.gpu_containers:
+            req = c.request
+            if req is None or req.kind not in (RequestKind.WHOLE, RequestKind.SHARE):
+                continue
+            d = request_demand(req, None)
+            short = ok & (cluster.gpu_candidates(d)[rows].sum(axis=1) < d.count)
+            bad = np.flatnonzero(short)
+            if len(bad):
+                for i, text in zip(bad, insufficient(cluster, rows[bad], d), strict=True):
+                    failed[names_known[i]] = f"container {c.name!r}: {text}"
+                reasons["insufficient-gpu"] += len(bad)
+                ok = ok & ~short
+            if d.exclusive and not c.init:
+                whole_total += d.count
+        if whole_total:
+            free_whole = cluster.gpu_candidates(Demand.whole(1))[rows].sum(axis=1)
+            short = ok & (free_whole < whole_total)
+            for i in np.flatnonzero(short):
+                failed[names_known[i]] = f"{whole_total} whole GPUs requested in all, {int(free_whole[i])} free"
+            reasons["insufficient-gpu"] += int(short.sum())
+            ok = ok & ~short
+        candidates = np.flatnonzero(ok)
+        ctx = self.scoring.context()
+        policy = self.scoring.policy(gpu_policy)
+        for done, i in enumerate(candidates):
+            n = names_known[i]
+            if len(passed) >= self.exact_fit_enough:
+                for j in candidates[done:]:
+                    failed[names_known[j]] = (f"not examined: {len(passed)} feasible nodes were found first "
+                                              "(pods with several GPU containers are fitted node by node)")
+                reasons["not-examined"] += len(candidates) - done
+                break
+            rec = self.nodes[n]
+            assert rec.state is not None
+            result = fit(rec.state, for_node(request, rec), gpu_policy=policy, ctx=ctx)
+            if result.ok and nvlink and result.choice is not None and not all_linked(rec, result.choice):
+                failed[n] = "no free set of GPUs is fully NVLink-connected for this pod"
+                reasons["nvlink"] += 1
+            elif result.ok:
+                passed.append(n)
+            else:
+                failed[n] = result.reason
+                reasons["insufficient-gpu"] += 1
+        return FilterOutcome(passed, failed, unresolvable, reasons)
+
+    # ---- prioritize ------------------------------------------------------------------------------
+    def prioritize(self, pod: Mapping[str, Any], names: Sequence[str], node_policy: str) -> list[int]:
+        """Scores 0..10 (the extender scale), in the order of ``names``; nodes that do not fit get 0.
+
+        The node the policy picks among the feasible ones (the simulator's pick: highest score, ties to the
+        lowest node name) alone gets 10; the others 0..9 by their raw score. Nodes without kubegpu GPUs get
+        0 for a GPU pod, and 10 for a pod without GPUs (which should leave GPU nodes' CPU to GPU pods)."""
+        request = parse_pod(pod)
+        if not request.ok:
+            return [0] * len(names)
+        cluster = self.mirror.cluster
+        all_rows = self.mirror.rows_of(names, remember=False)
+        if request.wants_gpu and simple_demand(request) is None and pod_demand(request, pod).count == 0:
+            # MIG or replicas only: no array demand to score; every known node is as good.
+            return np.where(all_rows >= 0, 5, 0).tolist()
+        demand = pod_demand(request, pod)
+        known = np.flatnonzero(all_rows >= 0)
+        scores = np.full(len(names), 0 if request.wants_gpu else MAX_PRIORITY, np.int64)
+        if len(known):
+            rows = all_rows[known]
+            cand = cluster.gpu_candidates(demand)[rows]
+            feasible = ((cluster.cpu_free[rows] >= demand.cpu_milli) & (cluster.mem_free[rows] >= demand.memory_bytes)
+                        & self.mirror.model_mask(demand.models if demand.count else None)[rows]
+                        & (cand.sum(axis=1) >= demand.count))
+            scores[known] = 0
+            if feasible.any():
+                raw = self.node_scores(node_policy, demand, rows[feasible], cand[feasible])
+                best = pick_best(raw, None, self.mirror.rank[rows[feasible]])
+                lo, hi = float(raw.min()), float(raw.max())
+                scaled = np.zeros(len(raw), np.int64) if hi - lo < 1e-12 else np.floor(
+                    (MAX_PRIORITY - 1) * (raw - lo) / (hi - lo)).astype(np.int64)
+                scaled[best] = MAX_PRIORITY
+                scores[known[feasible]] = scaled
+        return scores.tolist()
+
+    def node_scores(self, policy_name: str, demand: Demand, rows: np.ndarray, cand: np.ndarray) -> np.ndarray:
+        """The policy's raw scores of ``rows`` (the very call the simulator makes; the policy keeps its own
+        per-row scores by row version, so a pod pays only for the nodes changed since)."""
+        policy = self.scoring.policy(policy_name)
+        return np.asarray(policy.node_scores(self.mirror.cluster, demand, rows, cand, self.scoring.context()),
+                          np.float64)
+
+    # ---- bind ------------------------------------------------------------------------------------
+    def choose(self, pod: Mapping[str, Any], node: str, gpu_policy: str) -> tuple[PodAllocation | None, str]:
+        """The exact GPUs for a pod on a node, or why not. Does not hold anything."""
+        rec = self.nodes.get(node)
+        if rec is None or rec.state is None:
+            return None, f"node {node}: no GPUs known (no kubegpu Device object)"
+        request = parse_pod(pod)
+        if not request.ok:
+            return None, "request refused: " + "; ".join(str(r) for r in request.refusals)
+        if request.allowed_models is not None and not rec.allowed_gpu_models(request.allowed_models):
+            return None, f"node {node}: GPU model not in the allowed {', '.join(sorted(request.allowed_models))}"
+        ctx = self.scoring.context()
+        policy = self.scoring.policy(gpu_policy)
+        simple = simple_demand(request)
+        row = self.mirror.row(node)
+        if simple is not None and row is not None:
+            # The simulator's GPU choice: the GPU-level policy on the node's row, same context.
+            demand = with_resources(simple, pod)
+            cluster = self.mirror.cluster
+            if cluster.cpu_free[row] < demand.cpu_milli or cluster.mem_free[row] < demand.memory_bytes:
+                return None, f"node {node}: " + _resources_short(cluster, np.array([row]), demand)[0]
+            try:
+                slots = choose_gpus(cluster, row, demand, policy, ctx)
+            except ValueError as exc:
+                return None, str(exc)
+            c = request.gpu_containers[0]
+            assert c.request is not None
+            alloc = PodAllocation((ContainerAllocation(c.name, grants_on(rec.state, demand, slots,
+                                                                          c.request.memory_ratio or 0)),))
+            if requires_nvlink(pod) and not _linked(rec, alloc):
+                return None, f"node {node}: no free set of GPUs is fully NVLink-connected for this pod"
+            return alloc, f"{node}: fits"
+        cpu, mem = pod_demand(request, pod).cpu_milli, pod_demand(request, pod).memory_bytes
+        result = fit(rec.state, for_node(request, rec), cpu, mem, gpu_policy=policy, ctx=ctx)
+        if not result.ok or result.choice is None:
+            return None, result.reason
+        if requires_nvlink(pod) and not all_linked(rec, result.choice):
+            return None, f"node {node}: no free set of GPUs is fully NVLink-connected for this pod"
+        return result.choice.to_allocation(), result.reason
+
+
+def _linked(rec: NodeRecord, alloc: PodAllocation) -> bool:
+    assert rec.inventory is not None
+    by_uuid = {g.uuid: g for g in rec.inventory.gpus}
+    uuids = [g.uuid for g in alloc.grants() if g.mig_uuid is None]
+    return all(by_uuid[a].links.get(b, 0) > 0 for i, a in enumerate(uuids) for b in uuids[i + 1:])

@@ -1,0 +1,46 @@
+"""The extender places exactly as the simulator does: the real extender app over HTTP (filter, prioritize,
+bind with the bodies kube-scheduler sends, the stand-in API server) against ``kubegpu simulate``'s replay,
+given the same pods in the same order and the same workload learned online from the pods placed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kubegpu.sim.replay import arrival_order, replay
+from kubegpu.sim.trace import TraceNodes, load_nodes, load_pods
+from kubegpu_standins.trace_scheduler import TraceScheduler, agreement, start_replay_cluster
+
+
+def small_trace() -> tuple[TraceNodes, list]:
+    """50 GPU nodes of the packaged openb node list (every 24th, so every model and size is there) and
+    150 of its pods (every 50th: shares, whole GPUs and CPU-only pods)."""
+    full = load_nodes().gpu_only()
+    keep = list(range(0, len(full.names), 24))[:50]
+    nodes = TraceNodes(*(tuple(getattr(full, f)[i] for i in keep)
+                         for f in ("names", "models", "gpus", "cpu_milli", "memory_bytes")))
+    pods = load_pods()[::50][:150]
+    return nodes, pods
+
+
+@pytest.mark.parametrize("policy", ["kubegpu", "fgd"])
+def test_extender_over_http_places_every_pod_where_the_simulator_does(tmp_path: Path, policy: str) -> None:
+    nodes, pods = small_trace()
+    capacity = nodes.total_gpus * 1000
+    order = arrival_order(pods, capacity, seed=7, inflate=1.1)
+    assert len(order) >= 180
+    sim = replay(nodes, pods, policy, seed=7, learned=True, ties="name", record=True, order=order)
+    api, ext = start_replay_cluster(nodes, tmp_path, policy)
+    try:
+        out = TraceScheduler(api, ext.url, nodes).run(pods, order)
+        learned = ext.call(lambda: ext.service.view.scoring.learner.summary())
+    finally:
+        ext.stop()
+        api.stop()
+    node_pct, gpu_pct, differ = agreement(sim.placements, out.placements, nodes.names)
+    assert differ == [], [(k, sim.placements[k], out.placements[k]) for k in differ[:5]]
+    assert node_pct == gpu_pct == 100.0
+    dropped = sum(p is None for p in out.placements)
+    assert 0 < dropped < len(order)  # the cluster ran full: the comparison covers contention
+    assert learned["generation"] > 3 and learned["live_gpu_pods"] > 0  # the workload was learned as pods came

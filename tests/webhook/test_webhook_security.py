@@ -1,0 +1,151 @@
+"""Issue 11 items 2 and 9, issue 12 items 1 and 8 at admission: only kubegpu writes the records, GPU pods
+are steered to kubegpu's scheduler in full mode, pods created onto a node get ``void`` like any pod that
+can reach a GPU, pods over the GPU-container cap are refused with the reason, and envFrom on a GPU
+container is a warning naming the node-side setting that closes it."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kubegpu.model import annotations as A
+from kubegpu.webhook.app import WebhookSettings, decide, default_record_writers
+
+NODE_SA = "system:serviceaccount:kubegpu-system:kubegpu-node"
+FULL = WebhookSettings(own_namespace="kubegpu-system", scheduler_name="kubegpu-scheduler")
+
+
+def gpu_pod(annotations: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "p", "namespace": "team-a"}
+    if annotations is not None:
+        meta["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                     **spec}}
+
+
+def review(obj: dict[str, Any], *, op: str = "CREATE", old: dict[str, Any] | None = None, user: str = "alice",
+           sub: str = "", settings: WebhookSettings = FULL, mutate: bool = True) -> dict[str, Any]:
+    body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u", "kind": {"kind": "Pod"}, "namespace": "team-a", "operation": op,
+                        "subResource": sub, "object": obj, "oldObject": old,
+                        "userInfo": {"username": user, "groups": ["system:authenticated"]}}}
+    return json.loads(decide(json.dumps(body).encode(), settings, mutate=mutate).body)["response"]
+
+
+def patch_of(resp: dict[str, Any]) -> list[dict[str, Any]]:
+    return json.loads(base64.b64decode(resp["patch"])) if "patch" in resp else []
+
+
+FORGED = '{"gpu":[{"minor":0,"id":"GPU-x","resources":{"kubegpu.io/gpu-core":"100"}}]}'
+
+
+def test_a_pod_created_with_a_record_is_refused_unless_kubegpu_sends_it() -> None:
+    for key in (A.DEVICE_ALLOCATED, A.DEVICE_ASSIGNED):
+        for mutate in (True, False):
+            resp = review(gpu_pod({key: FORGED}), mutate=mutate)
+            assert resp["allowed"] is False and key in resp["status"]["message"]
+            assert "written only by kubegpu" in resp["status"]["message"]
+        # In every namespace, the excluded ones too, and on plain (non-GPU) pods.
+        plain = {"metadata": {"name": "q", "namespace": "kube-system", "annotations": {key: "{}"}}, "spec": {}}
+        assert review(plain)["allowed"] is False
+    assert review(gpu_pod({A.DEVICE_ASSIGNED: "{}"}), user=NODE_SA)["allowed"] is True
+
+
+def test_an_update_that_sets_changes_or_removes_a_record_is_refused_unless_kubegpu_sends_it() -> None:
+    bound = gpu_pod({A.DEVICE_ALLOCATED: FORGED})
+    for new_ann in ({A.DEVICE_ALLOCATED: FORGED.replace("GPU-x", "GPU-y")}, {},
+                    {A.DEVICE_ALLOCATED: FORGED, A.DEVICE_ASSIGNED: "{}"}):
+        resp = review(gpu_pod(new_ann), op="UPDATE", old=bound)
+        assert resp["allowed"] is False, new_ann
+        assert review(gpu_pod(new_ann), op="UPDATE", old=bound, user=NODE_SA)["allowed"] is True
+    # Through the status subresource too (metadata can ride along).
+    assert review(gpu_pod({}), op="UPDATE", old=bound, sub="status")["allowed"] is False
+    # Updates that leave the records alone pass (labels, finalizers, the kubelet's status).
+    same = gpu_pod({A.DEVICE_ALLOCATED: FORGED, "team": "x"})
+    assert review(same, op="UPDATE", old=bound)["allowed"] is True
+    assert review(bound, op="UPDATE", old=bound, sub="status", user="system:node:n1")["allowed"] is True
+
+
+def test_record_writers_are_configurable() -> None:
+    only = WebhookSettings(record_writers=frozenset({"system:serviceaccount:gpu:writer"}))
+    assert review(gpu_pod({A.DEVICE_ASSIGNED: "{}"}), user=NODE_SA, settings=only)["allowed"] is False
+    assert review(gpu_pod({A.DEVICE_ASSIGNED: "{}"}), user="system:serviceaccount:gpu:writer",
+                  settings=only)["allowed"] is True
+    assert NODE_SA in default_record_writers("kubegpu-system")
+    assert "system:serviceaccount:other:kubegpu-node" in default_record_writers("other")
+
+
+@given(ann=st.dictionaries(st.sampled_from([A.DEVICE_ALLOCATED, A.DEVICE_ASSIGNED, "x"]),
+                           st.sampled_from(["", "{}", FORGED]), max_size=3),
+       old_ann=st.dictionaries(st.sampled_from([A.DEVICE_ALLOCATED, A.DEVICE_ASSIGNED, "x"]),
+                               st.sampled_from(["", "{}", FORGED]), max_size=3),
+       op=st.sampled_from(["CREATE", "UPDATE", "DELETE", "CONNECT"]),
+       user=st.sampled_from(["alice", NODE_SA, "", "system:serviceaccount:kubegpu-system:kubegpu-scheduler"]))
+@settings(max_examples=200, deadline=None)
+def test_refused_exactly_when_someone_else_changes_a_record(ann: dict[str, str], old_ann: dict[str, str], op: str,
+                                                            user: str) -> None:
+    old = gpu_pod(old_ann) if op == "UPDATE" else None
+    resp = review(gpu_pod(ann), op=op, old=old, user=user)
+    before = old_ann if op == "UPDATE" else {}
+    changes = any(ann.get(k) != before.get(k) for k in (A.DEVICE_ALLOCATED, A.DEVICE_ASSIGNED)
+                  if k in ann or k in before)
+    refused = op in ("CREATE", "UPDATE") and changes and user not in default_record_writers("kubegpu-system")
+    assert (resp["allowed"] is False and "written only by kubegpu" in resp["status"]["message"]) == refused
+
+
+def test_full_mode_steers_gpu_pods_to_kubegpus_scheduler() -> None:
+    resp = review(gpu_pod())
+    assert {"op": "add", "path": "/spec/schedulerName", "value": "kubegpu-scheduler"} in patch_of(resp)
+    assert any("schedulerName set to kubegpu-scheduler" in w for w in resp["warnings"])
+    resp = review(gpu_pod(schedulerName="default-scheduler"))
+    assert {"op": "add", "path": "/spec/schedulerName", "value": "kubegpu-scheduler"} in patch_of(resp)
+    # Already kubegpu's: nothing to do. Another scheduler: left alone, with a warning.
+    assert not any(op["path"] == "/spec/schedulerName" for op in patch_of(review(gpu_pod(
+        schedulerName="kubegpu-scheduler"))))
+    other = review(gpu_pod(schedulerName="volcano"))
+    assert not any(op["path"] == "/spec/schedulerName" for op in patch_of(other))
+    assert any("'volcano'" in w for w in other.get("warnings", []))
+    # Pods without GPUs, and settings without a scheduler name (node-only), are not touched.
+    plain = {"metadata": {"name": "q", "namespace": "team-a"}, "spec": {"containers": [{"name": "c"}]}}
+    assert not any(op["path"] == "/spec/schedulerName" for op in patch_of(review(plain)))
+    assert not any(op["path"] == "/spec/schedulerName"
+                   for op in patch_of(review(gpu_pod(), settings=WebhookSettings())))
+
+
+def test_a_pod_created_onto_a_node_gets_void_without_a_toleration() -> None:
+    pod = {"metadata": {"name": "q", "namespace": "team-a"},
+           "spec": {"nodeName": "gpu-node-a", "containers": [{"name": "cuda", "image": "nvidia/cuda"}]}}
+    ops = patch_of(review(pod))
+    assert {"op": "add", "path": "/spec/containers/0/env",
+            "value": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]} in ops
+    del pod["spec"]["nodeName"]  # without a node or the GPU toleration it cannot reach a tainted GPU node
+    assert patch_of(review(pod)) == []
+
+
+def test_pods_over_the_gpu_container_cap_are_refused_at_admission() -> None:
+    many = gpu_pod()
+    many["spec"]["containers"] = [{"name": f"c{i}", "resources": {"limits": {"kubegpu.io/gpu": "1"}}}
+                                  for i in range(33)]
+    resp = review(many)
+    assert resp["allowed"] is False and "33 containers that ask for GPUs" in resp["status"]["message"]
+    many["spec"]["containers"] = many["spec"]["containers"][:32]
+    assert review(many)["allowed"] is True
+
+
+def test_env_from_on_a_gpu_container_warns_with_the_node_side_fix() -> None:
+    pod = gpu_pod()
+    pod["spec"]["containers"][0]["envFrom"] = [{"configMapRef": {"name": "cfg"}}]
+    warnings = review(pod).get("warnings", [])
+    assert any("envFrom may set NVIDIA_VISIBLE_DEVICES" in w and "accept-nvidia-visible-devices" in w
+               for w in warnings)
+    pod["spec"]["containers"][0]["envFrom"] = [{"configMapRef": {"name": "cfg"}, "prefix": "APP_"}]
+    assert not any("envFrom" in w for w in review(pod).get("warnings", []))
+    # A container without GPUs beside it gets void, which overrides anything envFrom brings.
+    pod["spec"]["containers"].append({"name": "side", "envFrom": [{"secretRef": {"name": "s"}}]})
+    assert {"op": "add", "path": "/spec/containers/1/env",
+            "value": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]} in patch_of(review(pod))
