@@ -158,7 +158,12 @@ def from_api_server(client: Any) -> Snapshot:
             inventories.append(device_to_inventory(d))
         except DeviceObjectError as exc:
             problems.append(f"Device {d.get('metadata', {}).get('name', '?')}: {exc}")
-    return Snapshot(inventories, pod_records(pods, problems), problems, node_infos(nodes), replica_records(pods))
+    from kubegpu.status.dra import from_client as dra_from_client  # DRA nodes and claims (docs/dra.md)
+
+    dra_inventories, dra_records = dra_from_client(client, problems)
+    inventories += [i for i in dra_inventories if i.name not in {x.name for x in inventories}]
+    return Snapshot(inventories, pod_records(pods, problems) + dra_records, problems, node_infos(nodes),
+                    replica_records(pods))
 
 
 def _summary_inventory(node: str, summary: Mapping[str, Any]) -> NodeInventory:
