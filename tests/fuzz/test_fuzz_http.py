@@ -253,8 +253,8 @@ def test_status_verifies_the_extenders_certificate(pair: tuple[Path, Path, Path]
         url = f"https://127.0.0.1:{s.port}"
         with pytest.raises(SourceError, match="CERTIFICATE_VERIFY_FAILED"):
             from_extender(url)
-        inventories, _, problems = from_extender(url, ca=str(ca))
-        assert [inv.name for inv in inventories] == ["n0"] and not problems
+        snap = from_extender(url, ca=str(ca))
+        assert [inv.name for inv in snap.inventories] == ["n0"] and not snap.problems
     finally:
         s.stop()
 

@@ -44,15 +44,3 @@ def test_extender_entry() -> None:
     args = next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "extender")["args"]
     listen = args[args.index("--listen") + 1]
     assert ext["urlPrefix"].startswith(f"http://{listen}/")
-
-
-def test_rbac_is_what_the_extender_uses() -> None:
-    role = next(d for d in _docs("rbac.yaml") if d["kind"] == "ClusterRole")
-    grants = {(g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"]
-              for r in rule["resources"]}
-    assert grants == {
-        ("", "pods"): {"get", "list", "watch", "patch"},     # informer, bind's read, annotation patch
-        ("", "pods/binding"): {"create"},                     # the Binding
-        ("", "nodes"): {"get", "list", "watch"},              # informer (labels)
-        ("kubegpu.io", "devices"): {"get", "list", "watch"},  # informer (GPUs)
-    }

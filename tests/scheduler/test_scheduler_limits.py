@@ -26,8 +26,9 @@ from kubegpu.model import annotations as A
 from kubegpu.model.allocation import decode
 from kubegpu.model.inventory import NodeInventory
 from kubegpu.scheduler import limits as L
-from kubegpu.scheduler.app import MAX_MODEL_MASKS, Extender
+from kubegpu.scheduler.app import Extender
 from kubegpu.scheduler.limits import Limits, bounded_filter, too_many_gpu_containers
+from kubegpu.scheduler.mirror import MAX_MODEL_MASKS
 from kubegpu.scheduler.state import ClusterView
 
 
@@ -143,7 +144,7 @@ def test_model_mask_cache_is_bounded() -> None:
     for i in range(MAX_MODEL_MASKS + 5):
         p = pod([{"nvidia.com/gpu": "1"}], annotations={A.GPU_MODEL: f"model-{i}"})
         asyncio.run(ext.filter(filter_body(p, ["n0", "n1"])))
-    assert len(view._model_masks) <= MAX_MODEL_MASKS
+    assert len(view.mirror._model_masks) <= MAX_MODEL_MASKS
 
 
 def test_bind_records_what_the_api_pod_asks_for(tmp_path: Path) -> None:

@@ -21,8 +21,9 @@ def manifests(
         help="The cluster's Kubernetes release, 1.24 to the newest (default: the newest, or the values' "
              "kubeVersion). Chooses the scheduler configuration version, matchConditions or their fallback, "
              "the admission policies and the kube-scheduler image."),
-    dra: bool = typer.Option(False, "--dra", help="Add the DRA driver (Kubernetes 1.34+): DeviceClasses, its DaemonSet "
-                             "on nodes labelled kubegpu.io/kubelet-plugin=dra, RBAC (see kubegpu.install.dra)."),
+    dra: bool = typer.Option(False, "--dra", help="Add the DRA driver (Kubernetes 1.34+): DeviceClasses, "
+                             "its DaemonSet on nodes labelled kubegpu.io/kubelet-plugin=dra, RBAC "
+                             "(see kubegpu.install.dra)."),
     dra_extended_resource: bool = typer.Option(False, "--dra-extended-resource",
                                                help="With --dra: serve nvidia.com/gpu requests through DRA too."),
     dra_all_nodes: bool = typer.Option(False, "--dra-all-nodes", help="With --dra: every GPU node uses DRA "

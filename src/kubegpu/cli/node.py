@@ -312,6 +312,7 @@ def node_command(
             raise typer.Exit(EXIT_INIT) from None
         raise typer.Exit(run_dra(flags, env, backend=dra_backend, kubeconfig=kubeconfig, node_name=node_name,
                                  run_for=run_for, dry_run=dry_run, as_json=as_json))
+
     from kubegpu.node.config.select import with_node_config
 
     # NVIDIA's per-node selection: the node's nvidia.com/device-plugin.config label names the config entry.

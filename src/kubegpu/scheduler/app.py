@@ -46,7 +46,6 @@ from kubegpu.scheduler.state import ClusterView
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 32 * 1024 * 1024  # 5,000 full Node objects fit; anything larger is refused
-MAX_MODEL_MASKS = 256  # distinct allowed-model lists whose node masks the view keeps (N bytes each)
 
 
 def _json(body: bytes, status: int = 200) -> Response:
@@ -129,8 +128,6 @@ class Extender:
             self.view.expire_assumed()
             _, gpu_policy = self.policies(args.Pod)
             out = await bounded_filter(self.view, args.Pod, names, gpu_policy, self.limits)
-            if len(self.view._model_masks) > MAX_MODEL_MASKS:  # one per distinct allowed-model list
-                self.view._model_masks.clear()
         except Exception as e:  # a bug must not fail scheduling silently: say it in Error
             log.exception("filter failed")
             return _json(wire.encode(wire.ExtenderFilterResult(None, None, {}, {}, f"kubegpu filter: {e}")))

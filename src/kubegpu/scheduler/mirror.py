@@ -18,6 +18,7 @@ import numpy as np
 from kubegpu.placement import ClusterState
 from kubegpu.scheduler.nodes import NodeRecord
 
+MAX_MODEL_MASKS = 256  # distinct allowed-model lists whose node masks are kept (N bytes each)
 
 class ArrayMirror:
     """The ClusterState of the nodes with a known GPU state, with name -> row lookups."""
@@ -133,5 +134,7 @@ class ArrayMirror:
         mask = self._model_masks.get(models)
         if mask is None:
             mask = np.array([bool(self._nodes[n].allowed_gpu_models(models)) for n in cluster.names], bool)
+            if len(self._model_masks) >= MAX_MODEL_MASKS:  # pods choose the lists: keep the cache bounded
+                self._model_masks.clear()
             self._model_masks[models] = mask
         return mask

@@ -61,7 +61,9 @@ def device_classes(v: Values, *, extended_resource: bool = False) -> list[Obj]:
 
 
 def rbac(v: Values) -> list[Obj]:
-    rules = [  # exactly what kubegpu.node.dra calls (tests/node/dra/test_dra_manifests.py scans for it)
+    # Exactly what node/dra calls (tests/install/test_install_rbac.py scans it): the claim it prepares,
+    # and its own node's slices (narrowed to them by the ValidatingAdmissionPolicy below).
+    rules = [
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
          "verbs": ["list", "watch", "create", "update", "delete"]},
