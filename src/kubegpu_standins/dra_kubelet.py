@@ -174,9 +174,9 @@ class DraKubelet:
                 seen[entry.path] = (st.st_ino, st.st_ctime_ns)  # inodes are reused: ctime tells files apart
         with self._lock:
             by_socket = {p.socket: p for p in self.plugins.values()}
-        for path, p in by_socket.items():
+        for path, gone in by_socket.items():
             if path not in seen:  # fsnotify Remove: the plugin is deregistered
-                self._unregister(p)
+                self._unregister(gone)
         for path, ino in seen.items():
             known = by_socket.get(path)
             if known is not None and known.inode == ino:

@@ -19,10 +19,11 @@ from rich.table import Table
 
 from kubegpu.cli.console import make_console
 from kubegpu.cli.main import app
-from kubegpu.model.manifests import ManifestError, Skipped, pods_in_text
+from kubegpu.model.manifests import ManifestError, Skipped, load_documents, pods_in_text
 from kubegpu.model.normalise import AdmissionPolicy, PodReview, request_summary, review_pod
 from kubegpu.model.quantity import format_bytes
 from kubegpu.model.resources import is_gpu_resource
+from kubegpu.node.dra.claims import claim_objects
 
 EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -105,6 +106,9 @@ def _print_object(console: Console, obj: dict[str, Any]) -> None:
         for r in obj["refusals"]:
             console.print(f"  [red]✗[/] {escape(r['message'])}")
         return
+    if obj.get("dra"):
+        console.print(f"[green]OK[/] {label} [dim]{where}[/]: DRA {escape(obj['dra'])}")
+        return
     if not obj["containers"]:
         console.print(f"[green]OK[/] {label} [dim]{where}[/]: no GPU request")
         return
@@ -159,7 +163,8 @@ def check(
     for file in files:
         name = file if file != "-" else "<stdin>"
         try:
-            sources, skipped = pods_in_text(_read(file))
+            text = _read(file)
+            sources, skipped = pods_in_text(text)
         except ManifestError as exc:
             errors.append({"file": name, "error": str(exc)})
             continue
@@ -169,6 +174,7 @@ def check(
             # Beyond the review: what the deployed webhook adds (scheduler name, cap, records, envFrom).
             objects[-1]["notes"] = offline_warnings(src.pod, WebhookSettings(policy=policy,
                                                                              scheduler_name=scheduler_name))
+        objects += claim_objects(name, load_documents(text))  # DRA claims/templates naming kubegpu's classes
     refused = any(not o["allowed"] for o in objects)
     code = EXIT_BAD_INPUT if errors else EXIT_REFUSED if refused else EXIT_OK
     if as_json:
