@@ -52,8 +52,12 @@ def demo(
     """
     # gRPC core logs every GOAWAY it sees at shutdown on stderr; the story has no use for them.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    from kubegpu.demo.cluster import ClusterError
-    from kubegpu.demo.scenario import DemoOptions, run_demo
+    try:
+        from kubegpu.demo.cluster import ClusterError
+        from kubegpu.demo.scenario import DemoOptions, run_demo
+    except ImportError as exc:  # the runtime image carries neither the demo nor the stand-ins
+        typer.echo(f"error: kubegpu demo is not installed here ({exc}): pip install 'kubegpu[demo]'", err=True)
+        raise typer.Exit(2) from None
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if debug:

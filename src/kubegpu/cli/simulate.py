@@ -224,7 +224,11 @@ def _run_study(
     if plot is not None:
         from kubegpu.sim.plot import plot_study
 
-        plot_study(results, plot, f"{trace['pods']} on {trace['node_count']} nodes, {seeds} seed(s)")
+        try:
+            plot_study(results, plot, f"{trace['pods']} on {trace['node_count']} nodes, {seeds} seed(s)")
+        except ImportError as exc:  # matplotlib is the `sim` extra
+            typer.echo(f"error: --plot needs matplotlib ({exc}): pip install 'kubegpu[sim]'", err=True)
+            raise typer.Exit(2) from None
     if as_json:
         print(json.dumps(study_json(trace, results)))
         return

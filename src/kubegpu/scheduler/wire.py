@@ -12,6 +12,8 @@ from typing import Any
 
 import msgspec
 
+from kubegpu.scheduler.reasons import readable
+
 MAX_NAME = 253  # a DNS subdomain, the longest name Kubernetes gives a pod, a namespace or a node
 
 
@@ -43,6 +45,12 @@ class ExtenderFilterResult(msgspec.Struct):
     FailedNodes: dict[str, str]
     FailedAndUnresolvableNodes: dict[str, str]
     Error: str = ""
+
+    def __post_init__(self) -> None:
+        # kube-scheduler formats these into Events: worded for that (scheduler/reasons.py).
+        self.FailedNodes = {k: readable(v) for k, v in self.FailedNodes.items()}
+        self.FailedAndUnresolvableNodes = {k: readable(v) for k, v in self.FailedAndUnresolvableNodes.items()}
+        self.Error = readable(self.Error) if self.Error else ""
 
 
 class HostPriority(msgspec.Struct):
