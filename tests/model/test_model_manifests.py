@@ -59,3 +59,12 @@ def test_multi_document_text_with_empty_documents() -> None:
 def test_yaml_errors_say_where(text: str, line: int) -> None:
     with pytest.raises(ManifestError, match=f"line {line}"):
         load_documents(text)
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000, "- " * 100_000 + "a", "{a: " * 50_000])
+def test_deep_nesting_is_an_error_not_a_crash(text: str) -> None:
+    """libyaml's C composer has no recursion guard: without the depth check this is a segfault."""
+    from kubegpu.model.manifests import ManifestError, load_documents
+
+    with pytest.raises(ManifestError, match="nested deeper"):
+        load_documents(text)

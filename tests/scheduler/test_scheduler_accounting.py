@@ -162,11 +162,19 @@ def test_view_counts_each_pod_once_and_reports_collisions() -> None:
     assert sum(view.nodes["n"].state.core_free(g.uuid) for g in inv.gpus) == 200
     twin = {**bound, "metadata": {**bound["metadata"], "name": "twin", "uid": "u2"}}
     view.observe_pod(twin)
-    assert view.conflicts == 1 and "default/twin" not in view.held
+    # A collision is counted, reported and held: its GPUs are full for new placements (160 % is not
+    # "the later record does not exist").
+    assert view.conflicts == 1 and "default/twin" in view.held and "default/twin" in view.collisions
+    used = [g.uuid for g in alloc.grants()]
+    assert all(view.nodes["n"].state.core_free(u) < 0 for u in used)
+    assert view.filter(pod("w", {"nvidia.com/gpu": "3"}), ["n"], "kubegpu").passed == []
     corrupt = {**bound, "metadata": {**bound["metadata"], "name": "bad", "uid": "u3",
                                      "annotations": {DEVICE_ALLOCATED: "{nope"}}}
     view.observe_pod(corrupt)
     assert view.corrupt == 1
+    view.observe_pod(twin, deleted=True)
+    assert "default/twin" not in view.collisions
+    assert sum(view.nodes["n"].state.core_free(g.uuid) for g in inv.gpus) == 200  # exact again
     view.observe_pod(bound, deleted=True)
     assert sum(view.nodes["n"].state.core_free(g.uuid) for g in inv.gpus) == 400
 

@@ -149,3 +149,25 @@ def test_env_from_on_a_gpu_container_warns_with_the_node_side_fix() -> None:
     pod["spec"]["containers"].append({"name": "side", "envFrom": [{"secretRef": {"name": "s"}}]})
     assert {"op": "add", "path": "/spec/containers/1/env",
             "value": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]} in patch_of(review(pod))
+
+
+def test_kubegpu_check_notes_what_the_webhook_adds(tmp_path: Any) -> None:
+    import yaml
+    from typer.testing import CliRunner
+
+    from kubegpu.cli.main import app
+
+    pod = gpu_pod({A.DEVICE_ALLOCATED: FORGED})
+    path = tmp_path / "pod.yaml"
+    path.write_text(yaml.safe_dump(pod))
+    (obj,) = json.loads(CliRunner().invoke(app, ["check", str(path), "--json"]).output)["objects"]
+    assert any("schedulerName is not set" in n for n in obj["notes"])
+    assert any("may be written only by kubegpu" in n for n in obj["notes"])
+    steered = gpu_pod(schedulerName="kubegpu-scheduler")
+    path.write_text(yaml.safe_dump(steered))
+    (obj,) = json.loads(CliRunner().invoke(app, ["check", str(path), "--json"]).output)["objects"]
+    assert obj["notes"] == []
+    path.write_text(yaml.safe_dump(pod))
+    (obj,) = json.loads(CliRunner().invoke(app, ["check", str(path), "--json", "--scheduler-name", ""]).output)[
+        "objects"]
+    assert not any("schedulerName" in n for n in obj["notes"])

@@ -118,8 +118,8 @@ def main(argv: list[str] | None = None) -> None:
 
     build = node_cli._backend
 
-    def backend_with_inbox(inventory: str | None, node_name: str | None) -> Any:
-        backend = build(inventory, node_name)
+    def backend_with_inbox(inventory: str | None, node_name: str | None, driver_root: str | None = None) -> Any:
+        backend = build(inventory, node_name, driver_root)
         if isinstance(backend, FakeBackend):
             FaultInbox(inbox, backend).start()
         return backend

@@ -8,6 +8,9 @@ pod has several GPU containers)::
     {"gpu": [{"minor": 0, "id": "GPU-…", "resources": {"kubegpu.io/gpu-core": "50", …}}]}
     {"containers": [{"name": "trainer", "gpu": [...]}, {"name": "helper", "gpu": [...]}]}
 
+An init container's entry carries ``"init": true`` (see :meth:`PodAllocation.held` for what a
+pod with init containers holds).
+
 A MIG grant carries ``"mig": {"id": "MIG-…", "profile": "1g.10gb"}`` beside the parent GPU's minor and id.
 """
 
@@ -89,6 +92,7 @@ class DeviceGrant:
 class ContainerAllocation:
     container: str
     grants: tuple[DeviceGrant, ...]
+    init: bool = False  # an init container: runs before the app containers, never beside them
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +113,42 @@ class PodAllocation:
     def grants(self) -> tuple[DeviceGrant, ...]:
         return tuple(g for c in self.containers for g in c.grants)
 
+    def held(self) -> PodAllocation:
+        """What the pod holds on its GPUs at any one time, by Kubernetes' rule for init containers.
+
+        Init containers run one at a time before the app containers, so a GPU carries the larger
+        of the largest init container's part and the sum of the app containers' parts (per GPU and
+        per dimension: compute, memory, memory ratio); a MIG device is held when any container
+        names it. This is the one home of that rule: the extender's accounting, the node and
+        ``kubegpu status`` all call it. A record without init containers is returned unchanged."""
+        if not any(c.init for c in self.containers):
+            return self
+        apps: dict[str, list[int]] = {}
+        inits: dict[str, list[int]] = {}
+        first: dict[str, DeviceGrant] = {}
+        migs: dict[str, DeviceGrant] = {}
+        for c in self.containers:
+            for g in c.grants:
+                if g.mig_uuid is not None:
+                    migs.setdefault(g.mig_uuid, g)
+                    continue
+                first.setdefault(g.uuid, g)
+                if c.init:
+                    cur = inits.setdefault(g.uuid, [0, 0, 0])
+                    cur[0], cur[1], cur[2] = max(cur[0], g.core), max(cur[1], g.memory_bytes), \
+                        max(cur[2], g.memory_ratio)
+                else:
+                    cur = apps.setdefault(g.uuid, [0, 0, 0])
+                    cur[0] += g.core
+                    cur[1] += g.memory_bytes
+                    cur[2] += g.memory_ratio
+        grants: list[DeviceGrant] = []
+        for uuid, g in first.items():
+            a, i = apps.get(uuid, [0, 0, 0]), inits.get(uuid, [0, 0, 0])
+            grants.append(DeviceGrant(g.minor, uuid, max(a[0], i[0]), max(a[1], i[1]), max(a[2], i[2])))
+        grants.extend(migs.values())
+        return PodAllocation((ContainerAllocation("", tuple(grants)),))
+
 
 def encode(alloc: PodAllocation) -> str:
     """The annotation value (compact JSON)."""
@@ -116,8 +156,11 @@ def encode(alloc: PodAllocation) -> str:
         body: dict[str, Any] = {"gpu": [g.to_json() for g in alloc.containers[0].grants]}
         if alloc.containers[0].container:
             body["container"] = alloc.containers[0].container
+        if alloc.containers[0].init:
+            body["init"] = True
     else:
-        body = {"containers": [{"name": c.container, "gpu": [g.to_json() for g in c.grants]}
+        body = {"containers": [{"name": c.container, "gpu": [g.to_json() for g in c.grants],
+                                **({"init": True} if c.init else {})}
                                for c in alloc.containers]}
     return json.dumps(body, separators=(",", ":"), sort_keys=False)
 
@@ -146,11 +189,11 @@ def decode(text: str) -> PodAllocation:
         for c in items:
             if not isinstance(c, Mapping) or not isinstance(c.get("name"), str):
                 raise AnnotationError(f"container entry must have a name: {c!r}")
-            out.append(ContainerAllocation(c["name"], _grants(c.get("gpu", []))))
+            out.append(ContainerAllocation(c["name"], _grants(c.get("gpu", [])), c.get("init") is True))
         return PodAllocation(tuple(out))
     if "gpu" in data:
         name = data.get("container", "")
         if not isinstance(name, str):
             raise AnnotationError("'container' must be a string")
-        return PodAllocation((ContainerAllocation(name, _grants(data["gpu"])),))
+        return PodAllocation((ContainerAllocation(name, _grants(data["gpu"]), data.get("init") is True),))
     raise AnnotationError("has neither 'gpu' nor 'containers'")

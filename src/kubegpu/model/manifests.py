@@ -16,6 +16,23 @@ import yaml
 
 # libyaml's parser when PyYAML was built with it (about 7x faster on big manifests), else pure Python.
 _Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# libyaml's composer recurses in C without Python's recursion guard: a hostile file nested deeply enough
+# overflows the C stack (a segfault, not an error). Depth is checked first on the event stream, which is
+# flat; no real manifest nests anywhere near this.
+MAX_YAML_DEPTH = 200
+_OPEN = (yaml.SequenceStartEvent, yaml.MappingStartEvent)
+_CLOSE = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
+
+
+def _check_depth(text: str) -> None:
+    depth = 0
+    for event in yaml.parse(text, Loader=_Loader):
+        if isinstance(event, _OPEN):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                raise ManifestError(f"not valid YAML: nested deeper than {MAX_YAML_DEPTH} levels")
+        elif isinstance(event, _CLOSE):
+            depth -= 1
 
 # kind -> path of the pod template inside the object.
 TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
@@ -64,6 +81,7 @@ class Skipped:
 def load_documents(text: str) -> list[Any]:
     """Every document of a (multi-document) YAML or JSON text; empty documents dropped."""
     try:
+        _check_depth(text)
         return [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]
     except RecursionError:
         raise ManifestError("not valid YAML: nested too deeply") from None

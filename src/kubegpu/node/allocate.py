@@ -36,6 +36,13 @@ class AllocateError(ValueError):
     """The request cannot be honoured; the message goes back to the kubelet as is."""
 
 
+ID_SHOWN = 80  # characters of a device ID an error message repeats (IDs come from the caller)
+
+
+def shown(device_id: str) -> str:
+    return device_id if len(device_id) <= ID_SHOWN else f"{device_id[:ID_SHOWN]}… ({len(device_id)} characters)"
+
+
 def check_request(plan: ResourcePlan, ids: Sequence[str], known: Mapping[str, AdvertisedDevice]) -> None:
     """NVIDIA's request checks, with NVIDIA's messages."""
     if not ids:
@@ -43,9 +50,12 @@ def check_request(plan: ResourcePlan, ids: Sequence[str], known: Mapping[str, Ad
     if plan.fail_requests_greater_than_one and len(ids) > 1 and any(REPLICA_SEPARATOR in i for i in ids):
         raise AllocateError(f"request for '{plan.name}: {len(ids)}' too large: "
                             "maximum request size for shared resources is 1")
+    if len(ids) > len(known):
+        raise AllocateError(f"invalid allocation request for '{plan.name}': {len(ids)} device IDs, "
+                            f"the resource has {len(known)}")
     for i in ids:
         if i not in known:
-            raise AllocateError(f"invalid allocation request for '{plan.name}': unknown device: {i}")
+            raise AllocateError(f"invalid allocation request for '{plan.name}': unknown device: {shown(i)}")
     if len(set(ids)) != len(ids):
         raise AllocateError(f"invalid allocation request for '{plan.name}': duplicate device IDs")
 

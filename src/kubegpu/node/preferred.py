@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from kubegpu.model.inventory import Gpu
+from kubegpu.node.allocate import shown
 from kubegpu.node.plugin_model import AdvertisedDevice
 
 
@@ -22,11 +23,16 @@ class PreferenceError(ValueError):
 
 def check(available: Sequence[str], must_include: Sequence[str], size: int,
           known: Mapping[str, AdvertisedDevice]) -> None:
-    unknown = [i for i in [*available, *must_include] if i not in known]
-    if unknown:
-        raise PreferenceError(f"unknown device IDs: {', '.join(sorted(set(unknown))[:5])}")
     if size < 0:
         raise PreferenceError(f"allocation size {size} is negative")
+    if size > len(known):
+        raise PreferenceError(f"allocation size {size} exceeds the {len(known)} devices of this resource")
+    if len(available) > len(known) or len(must_include) > len(known):
+        raise PreferenceError(f"{len(available)} available and {len(must_include)} must-include device IDs, "
+                              f"the resource has {len(known)}")
+    unknown = [i for i in [*available, *must_include] if i not in known]
+    if unknown:
+        raise PreferenceError(f"unknown device IDs: {', '.join(shown(i) for i in sorted(set(unknown))[:5])}")
     if len(set(must_include)) > size:
         raise PreferenceError(f"{len(set(must_include))} must-include devices exceed allocation size {size}")
 

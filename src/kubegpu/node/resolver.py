@@ -4,32 +4,30 @@ The kubelet's ``Allocate`` and ``GetPreferredAllocation`` calls carry only devic
 never a pod. In full mode the scheduler extender has already chosen the exact GPUs and
 written them into the pod's ``kubegpu.io/device-allocated`` annotation; something on the
 node must match the kubelet's call to that pod. That matching lives in
-``kubegpu.node.handoff`` (the scheduler engineer's module) and plugs in here through
+``kubegpu.node.handoff`` and plugs in here through
 :class:`AllocationResolver`. In ``--standalone`` (node-only) mode no resolver is set and
 the plugin answers from the device IDs alone.
 
 Contract for implementers
 -------------------------
 ``resolve(resource, device_ids)`` is called once per ``Allocate`` container request for
-``kubegpu.io/gpu.shared`` (and ``nvidia.com/gpu`` when the scheduler manages whole GPUs),
-with the device IDs the kubelet chose (slot IDs are ``<gpu-uuid>::<k>``, whole GPUs are
-UUIDs). It returns:
+``kubegpu.io/gpu.shared``, ``nvidia.com/gpu`` and MIG resources, with the device IDs the kubelet
+chose (slot IDs are ``<gpu-uuid>::<k>``, whole GPUs and MIG devices are UUIDs). It returns:
 
-- a :class:`ResolvedAllocation`: the GPUs recorded for the matched pod's container and
-  the share of each (core percent, memory bytes). The plugin hands exactly those GPUs to
-  the container (env / mounts / CDI) plus the ``KUBEGPU_*`` limits and, with MPS on, the
-  MPS variables;
-- ``None``: this call is not the resolver's business (for instance a whole-GPU pod the
-  scheduler did not annotate); the plugin serves the device IDs as they are;
-- or it raises :class:`AllocationRefused` with a message a person can act on; the
-  ``Allocate`` fails with that message (the kubelet then fails the pod with
-  ``UnexpectedAdmissionError``), which is better than handing a container the wrong GPU.
+- a :class:`ResolvedAllocation`: the GPUs **the kubelet chose** (never others) with the part of each
+  that the matched record grants (core percent, memory bytes). The plugin hands exactly those GPUs
+  to the container (env / mounts / CDI) plus the ``KUBEGPU_*`` limits and, with MPS on, the MPS
+  variables;
+- ``None``: a pod without a record asking whole GPUs or MIG devices that are free: the plugin serves
+  the device IDs as they are;
+- or it raises :class:`AllocationRefused` with a message a person can act on; the ``Allocate`` fails
+  with that message (the kubelet then fails the pod with ``UnexpectedAdmissionError``), which is
+  better than handing a container GPUs its record does not name (docs/handoff.md lists every case).
 
 ``preferred(resource, available, must_include, size)`` is called for
 ``GetPreferredAllocation``: return device IDs (a subset of ``available``, containing
-``must_include``, at most ``size`` long) that steer the kubelet onto the slots of the
-recorded GPUs, or ``None`` to let the plugin choose. It must answer within a few ms
-(it blocks pod admission) and never raise for an unknown request: return ``None``.
+``must_include``, at most ``size`` long) that steer the kubelet onto the recorded GPUs, or
+``None`` to let the plugin choose. It never fails admission: errors fall back to the plugin.
 
 Both methods can be called concurrently from gRPC worker threads.
 """

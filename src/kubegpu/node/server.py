@@ -39,6 +39,7 @@ API_VERSION = "v1beta1"
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 KUBELET_SOCKET = "kubelet.sock"
+MAX_CONTAINER_REQUESTS = 256  # the kubelet sends one per call; a pod has far fewer containers
 
 
 def close_later(channel: grpc.Channel) -> None:
@@ -117,6 +118,7 @@ class PluginServer:
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._streams = 0
+        self._stream_gen = 0
         self.streams_opened = 0
         self.last_stream_open: float | None = None
         self.serving_inode: int | None = None
@@ -232,10 +234,16 @@ class PluginServer:
         return out
 
     def list_and_watch(self, context: grpc.ServicerContext):  # type: ignore[no-untyped-def]
+        # One live stream per server: the kubelet keeps one per resource and opens a new one when it
+        # restarts or re-registers, so an older stream is stale. Ending it frees its worker thread, so
+        # Allocate and GetPreferredAllocation never wait behind streams, however many are opened.
         with self._lock:
             self._streams += 1
             self.streams_opened += 1
             self.last_stream_open = time.monotonic()
+            self._stream_gen += 1
+            mine = self._stream_gen
+        self.state.wake()  # older streams look, see they are superseded, and end
         ended = threading.Event()
 
         def done() -> None:
@@ -253,9 +261,12 @@ class PluginServer:
         msg = self.device_list()
         last = msg.SerializeToString(deterministic=True)
         yield msg
-        while not self._stopping.is_set() and context.is_active():
+        while not self._stopping.is_set() and context.is_active() and mine == self._stream_gen:
             new = self.state.wait_changed(version, timeout_s=0.5)
             if self._stopping.is_set() or not context.is_active():
+                break
+            if mine != self._stream_gen:
+                log.info("%s: a newer ListAndWatch stream was opened: ending this one", self.resource)
                 break
             if new == version:
                 continue
@@ -275,6 +286,9 @@ class PluginServer:
     def preferred(self, request: pb.PreferredAllocationRequest) -> pb.PreferredAllocationResponse:
         t0 = time.perf_counter()
         resp = pb.PreferredAllocationResponse()
+        if len(request.container_requests) > MAX_CONTAINER_REQUESTS:
+            raise pref.PreferenceError(f"{len(request.container_requests)} container requests in one call "
+                                       f"(at most {MAX_CONTAINER_REQUESTS})")
         for creq in request.container_requests:
             ids = self.preferred_ids(list(creq.available_deviceIDs), list(creq.must_include_deviceIDs),
                                      int(creq.allocation_size))
@@ -311,7 +325,8 @@ class PluginServer:
                              distinct=distinct, totals=self._totals)
 
     def _resolver_applies(self) -> bool:
-        return self.resource in (R.GPU_SLOTS, R.NVIDIA_GPU)
+        # Whole GPUs, share slots and MIG devices carry records; replicas are served from their IDs.
+        return self.resource in (R.GPU_SLOTS, R.NVIDIA_GPU) or self.resource.startswith(R.NVIDIA_MIG_PREFIX)
 
     # ----- Allocate --------------------------------------------------------------------------
 
@@ -319,6 +334,9 @@ class PluginServer:
         t0 = time.perf_counter()
         resp = pb.AllocateResponse()
         try:
+            if len(request.container_requests) > MAX_CONTAINER_REQUESTS:
+                raise AllocateError(f"{len(request.container_requests)} container requests in one call "
+                                    f"(at most {MAX_CONTAINER_REQUESTS})")
             for creq in request.container_requests:
                 resp.container_responses.append(self.allocate_one(list(creq.devices_ids)))
         except (AllocateError, AllocationRefused) as exc:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kubegpu.model.allocation import ContainerAllocation, DeviceGrant, PodAllocation
 from kubegpu.model.inventory import Gpu, MigDevice, NodeInventory
@@ -48,7 +48,7 @@ class PodChoice:
 
     def to_allocation(self) -> PodAllocation:
         """The ``kubegpu.io/device-allocated`` value (see :mod:`kubegpu.model.allocation`)."""
-        return PodAllocation(tuple(ContainerAllocation(c.container, c.grants) for c in self.containers))
+        return PodAllocation(tuple(ContainerAllocation(c.container, c.grants, c.init) for c in self.containers))
 
     def gpu_uuids(self) -> tuple[str, ...]:
         """Every GPU the pod touches, in grant order, without repeats."""
@@ -134,10 +134,13 @@ class NodeState:
         """Undo :meth:`apply`."""
         self.release_allocation(_held(choice), cpu_milli, memory_bytes)
 
-    def apply_allocation(self, alloc: PodAllocation, cpu_milli: int = 0, memory_bytes: int = 0) -> None:
-        """Hold an allocation (a choice, or a pod's annotation). Raises :class:`PlacementConflict`."""
+    def apply_allocation(self, alloc: PodAllocation, cpu_milli: int = 0, memory_bytes: int = 0,
+                         force: bool = False) -> None:
+        """Hold an allocation (a choice, or a pod's annotation). Raises :class:`PlacementConflict`;
+        with ``force`` (a live record colliding with others) it is held anyway and the GPU's free
+        part may go below zero: full for new placements, and exact again when either pod leaves."""
         trial = self.copy()
-        trial._take(alloc, cpu_milli, memory_bytes)
+        trial._take(alloc, cpu_milli, memory_bytes, force)
         self.arrays, self.mig_free = trial.arrays, trial.mig_free
 
     def release_allocation(self, alloc: PodAllocation, cpu_milli: int = 0, memory_bytes: int = 0) -> None:
@@ -157,22 +160,30 @@ class NodeState:
             a.core_free[0, j] = min(MILLI, a.core_free[0, j] + g.core * 10)
             a.gmem_free[0, j] = min(a.gmem_cap[0, j], a.gmem_free[0, j] + g.memory_bytes)
 
-    def _take(self, alloc: PodAllocation, cpu_milli: int, memory_bytes: int) -> None:
+    def _take(self, alloc: PodAllocation, cpu_milli: int, memory_bytes: int, force: bool = False) -> None:
         a = self.arrays
-        if cpu_milli > a.cpu_free[0] or memory_bytes > a.mem_free[0]:
+        if not force and (cpu_milli > a.cpu_free[0] or memory_bytes > a.mem_free[0]):
             raise PlacementConflict(f"{self.name}: CPU or memory no longer free")
         a.cpu_free[0] -= cpu_milli
         a.mem_free[0] -= memory_bytes
         a.touch(0)
         for g in alloc.grants():
             if g.mig_uuid is not None:
-                if g.mig_uuid not in self.mig_free:
+                if g.mig_uuid not in self.mig_free and not force:
                     raise PlacementConflict(f"{self.name}: MIG device {g.mig_uuid} is not free")
                 self.mig_free.discard(g.mig_uuid)
                 continue
             j = self._slot.get(g.uuid)
             if j is None:
+                if force:
+                    continue
                 raise PlacementConflict(f"{self.name}: no GPU {g.uuid}")
+            if force:
+                if not a.gpu_ok[0, j]:
+                    continue  # as release_allocation skips it
+                a.core_free[0, j] -= g.core * 10
+                a.gmem_free[0, j] -= g.memory_bytes
+                continue
             if not a.gpu_ok[0, j]:
                 raise PlacementConflict(f"{self.name}: GPU {self.gpus[j].index} is unhealthy or MIG-enabled")
             if a.core_free[0, j] < g.core * 10 or a.gmem_free[0, j] < g.memory_bytes:
@@ -199,7 +210,7 @@ class NodeState:
 
 
 def _held(choice: PodChoice) -> PodAllocation:
-    return PodAllocation(tuple(ContainerAllocation(c.container, c.grants) for c in choice.containers if not c.init))
+    return choice.to_allocation().held()  # Kubernetes' init-container rule (model.allocation)
 
 
 _MIG_G = re.compile(r"(?:\d+c\.)?(\d+)g\.")
@@ -252,9 +263,22 @@ def fit(
     ctx = ctx or ScoreContext()
     scratch = state.copy()
     chosen: list[ContainerChoice] = []
+    reusable: dict[str, list[DeviceGrant]] = {}  # the kubelet's devicesToReuse, per resource
     for c in containers:
         base = state.copy() if c.init else scratch
-        grants, why = _fit_container(base, c, models, gpu_policy, ctx)
+        pool = reusable.get(c.request.resource, []) if c.request is not None and not c.init else []
+        if pool:
+            grants, why = _fit_reusing(base, c, pool, models, gpu_policy, ctx)
+        else:
+            grants, why = _fit_container(base, c, models, gpu_policy, ctx)
+        if grants is not None and c.request is not None and c.request.kind is not RequestKind.REPLICA:
+            res = c.request.resource
+            if c.init:
+                have = {g.mig_uuid or g.uuid for g in reusable.get(res, [])}
+                reusable.setdefault(res, []).extend(g for g in grants if (g.mig_uuid or g.uuid) not in have)
+            else:
+                used = {g.mig_uuid or g.uuid for g in grants}
+                reusable[res] = [g for g in reusable.get(res, []) if (g.mig_uuid or g.uuid) not in used]
         if grants is None:
             return Fit(False, f"{state.name}: container {c.name!r}: {why}")
         choice = ContainerChoice(c.name, c.init, grants)
@@ -321,6 +345,55 @@ def grants_on(state: NodeState, demand: Demand, slots: Iterable[int], memory_rat
             ratio = memory_ratio if memory_ratio else _ratio(mem, gpu.memory_bytes)
             grants.append(DeviceGrant(gpu.minor, gpu.uuid, demand.milli // 10, mem, ratio))
     return tuple(grants)
+
+
+def _fit_reusing(
+    state: NodeState,
+    c: ContainerRequest,
+    pool: list[DeviceGrant],
+    models: frozenset[str] | None,
+    gpu_policy: str | Policy,
+    ctx: ScoreContext,
+) -> tuple[tuple[DeviceGrant, ...] | None, str]:
+    """An app container of a pod whose init containers had devices of the same resource: the kubelet
+    hands it those devices first (``devicesToReuse``), so its record must name them; the rest is
+    chosen as usual among the other GPUs."""
+    req = c.request
+    assert req is not None
+    take = pool[: req.count]
+    grants: list[DeviceGrant] = []
+    a = state.arrays
+    for g in take:
+        if g.mig_uuid is not None:
+            grants.append(g)
+            continue
+        j = state._slot.get(g.uuid)
+        if j is None:
+            return None, f"GPU {g.uuid} of its init container is not on this node"
+        gpu = state.gpus[j]
+        if req.kind is RequestKind.WHOLE or req.exclusive:
+            grant = DeviceGrant(gpu.minor, gpu.uuid, 100, gpu.memory_bytes, 100)
+        else:
+            mem = req.memory_on(gpu.memory_bytes)
+            grant = DeviceGrant(gpu.minor, gpu.uuid, req.core, mem,
+                                req.memory_ratio if req.memory_ratio else _ratio(mem, gpu.memory_bytes))
+        if not a.gpu_ok[0, j] or a.core_free[0, j] < grant.core * 10 or a.gmem_free[0, j] < grant.memory_bytes:
+            return None, (f"the kubelet gives it GPU {gpu.index} of its init container first, and "
+                          f"{_pct(int(a.core_free[0, j]))} compute is free there, {grant.core} % asked")
+        grants.append(grant)
+    rest = req.count - len(take)
+    if rest <= 0:
+        return tuple(grants), "fits (init container's devices reused)"
+    trial = state.copy()
+    for g in take:
+        if g.mig_uuid is not None:
+            trial.mig_free.discard(g.mig_uuid)
+        elif (j := trial._slot.get(g.uuid)) is not None:
+            trial.arrays.gpu_ok[0, j] = False
+    more, why = _fit_container(trial, replace(c, request=replace(req, count=rest)), models, gpu_policy, ctx)
+    if more is None:
+        return None, why
+    return (*grants, *more), "fits"
 
 
 def _ratio(mem: int, cap: int) -> int:

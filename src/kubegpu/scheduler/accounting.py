@@ -12,14 +12,17 @@ Every hold and release also feeds the learned target workload.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kubegpu.model import annotations as A
-from kubegpu.model.allocation import AnnotationError, PodAllocation, decode
-from kubegpu.model.request import parse_pod
+from kubegpu.model import signing
+from kubegpu.model.allocation import PodAllocation
+from kubegpu.model.records import Shape, ambiguous, read_pod, request_shapes
+from kubegpu.model.request import PodRequest, parse_pod
 from kubegpu.placement import Demand, PlacementConflict
 from kubegpu.placement.workload import LearnedWorkload
 from kubegpu.scheduler.mirror import ArrayMirror
@@ -29,6 +32,7 @@ from kubegpu.scheduler.requests import pod_demand, pod_resources
 log = logging.getLogger(__name__)
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+HANDOFF_WAIT_ENV = "KUBEGPU_HANDOFF_WAIT"
 
 
 @dataclass(slots=True)
@@ -78,17 +82,37 @@ class Ledger:
         self._clock = clock
         self.conflicts = 0  # annotations that could not be held (double allocation seen in the cluster)
         self.corrupt = 0  # annotations that could not be read
+        self.forged = 0  # records the extender did not sign (not accounted)
+        self.record_key = signing.load_key()
+        # Live records that exceed a GPU's capacity (pod -> why): held anyway, so the GPU is full.
+        self.collisions: dict[str, str] = {}
+        # node -> pod -> (resource, count, amounts) of its containers bound but not yet served by the node:
+        # another pod asking the same (resource, count) there waits (docs/handoff.md).
+        self.pending: dict[str, dict[str, frozenset[Shape]]] = {}
+        # Off only where no kubegpu node serves the records (simulations, extender-only tests): there a
+        # bound pod is never acknowledged and would hold its shape forever.
+        self.handoff_wait = os.environ.get(HANDOFF_WAIT_ENV, "1") not in ("0", "false", "no")
         self._assumed: set[str] = set()  # keys of held entries not yet echoed by the watch
+        # Pods without GPUs bound to a node whose Device object has not arrived yet (the informers list
+        # concurrently): node -> key -> (uid, the pod's resource-only skeleton), held once it does.
+        self.waiting: dict[str, dict[str, tuple[str, Mapping[str, Any]]]] = {}
+        self.devices_listed = False  # once every Device object has been listed, nothing waits any more
 
     def pods_on(self, node: str) -> list[tuple[PodAllocation, int, int]]:
         """(allocation, CPU, memory) of the pods held on a node, in key order (to rebuild its state)."""
-        return [(h.alloc, h.cpu_milli, h.memory_bytes)
+        return [(h.alloc.held(), h.cpu_milli, h.memory_bytes)
                 for h in (self.held[k] for k in sorted(self.by_node.get(node, ())))]
 
     def hold(self, key: str, uid: str, node: str, alloc: PodAllocation, *, assumed: bool = False,
-             pod: Mapping[str, Any] | None = None, facts: PodFacts | None = None) -> None:
+             pod: Mapping[str, Any] | None = None, facts: PodFacts | None = None, force: bool = False) -> None:
         """Account a pod's allocation (and, given the pod, its CPU and memory) on a node, replacing what
-        was held for it. Raises PlacementConflict when it does not fit; then nothing changes."""
+        was held for it. Raises PlacementConflict when it does not fit; then nothing changes. ``force``
+        holds it anyway (a live record colliding with others: the GPU is then full, never silently
+        over-filled). An assumed hold (a bind) makes the pod's GPU containers wait for the node's
+        handoff until the watch shows them acknowledged. The GPUs held follow Kubernetes' init-container
+        rule (:meth:`PodAllocation.held`)."""
+        if assumed and pod is not None:
+            self.pending.setdefault(node, {})[key] = request_shapes(parse_pod(pod))
         f = facts if facts is not None else PodFacts.of(pod)
         old = self.held.get(key)
         if (old is not None and old.uid == uid and old.node == node and old.alloc == alloc
@@ -106,7 +130,7 @@ class Ledger:
             self.release(key)
         if rec is not None and rec.state is not None:
             try:
-                rec.state.apply_allocation(alloc, f.cpu_milli, f.memory_bytes)
+                rec.state.apply_allocation(alloc.held(), f.cpu_milli, f.memory_bytes, force=force)
             except PlacementConflict:
                 if old is not None:  # put back what was there
                     self.hold(key, old.uid, old.node, old.alloc, assumed=old.assumed_at is not None,
@@ -126,10 +150,13 @@ class Ledger:
             return None
         del self.held[key]
         self._assumed.discard(key)
+        self.collisions.pop(key, None)
+        if (waiting := self.pending.get(h.node)) is not None:
+            waiting.pop(key, None)
         self.by_node.get(h.node, set()).discard(key)
         rec = self.nodes.get(h.node)
         if rec is not None and rec.state is not None:
-            rec.state.release_allocation(h.alloc, h.cpu_milli, h.memory_bytes)
+            rec.state.release_allocation(h.alloc.held(), h.cpu_milli, h.memory_bytes)
             self.mirror.sync(h.node)
         self.learner.remove(h.shape)
         return h
@@ -156,6 +183,27 @@ class Ledger:
             self.release(k)
         return gone
 
+    def _unwait(self, key: str) -> None:
+        for node in [n for n, pods in self.waiting.items() if key in pods]:
+            del self.waiting[node][key]
+            if not self.waiting[node]:
+                del self.waiting[node]
+
+    def devices_are_listed(self) -> None:
+        """Every Device object has been listed: nodes still without one are not GPU nodes; forget their pods."""
+        self.devices_listed = True
+        self.waiting.clear()
+
+    def node_known(self, node: str) -> None:
+        """A node's state now exists: hold the pods without GPUs that were bound to it before."""
+        for key, (uid, pod) in sorted(self.waiting.pop(node, {}).items()):
+            if self.tracks(node):
+                try:
+                    self.hold(key, uid, node, PodAllocation(()), pod=pod)
+                except PlacementConflict as e:
+                    self.conflicts += 1
+                    log.error("pod %s on %s: its CPU or memory does not fit the node: %s", key, node, e)
+
     def tracks(self, node: str | None) -> bool:
         """Whether pods bound to ``node`` are accounted (it is a GPU node with a known state)."""
         rec = self.nodes.get(node or "")
@@ -168,27 +216,65 @@ class Ledger:
         uid = str(meta.get("uid") or "")
         phase = (pod.get("status") or {}).get("phase")
         if deleted or phase in TERMINAL_PHASES:
+            self._unwait(key)
             self.release(key, uid or None)
             return
         node = (pod.get("spec") or {}).get("nodeName") or ""
-        value = (meta.get("annotations") or {}).get(A.DEVICE_ALLOCATED)
+        # The signed record, moved to the GPUs the node acknowledged; or the acknowledged GPUs of a pod
+        # the extender did not place (model.records: one home for these rules).
+        records = read_pod(pod, self.record_key) if node else None
+        recorded = records.allocation() if records is not None else None
         current = self.held.get(key)
-        if not node or (not value and not self.tracks(node)):
+        if records is not None and records.problems and (current is None or current.uid != uid):
+            if records.forged:
+                self.forged += 1
+            elif records.record is None and A.DEVICE_ALLOCATED in (meta.get("annotations") or {}):
+                self.corrupt += 1
+            log.error("pod %s: %s; not accounted", key, "; ".join(records.problems))
+        self._unwait(key)
+        if node and recorded is None and not self.tracks(node) and not self.devices_listed:
+            # Maybe a GPU node whose Device object is still to come: hold the pod's CPU and memory then.
+            self.waiting.setdefault(node, {})[key] = (uid, pod)
+        if not node or (recorded is None and not self.tracks(node)):
             # Not bound yet (or no GPUs recorded): keep an in-flight assumption, drop anything else.
             if current is not None and current.assumed_at is None and current.uid == uid:
                 self.release(key)
             return
-        if value:
-            try:
-                alloc = decode(value)
-            except AnnotationError as e:
-                self.corrupt += 1
-                log.error("pod %s: unreadable %s annotation (%s); not accounted", key, A.DEVICE_ALLOCATED, e)
-                return
-        else:
-            alloc = PodAllocation(())  # a pod without GPUs on a GPU node: its CPU and memory count
+        # A pod without GPUs on a GPU node: its CPU and memory count.
+        alloc = recorded if recorded is not None else PodAllocation(())
         try:
             self.hold(key, uid, node, alloc, pod=pod)
+            self.collisions.pop(key, None)
         except PlacementConflict as e:
             self.conflicts += 1
-            log.error("pod %s on %s: recorded GPUs collide with another pod's: %s", key, node, e)
+            self.collisions[key] = f"{node}: {e}"
+            log.error("pod %s on %s: recorded GPUs exceed a GPU's capacity with other pods' (%s); held anyway: "
+                      "that GPU is full for new placements", key, node, e)
+            self.hold(key, uid, node, alloc, pod=pod, force=True)
+        assert records is not None
+        waiting = request_shapes(parse_pod(pod), records.acks) if records.record is not None else frozenset()
+        if waiting:
+            self.pending.setdefault(node, {})[key] = waiting
+        elif (per := self.pending.get(node)) is not None:
+            per.pop(key, None)
+
+    def handoff_blocked(self, pod: Mapping[str, Any], request: PodRequest) -> dict[str, str]:
+        """Nodes where another pod is bound, not yet served by the node, and asks the same (resource,
+        device count): the kubelet's calls carry no pod identity, so with two such pods waiting the
+        node could steer one onto the other's record. One at a time per shape and node keeps every
+        Allocate unambiguous (docs/handoff.md)."""
+        if not self.pending or not self.handoff_wait:
+            return {}
+        meta = pod.get("metadata") or {}
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        shapes = request_shapes(request)
+        out: dict[str, str] = {}
+        for node, per in self.pending.items():
+            for other, waiting in per.items():
+                same = ambiguous(waiting, shapes) if other != key else None
+                if same is not None:
+                    res, count, _ = same
+                    out[node] = (f"pod {other} is being handed to the kubelet with {count} {res}; the "
+                                 "kubelet's calls carry no pod, so one such pod at a time per node")
+                    break
+        return out

@@ -36,9 +36,10 @@ from kubegpu.kube.resources import Pod
 from kubegpu.kube.writes import abind_pod, is_conflict, retry_async
 from kubegpu.model import annotations as A
 from kubegpu.model.allocation import AnnotationError, PodAllocation, decode, encode
+from kubegpu.model.signing import record_annotations
 from kubegpu.placement import DEFAULT_POLICY, PlacementConflict
 from kubegpu.scheduler import wire
-from kubegpu.scheduler.limits import Limits, bounded_filter, too_many_gpu_containers
+from kubegpu.scheduler.limits import Limits, LoopShare, bounded_filter, too_many_gpu_containers
 from kubegpu.scheduler.metrics import ExtenderMetrics
 from kubegpu.scheduler.requests import pod_policies
 from kubegpu.scheduler.state import ClusterView
@@ -75,6 +76,7 @@ class Extender:
         self.metrics = ExtenderMetrics(view)
         self._ready = ready
         self._bind_locks: dict[str, asyncio.Lock] = {}
+        self.share = LoopShare()  # requests in flight, for expensive filters to step aside
         verbs = (("filter", self.filter), ("prioritize", self.prioritize), ("bind", self.bind))
         routes = [Route(f"{prefix}/{name}", self._verb(name, fn), methods=["POST"])
                   for prefix in ("", "/scheduler") for name, fn in verbs]
@@ -101,8 +103,9 @@ class Extender:
         async def handler(request: Request) -> Response:
             start = time.perf_counter()
             try:
-                body = await read_body(request, self.max_body_bytes, self.body_timeout_s)
-                return await fn(body)
+                with self.share.request():
+                    body = await read_body(request, self.max_body_bytes, self.body_timeout_s)
+                    return await fn(body)
             except BodyError as e:
                 self.metrics.bad_requests.labels(name).inc()
                 if e.status == 499:
@@ -127,7 +130,7 @@ class Extender:
         try:
             self.view.expire_assumed()
             _, gpu_policy = self.policies(args.Pod)
-            out = await bounded_filter(self.view, args.Pod, names, gpu_policy, self.limits)
+            out = await bounded_filter(self.view, args.Pod, names, gpu_policy, self.limits, share=self.share)
         except Exception as e:  # a bug must not fail scheduling silently: say it in Error
             log.exception("filter failed")
             return _json(wire.encode(wire.ExtenderFilterResult(None, None, {}, {}, f"kubegpu filter: {e}")))
@@ -223,12 +226,13 @@ class Extender:
             self.metrics.bind_failures.labels("no-fit").inc()
             return f"kubegpu bind: {e}"
         value = encode(alloc)
+        record = record_annotations(value, uid, node, self.view.record_key)  # signed for the node (h11)
         try:
             # One write: the API server copies the Binding's annotations onto the pod as it sets
             # spec.nodeName, so a pod is never on a node without its record; the UID is a precondition.
             try:
                 await retry_async(lambda: abind_pod(self.client, ns, name, uid, node,  # type: ignore[arg-type]
-                                                    {A.DEVICE_ALLOCATED: value}))
+                                                    record))
             except ApiError as e:
                 if not is_conflict(e) or not await self._bound_to(ns, name, node, value):
                     raise

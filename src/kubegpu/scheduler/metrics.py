@@ -52,7 +52,12 @@ class _ViewCollector(Collector):
                                 "Allocation annotations that were unreadable or collided", labels=["why"])
         bad.add_metric(["corrupt"], self._view.corrupt)
         bad.add_metric(["conflict"], self._view.conflicts)
+        bad.add_metric(["forged"], self._view.forged)
         yield bad
+        col = GaugeMetricFamily("kubegpu_record_collisions", "Live pods whose records exceed a GPU's capacity "
+                                "with other pods' (held anyway: those GPUs are full)")
+        col.add_metric([], len(self._view.collisions))
+        yield col
 
 
 class ExtenderMetrics:

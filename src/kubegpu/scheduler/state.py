@@ -72,6 +72,22 @@ class ClusterView(Verbs):
     def assumed_count(self) -> int:
         return self.ledger.assumed_count
 
+    @property
+    def forged(self) -> int:
+        return self.ledger.forged
+
+    @property
+    def collisions(self) -> dict[str, str]:
+        return self.ledger.collisions
+
+    @property
+    def pending(self) -> dict[str, dict[str, frozenset[tuple[str, int, tuple[int, int, int]]]]]:
+        return self.ledger.pending
+
+    @property
+    def record_key(self) -> bytes | None:
+        return self.ledger.record_key
+
     def hold(self, key: str, uid: str, node: str, alloc: PodAllocation, *, assumed: bool = False,
              pod: Mapping[str, Any] | None = None) -> None:
         self.ledger.hold(key, uid, node, alloc, assumed=assumed, pod=pod)
@@ -127,6 +143,8 @@ class ClusterView(Verbs):
                 self.ledger.conflicts += 1
                 log.error("node %s: a recorded allocation does not fit its GPUs: %s", name, p)
         self.mirror.update(rec)
+        if rec.state is not None:
+            self.ledger.node_known(name)
         if rec.models != models:
             self.mirror.labels_changed()
 

@@ -15,10 +15,12 @@ from typing import Any
 import httpx
 
 from kubegpu.model import resources as R
-from kubegpu.model.allocation import AnnotationError, ContainerAllocation, DeviceGrant, PodAllocation, decode
-from kubegpu.model.annotations import DEVICE_ALLOCATED
+from kubegpu.model import signing
+from kubegpu.model.allocation import ContainerAllocation, DeviceGrant, PodAllocation
+from kubegpu.model.annotations import DEVICE_ALLOCATED, DEVICE_ASSIGNED
 from kubegpu.model.inventory import Gpu, NodeInventory
 from kubegpu.model.quantity import QuantityError, parse_int
+from kubegpu.model.records import pod_allocation
 from kubegpu.model.request import RequestKind, parse_pod
 from kubegpu.model.resources import served_resources
 from kubegpu.status.view import ClusterView, NodeInfo, PodRecord, ReplicaRecord, build_view
@@ -55,22 +57,26 @@ class SourceError(RuntimeError):
     """The API server or the extender could not be read; the message says which and why."""
 
 
-def pod_records(pods: Iterable[Mapping[str, Any]], problems: list[str]) -> list[PodRecord]:
-    """Live, bound pods with a readable allocation record; corrupt records go to ``problems``."""
+def pod_records(pods: Iterable[Mapping[str, Any]], problems: list[str],
+                key: bytes | None = None) -> list[PodRecord]:
+    """Live, bound pods with what the accounting holds for them (``model.records``: the record, moved to
+    the GPUs the node acknowledged, or the acknowledged GPUs of a pod the extender did not place);
+    corrupt or unsigned records go to ``problems``. ``key``: the record key, when this CLI has it."""
     out = []
     for pod in pods:
         meta = pod.get("metadata") or {}
         spec = pod.get("spec") or {}
         status = pod.get("status") or {}
-        text = (meta.get("annotations") or {}).get(DEVICE_ALLOCATED)
+        ann = meta.get("annotations") or {}
         node = spec.get("nodeName")
-        if not text or not node or status.get("phase") in _DONE_PHASES:
+        if (DEVICE_ALLOCATED not in ann and DEVICE_ASSIGNED not in ann) or not node \
+                or status.get("phase") in _DONE_PHASES:
             continue
         ns, name = meta.get("namespace", ""), meta.get("name", "")
-        try:
-            out.append(PodRecord(ns, name, node, decode(text)))
-        except AnnotationError as exc:
-            problems.append(f"{ns}/{name}: unreadable {DEVICE_ALLOCATED}: {exc}")
+        alloc, why = pod_allocation(pod, key)
+        problems.extend(f"{ns}/{name}: {w}" for w in why)
+        if alloc is not None:
+            out.append(PodRecord(ns, name, node, alloc))
     return out
 
 
@@ -161,7 +167,16 @@ def from_api_server(client: Any) -> Snapshot:
             inventories.append(device_to_inventory(d))
         except DeviceObjectError as exc:
             problems.append(f"Device {d.get('metadata', {}).get('name', '?')}: {exc}")
-    return Snapshot(inventories, pod_records(pods, problems), problems, node_infos(nodes),
+    try:
+        key = signing.load_key()  # with the key, unsigned (forged) records are shown as problems
+    except signing.RecordKeyError as exc:
+        problems.append(str(exc))
+        key = None
+    from kubegpu.status.dra import from_client as dra_from_client  # DRA nodes and claims (docs/dra.md)
+
+    dra_inventories, dra_records = dra_from_client(client, problems)
+    inventories += [i for i in dra_inventories if i.name not in {x.name for x in inventories}]
+    return Snapshot(inventories, pod_records(pods, problems, key) + dra_records, problems, node_infos(nodes),
                     replica_records(pods, served_resources(nodes)))
 
 

@@ -11,9 +11,9 @@ for them; the GPUs offered only as replicas are not counted as whole free GPUs.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from kubegpu.model.allocation import PodAllocation
+from kubegpu.model.allocation import ContainerAllocation, PodAllocation
 from kubegpu.model.inventory import NodeInventory
 
 
@@ -205,7 +205,7 @@ def _holder_json(h: Holder) -> dict:
 
 def replica_resources(capacity: Mapping[str, int]) -> list[str]:
     """The Node's capacity names that are time-slicing / MPS replica resources (renamed ones included)."""
-    from kubegpu.model.request import RequestKind, parse_resources
+    from kubegpu.model.request import RequestKind, RequestRefused, parse_resources
 
     out = []
     for name in sorted(capacity):
@@ -213,7 +213,7 @@ def replica_resources(capacity: Mapping[str, int]) -> list[str]:
             continue
         try:
             req = parse_resources("c", {"limits": {name: "1"}}).request
-        except Exception:  # a capacity name the request rules refuse is no replica resource
+        except RequestRefused:  # a capacity name the request rules refuse is no replica resource
             continue
         if req is not None and req.kind is RequestKind.REPLICA:
             out.append(name)
@@ -289,8 +289,21 @@ def build_view(
         holders: dict[str, list[Holder]] = {g.uuid: [] for g in inv.gpus}
         by_minor: Mapping[int, str] = {g.minor: g.uuid for g in inv.gpus}
         for rec in by_node.get(inv.name, []):
+            # Init containers count by Kubernetes' rule (model.allocation.PodAllocation.held): only what
+            # they hold beyond the app containers shows, as one "(init)" holder per GPU.
+            apps: dict[str, list[int]] = {}
             for c in rec.allocation.containers:
+                for grant in c.grants if not c.init else ():
+                    u = apps.setdefault(grant.mig_uuid or grant.uuid, [0, 0])
+                    u[0], u[1] = u[0] + grant.core, u[1] + grant.memory_bytes
+            extra = [ContainerAllocation("(init)", tuple(
+                replace(h, core=max(0, h.core - apps.get(h.mig_uuid or h.uuid, [0, 0])[0]),
+                        memory_bytes=max(0, h.memory_bytes - apps.get(h.mig_uuid or h.uuid, [0, 0])[1]))
+                for h in rec.allocation.held().grants()))] if any(c.init for c in rec.allocation.containers) else []
+            for c in [*(c for c in rec.allocation.containers if not c.init), *extra]:
                 for grant in c.grants:
+                    if c.container == "(init)" and grant.core == 0 and grant.memory_bytes == 0:
+                        continue
                     uuid = grant.uuid if grant.uuid in holders else by_minor.get(grant.minor, "")
                     if uuid not in holders:
                         problems.append(f"{rec.namespace}/{rec.name}: GPU {grant.uuid or grant.minor} "

@@ -188,6 +188,28 @@ def _steer(obj: Mapping[str, Any], scheduler: str, patch: list[dict[str, Any]], 
                         f"pod's GPUs ({scheduler} does)")
 
 
+def offline_warnings(pod: Mapping[str, Any], settings: WebhookSettings) -> list[str]:
+    """What the webhook would add or refuse beyond :func:`review_pod`, for ``kubegpu check``: the
+    scheduler name of GPU pods, the GPU-container cap, the record annotations and envFrom."""
+    out: list[str] = []
+    if why := too_many_gpu_containers(pod, settings.max_gpu_containers, settings.policy.replica_resources):
+        out.append(f"refused by the webhook: {why}")
+    if changed := _record_changes(pod, None):
+        out.append(f"refused by the webhook: {' and '.join(changed)} may be written only by kubegpu")
+    if count_gpu_containers(pod, settings.policy.replica_resources) and settings.scheduler_name \
+            and not _node_name(pod):
+        current = _spec(pod).get("schedulerName")
+        if current is None or current in DEFAULT_SCHEDULERS:
+            out.append(f"spec.schedulerName is {current or 'not set'}: without kubegpu's webhook (full mode sets "
+                       f"{settings.scheduler_name}) the default scheduler places this pod and knows nothing of "
+                       "GPU shares")
+        elif current != settings.scheduler_name:
+            out.append(f"spec.schedulerName is {str(current)[:64]!r}: kubegpu neither places nor accounts "
+                       "this pod's GPUs")
+    out.extend(_env_from_warnings(pod))
+    return out
+
+
 def _env_from_warnings(obj: Mapping[str, Any]) -> list[str]:
     """GPU containers whose envFrom could set a device variable: admission cannot see a ConfigMap's or
     Secret's keys, and the pod's own environment overrides the device plugin's."""
@@ -201,7 +223,8 @@ def _env_from_warnings(obj: Mapping[str, Any]) -> list[str]:
                 continue
             prefixes = [e.get("prefix") or "" for e in c["envFrom"] if isinstance(e, Mapping)]
             if any(isinstance(p, str) and any(v.startswith(p) for v in DEVICE_ENV_VARS) for p in prefixes):
-                name = c.get("name") if isinstance(c.get("name"), str) else "?"
+                raw = c.get("name")
+                name = raw if isinstance(raw, str) else "?"
                 out.append(f"container {name[:64]!r}: envFrom may set NVIDIA_VISIBLE_DEVICES, which admission "
                            "cannot see; nodes must run the NVIDIA runtime with "
                            "accept-nvidia-visible-devices-envvar-when-unprivileged = false (docs/security.md)")

@@ -1,0 +1,190 @@
+"""Benchmark of the handoff under the recorded kubelet's behaviour: bursts of pods on two GPU nodes.
+
+The stand-in API server, the extender and, per node, the real ``kubegpu node`` daemon with a stand-in
+kubelet that admits bound pods in its watch order with adjacent swaps (``kubegpu_standins.gpu_cluster``).
+Each burst mixes identical shares, whole GPUs, multi-GPU shares, init-container pods, MIG devices, pods
+from the default scheduler and pods carrying forged records; the node daemons' pod watches lag the
+kubelet's by up to ``--lag`` seconds; a node daemon restarts during one burst and the extender during
+another. After each burst every GPU container is checked: environment GPUs, the kubelet's devices, the
+record the accounting uses and the acknowledgement. Prints one JSON object as its last line:
+``pods``, ``containers``, ``divergent`` (target 0), ``silent_divergent`` (target 0), ``overcommitted_gpus``
+(target 0), ``refused_without_reason`` (target 0), ``forged_served`` (target 0), ``allocate_p99_ms``,
+``max_watch_lag_s``, plus ``refused``, ``served``, ``consistent_reads``, ``elapsed_s``.
+
+    .venv/bin/python bench/handoff.py [--bursts 6] [--pods 30] [--lag 2.0] [--seed 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import sys
+import threading
+import time
+from typing import Any
+
+from kubegpu.kube import Pod
+from kubegpu.model import annotations as A
+from kubegpu.model import resources as R
+from kubegpu_standins.gpu_cluster import GpuCluster, NodeSpec, pod, share, whole
+
+MIG = {"nvidia.com/mig-1g.10gb": "1"}
+
+
+def burst(rng: random.Random, b: int, n: int, victim_gpu: str | None) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    pods: list[dict[str, Any]] = []
+    forged: dict[str, str] = {}
+    kinds = ["share", "share", "share", "whole", "multi", "init", "mig", "default", "two"]
+    same = rng.choice([10, 20, 25, 30])
+    for i in range(n):
+        name = f"b{b}-{i}"
+        k = rng.choice(kinds) if i >= n // 3 else "share"  # a third are identical shares
+        if k == "share":
+            pods.append(pod(name, share(same if i < n // 3 else rng.choice([10, 15, 20, 40]))))
+        elif k == "whole":
+            pods.append(pod(name, whole(rng.choice([1, 1, 2]))))
+        elif k == "multi":
+            pods.append(pod(name, share(rng.choice([20, 40]), k=2)))
+        elif k == "init":
+            pods.append(pod(name, share(20), init=[share(rng.choice([10, 30]))]) if rng.random() < 0.5
+                        else pod(name, whole(1), init=[whole(1)]))
+        elif k == "mig":
+            pods.append(pod(name, MIG))
+        elif k == "default":
+            pods.append(pod(name, whole(1), scheduler=None))
+        else:
+            pods.append(pod(name, whole(1), share(10)))
+    if victim_gpu is not None:
+        record = json.dumps({"gpu": [{"minor": 0, "id": victim_gpu, "resources": {
+            R.GPU_CORE: "100", R.GPU_MEMORY: "80Gi", R.GPU_MEMORY_RATIO: "100"}}]})
+        for j, res in enumerate((whole(1), share(10))):
+            name = f"b{b}-forged-{j}"
+            pods.append(pod(name, res, scheduler=None, annotations={
+                A.DEVICE_ALLOCATED: record, "kubegpu.io/device-allocated-signature": "0" * 64}))
+            forged[name] = victim_gpu
+    return pods, forged
+
+
+def p99(xs: list[float]) -> float:
+    if not xs:
+        return 0.0
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(0.99 * (len(xs) - 1)))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bursts", type=int, default=6)
+    ap.add_argument("--pods", type=int, default=30, help="pods per burst")
+    ap.add_argument("--lag", type=float, default=2.0, help="the slowest node daemon's watch lag, seconds")
+    ap.add_argument("--swap", type=float, default=0.4, help="probability of an adjacent admission swap")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args(argv)
+    if args.bursts < 1 or args.pods < 1 or args.lag < 0 or not 0 <= args.swap <= 1:
+        ap.error("--bursts and --pods must be positive, --lag >= 0, --swap in [0, 1]")
+    logging.basicConfig(level=logging.CRITICAL)
+    if os.environ.get("KUBEGPU_BENCH_LOG"):
+        logging.getLogger("kubegpu").setLevel(os.environ["KUBEGPU_BENCH_LOG"])
+    rng = random.Random(args.seed)
+    nodes = [NodeSpec("node-a", "dgx-a100", watch_lag_s=args.lag),
+             NodeSpec("node-b", "a100-mig", flags={"mig-strategy": "mixed"}, watch_lag_s=args.lag / 4)]
+    out: dict[str, Any] = {"pods": 0, "containers": 0, "divergent": 0, "silent_divergent": 0,
+                           "overcommitted_gpus": 0, "refused_without_reason": 0, "forged_served": 0,
+                           "refused": 0, "served": 0, "unsettled": 0}
+    t0 = time.monotonic()
+    over: set[str] = set()
+    reasons: dict[str, int] = {}
+    with GpuCluster(nodes, swap_prob=args.swap, seed=args.seed) as c:
+        victim: str | None = None
+        keep: str | None = None
+        previous: list[str] = []
+        for b in range(args.bursts):
+            pods, forged = burst(rng, b, args.pods, victim)
+            for name in previous:  # the previous burst leaves (but the pod whose GPU the forgers name)
+                if name != keep:
+                    c.client.delete(Pod, name, namespace="default")
+            restart: threading.Thread | None = None
+            for i, p in enumerate(pods):
+                c.create(p)
+                if i == len(pods) // 2 and b % 3 == 1:
+                    restart = threading.Thread(target=c.nodes["node-a"].restart_daemon)
+                elif i == len(pods) // 2 and b % 3 == 2:
+                    restart = threading.Thread(target=c.restart_extender)
+                if restart is not None and not restart.is_alive() and restart.ident is None:
+                    restart.start()
+            if restart is not None:
+                restart.join(60)
+            names = {p["metadata"]["name"] for p in pods}
+            if not c.settled(names, timeout_s=60, idle_s=4.0):
+                stuck = [n for n in sorted(names) if n in c.why_pending][:3]
+                print(f"burst {b}: unschedulable, e.g. " + "; ".join(f"{n}: {c.why_pending[n]}" for n in stuck),
+                      file=sys.stderr)
+                if os.environ.get("KUBEGPU_BENCH_DEBUG") and c.ext is not None:
+                    v = c.ext.service.view
+                    print("DEBUG pending", c.ext.call(lambda v=v: {n: dict(p) for n, p in v.pending.items()}),
+                          file=sys.stderr)
+                    for nn, node in c.nodes.items():
+                        hold = {pk: {cn: [(r, [i[-4:] for i in ids]) for r, ids in v] for cn, v in cs.items()}
+                                for pk, cs in node.kubelet.holdings.items()}
+                        print("DEBUG kubelet", nn, {k: v for k, v in hold.items() if v}, file=sys.stderr)
+                    print("DEBUG extender", c.ext.call(lambda v=v: {k: (h.node, [g.uuid[-4:] + ":" + str(g.core)
+                                                                           for g in h.alloc.grants()])
+                                                                  for k, h in v.held.items()}), file=sys.stderr)
+                    for n in stuck:
+                        p = c.api.get_object("pods", n, "default")
+                        r = c.http.post(f"{c.ext.url}/scheduler/filter", json={"Pod": p, "Nodes": None,
+                                                                               "NodeNames": list(c.nodes)}).json()
+                        print("DEBUG now", n, p["spec"].get("nodeName"), p.get("status"), str(r)[:600], file=sys.stderr)
+                out["unsettled"] += sum(1 for p in c.api.objects("pods") if p["metadata"]["name"] in names
+                                        and (p.get("status") or {}).get("phase") == "Pending")
+            c.quiesce(15)
+            checks = [k for k in c.check() if k.pod.split("/")[1] in names]
+            events = {(e.get("involvedObject") or {}).get("name") for e in c.api.objects("events")
+                      if e.get("reason") in ("GpuHandoffMismatch", "GpuHandoffReordered")}
+            out["pods"] += len(pods)
+            out["containers"] += len(checks)
+            for k in checks:
+                name = k.pod.split("/")[1]
+                if k.divergent:
+                    out["divergent"] += 1
+                    print(f"divergent: {k}", file=sys.stderr)
+                    if name not in events:
+                        out["silent_divergent"] += 1
+                if k.outcome == "refused":
+                    out["refused"] += 1
+                    why = k.reason.split("kubegpu: ", 1)[-1][:48] if "kubegpu: " in k.reason else k.reason[:48]
+                    reasons[why] = reasons.get(why, 0) + 1
+                    if not k.reason.strip():
+                        out["refused_without_reason"] += 1
+                elif k.outcome == "served":
+                    out["served"] += 1
+                if name in forged and forged[name] in k.env_gpus:
+                    out["forged_served"] += 1
+            for o in c.overcommitted():
+                if o not in over:
+                    print(f"overcommitted after burst {b}: {o}", file=sys.stderr)
+                over.add(o)
+            served = [k for k in checks if k.outcome == "served" and k.env_gpus and k.pod.split("/")[1] not in forged]
+            if served and keep is None:
+                victim, keep = served[0].env_gpus[0], served[0].pod.split("/")[1]
+            previous = sorted(names)
+        lat = [r.latency_s * 1000 for n in c.nodes.values() for r in list(n.kubelet.calls)
+               if r.rpc.endswith("/Allocate") and r.latency_s is not None]
+        out["allocate_p99_ms"] = round(p99(lat), 2)
+        out["allocate_calls"] = len(lat)
+        out["consistent_reads"] = int(sum(n.resolver.metrics.consistent_reads._value.get() for n in c.nodes.values()))
+        out["node_daemon_restarts"] = sum(n.daemon_restarts for n in c.nodes.values())
+        out["extender_restarts"] = c.extender_restarts
+    out["overcommitted_gpus"] = len(over)
+    out["max_watch_lag_s"] = args.lag
+    out["elapsed_s"] = round(time.monotonic() - t0, 1)
+    out["refusal_reasons"] = reasons
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,494 @@
+"""The node side of the handoff: state, consistent reads, acknowledgements, reports.
+
+:class:`HandoffResolver` implements :class:`~kubegpu.node.resolver.AllocationResolver`. It keeps
+a view of the pods bound to this node (fed by a watch), and for every ``Allocate``:
+
+1. matches the kubelet's device IDs to a record naming exactly those GPUs
+   (:mod:`kubegpu.node.handoff.matching`), in the local view or else after a **consistent read**
+   (a fresh LIST from the API server, not a watch cache), so no outcome depends on how fresh
+   this node's watch is;
+2. serves that record's amounts on the kubelet's GPUs, or refuses with a reason (the kubelet
+   then fails the pod's admission with it) — never a silent divergence;
+3. writes the acknowledgement: what was served, which is what the kubelet holds.
+
+Records count only when signed by the extender (:mod:`kubegpu.model.signing`) when a key is set.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from lightkube import Client
+from lightkube.types import PatchType
+from prometheus_client import CollectorRegistry, Counter
+
+from kubegpu.kube.informer import EventType, WatchEvent
+from kubegpu.kube.resources import Pod
+from kubegpu.kube.threaded import InformerThread
+from kubegpu.kube.writes import emit_event
+from kubegpu.model import annotations as A
+from kubegpu.model import resources as R
+from kubegpu.model import signing
+from kubegpu.model.allocation import DeviceGrant
+from kubegpu.model.inventory import NodeInventory
+from kubegpu.model.records import Ack, encode_acks
+from kubegpu.node.handoff import matching as M
+from kubegpu.node.handoff.entries import Entry, PodView, is_live_here, pod_view
+from kubegpu.node.handoff.verify import (
+    POD_RESOURCES_SOCKET,
+    Holding,
+    Verifier,
+    compare,
+    group,
+    list_pod_resources,
+)
+from kubegpu.node.resolver import AllocationRefused, ResolvedAllocation
+
+log = logging.getLogger(__name__)
+
+
+BYPASS_GRACE_S = 5.0  # a whole GPU served without a record counts as held until PodResources can show it
+
+
+def _rv(value: object) -> int:
+    """A resourceVersion as a number (etcd revisions are); unparsable ones compare as the oldest."""
+    try:
+        return int(str(value))
+    except ValueError:
+        return -1
+
+
+class HandoffMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.matched = Counter("kubegpu_handoff_matched_total", "Allocate calls served as the record naming "
+                               "exactly the kubelet's GPUs", ["resource"], registry=r)
+        self.refused = Counter("kubegpu_handoff_refused_total", "Allocate calls refused, by reason",
+                               ["resource", "reason"], registry=r)
+        self.unrecorded = Counter("kubegpu_handoff_unrecorded_total", "Allocate calls for whole GPUs or MIG "
+                                  "devices of pods without a record, served as asked", ["resource"], registry=r)
+        self.consistent_reads = Counter("kubegpu_handoff_consistent_reads_total",
+                                        "Fresh LISTs made because the local view had no matching record",
+                                        registry=r)
+        self.mismatches = Counter("kubegpu_handoff_mismatches_total",
+                                  "Containers found holding other GPUs than they were served (PodResources)",
+                                  registry=r)
+        self.swaps = Counter("kubegpu_handoff_reordered_total",
+                             "Identical waiting records served in another order than the kubelet admitted "
+                             "their pods (acknowledgements corrected; nothing served wrong)", registry=r)
+        self.collisions = Counter("kubegpu_handoff_record_collisions_total",
+                                  "Pods whose live records put a GPU above its compute", registry=r)
+        self.forged = Counter("kubegpu_handoff_forged_records_total",
+                              "Pods seen with a record the extender did not sign", registry=r)
+
+
+class HandoffResolver:
+    """The node side of the handoff. ``refresh`` lists this node's pods from the API server (a
+    consistent read); a watch feeds :meth:`observe` between reads."""
+
+    def __init__(self, node: str, *, client: Client | None = None, key: bytes | None = None,
+                 refresh: Callable[[], Iterable[dict[str, Any]]] | None = None,
+                 metrics: HandoffMetrics | None = None, inventory: NodeInventory | None = None) -> None:
+        self.node = node
+        self.client = client
+        self.key = key
+        self._refresh = refresh
+        self.metrics = metrics or HandoffMetrics()
+        self._lock = threading.RLock()
+        self._ack_lock = threading.Lock()
+        self._pods: dict[str, PodView] = {}
+        self._served: dict[tuple[str, str], Ack] = {}  # (uid, container) -> what this process served
+        # GPU -> (who, when) for GPUs given whole to pods without a record: served by this process (kept
+        # until PodResources shows them or BYPASS_GRACE_S passes), or seen in PodResources.
+        self._bypass: dict[str, tuple[str, float]] = {}
+        self._seq = 0
+        self._version: dict[str, int] = {}  # pod -> resourceVersion of the state held
+        self._gone: dict[str, None] = {}  # UIDs of pods seen deleted or finished (insertion-ordered)
+        self._gpus: dict[str, tuple[int, int]] = {}  # uuid -> (minor, memory bytes)
+        self._mig_parent: dict[str, tuple[str, str]] = {}  # MIG uuid -> (parent GPU uuid, profile)
+        self.pod_resources: Callable[[], list[Holding]] | None = None  # the kubelet's own word, when reachable
+        self.reported: set[tuple[str, str]] = set()
+        self.collided: set[tuple[str, str]] = set()  # (pod, GPU) collisions already reported
+        self.forged_seen: set[str] = set()
+        self.watch: InformerThread | None = None
+        self.verifier: Verifier | None = None
+        if inventory is not None:
+            self.set_inventory(inventory)
+        if key is None:
+            log.warning("node %s: no record key (%s): records are served unsigned; anyone who can write "
+                        "pod annotations can claim a GPU", node, signing.KEY_FILE_ENV)
+
+    def set_inventory(self, inventory: NodeInventory) -> None:
+        """The node's GPUs (minor and memory, to acknowledge pods the extender did not place)."""
+        table: dict[str, tuple[int, int]] = {}
+        parents: dict[str, tuple[str, str]] = {}
+        for g in inventory.gpus:
+            table[g.uuid] = (g.minor, g.memory_bytes)
+            for m in g.mig_devices:
+                table[m.uuid] = (g.minor, m.memory_bytes)
+                parents[m.uuid] = (g.uuid, m.profile)
+        self._gpus, self._mig_parent = table, parents
+
+    def close(self) -> None:
+        if self.verifier is not None:
+            self.verifier.stop()
+        if self.watch is not None:
+            self.watch.stop()
+
+    # ---- feeding -------------------------------------------------------------------------------
+    def observe(self, pod: dict[str, Any], deleted: bool = False) -> None:
+        """One version of a pod (watch event or LIST item). Versions older than the one already held,
+        and any version of a pod already seen deleted or finished, are ignored: a lagging watch must
+        never bring back a pod, or an older state of it, that a fresher read has moved past."""
+        meta = pod.get("metadata") or {}
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        uid = str(meta.get("uid") or "")
+        rv = _rv(meta.get("resourceVersion"))
+        with self._lock:
+            if uid and uid in self._gone:
+                return
+            if deleted or not is_live_here(pod, self.node):
+                if uid and (deleted or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")):
+                    self._bury(uid)
+                cur = self._pods.get(key)
+                if cur is None or cur.uid == uid or not uid:
+                    self._forget(key)
+                return
+            current = self._pods.get(key)
+            if current is not None and current.uid == uid and rv < self._version.get(key, -1):
+                return  # an older state than the one held (a lagging watch after a fresh LIST)
+            if current is not None and current.uid == uid:
+                seen = current.seen
+            else:
+                if current is not None:
+                    self._forget(key)
+                self._seq += 1
+                seen = self._seq
+            view = pod_view(pod, seen, self.key)
+            self._version[key] = rv
+            if view.forged and key not in self.forged_seen:
+                self.forged_seen.add(key)
+                self.metrics.forged.inc()
+                log.error("pod %s on %s: %s", key, self.node, "; ".join(view.problems))
+            elif view.problems:
+                log.warning("pod %s on %s: %s", key, self.node, "; ".join(view.problems))
+            self._pods[key] = view
+
+    def _bury(self, uid: str) -> None:
+        self._gone[uid] = None
+        while len(self._gone) > 20000:  # bounded: the oldest deletions cannot come back by now
+            self._gone.pop(next(iter(self._gone)))
+
+    def _forget(self, key: str) -> None:
+        self._version.pop(key, None)
+        old = self._pods.pop(key, None)
+        if old is not None:
+            for k in [k for k in self._served if k[0] == old.uid]:
+                del self._served[k]
+            for g in [g for g, (who, _t) in self._bypass.items() if who == key]:
+                del self._bypass[g]
+
+    def on_event(self, ev: WatchEvent) -> None:
+        self.observe(ev.obj.to_dict(), deleted=ev.type is EventType.DELETED)
+
+    def consistent_read(self) -> bool:
+        """Replace the local view with a fresh LIST (never under the lock: it is API I/O)."""
+        if self._refresh is None:
+            return False
+        self.metrics.consistent_reads.inc()
+        try:
+            pods = list(self._refresh())
+        except Exception as e:  # the API being down: decide from the local view (and refuse if unsure)
+            log.warning("node %s: cannot list pods for the handoff: %s", self.node, e)
+            return False
+        with self._lock:
+            present = set()
+            for p in pods:
+                meta = p.get("metadata") or {}
+                present.add(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+                self.observe(p)
+            for key in [k for k in self._pods if k not in present]:
+                uid = self._pods[key].uid
+                if uid:
+                    self._bury(uid)  # bound pods leave a node only by being deleted
+                self._forget(key)
+        return True
+
+    # ---- AllocationResolver --------------------------------------------------------------------
+    def _match(self, resource: str, ids: Sequence[str]) -> Entry | None:
+        with self._lock:
+            return M.match(self._pods.values(), self._served, resource, ids)
+
+    def _unrecorded_waiting(self, resource: str, count: int) -> list[str]:
+        """Pods bound here that ask ``count`` of ``resource`` without a record and that the kubelet has
+        not admitted yet (not in its PodResources list): an Allocate of that shape may be theirs."""
+        with self._lock:
+            waiting = [p.key for p in self._pods.values() if (resource, count) in p.unrecorded]
+        if not waiting or self.pod_resources is None:
+            return waiting
+        try:
+            rows = self.pod_resources()
+        except Exception:
+            return waiting
+        # Listed at all (with devices, or without after a failed admission): the kubelet is done with it.
+        admitted = {f"{ns}/{name}" for ns, name, _c, _res, _ids in rows}
+        return [k for k in waiting if k not in admitted]
+
+    def resolve(self, resource: str, device_ids: Sequence[str]) -> ResolvedAllocation | None:
+        if not M.is_handoff_resource(resource):
+            return None
+        ids = tuple(device_ids)
+        gpus = M.kubelet_gpus(ids)
+        # Always decide on a consistent read: a lagging view may still hold a pod that has failed, been
+        # deleted or been served, and serving its record to another container would be a divergence.
+        self.consistent_read()
+        entry = self._match(resource, ids)
+        if entry is not None and (others := self._unrecorded_waiting(resource, len(ids))):
+            # The call may be the other pod's: serving the record to it would be a silent divergence.
+            self.metrics.refused.labels(resource, "ambiguous").inc()
+            raise AllocationRefused(
+                f"kubegpu: {resource} x{len(ids)} is asked both by {entry.pod_key} (recorded) and by "
+                f"{', '.join(others[:3])}, bound here without a kubegpu record; the kubelet's call does not "
+                "say which pod it is, so it is refused rather than risk serving one pod's record to the other")
+        with self._lock:
+            if entry is not None and (entry.uid, entry.container) in self._served:
+                entry = M.match(self._pods.values(), self._served, resource, ids)  # taken meanwhile
+            if entry is None:
+                return self._unrecorded(resource, ids, gpus)
+            if resource == R.GPU_SLOTS and (why := M.share_conflict(gpus, self._whole_bypass())):
+                self.metrics.refused.labels(resource, "gpu-held-whole").inc()
+                raise AllocationRefused(f"kubegpu: share for {entry.pod_key} container {entry.container} "
+                                        f"refused: {why}")
+            ack = Ack(resource, ids, tuple(self._grant(entry, u) for u in gpus))
+            self._served[(entry.uid, entry.container)] = ack
+        self.metrics.matched.labels(resource).inc()
+        self._acknowledge(entry.pod_key)
+        if self.verifier is not None:
+            self.verifier.poke()
+        return ResolvedAllocation(entry.shares(gpus), pod=entry.pod_key, container=entry.container)
+
+    def _whole_bypass(self) -> dict[str, str]:
+        """GPUs held whole by pods the extender did not place (called under the lock): those this
+        process served, those acknowledged on such pods, and what the kubelet lists right now."""
+        out = {g: who for g, (who, _t) in self._bypass.items()}
+        for p in self._pods.values():
+            if p.whole_bypass and p.held is not None:
+                out.update({g.uuid: p.key for g in p.held.grants()})
+        if self.pod_resources is not None:
+            try:
+                rows = self.pod_resources()
+            except Exception:  # the kubelet's socket unreachable: the other two sources stand
+                rows = []
+            for ns, name, _c, resource, ids in rows:
+                view = self._pods.get(f"{ns}/{name}")
+                if resource == R.NVIDIA_GPU and (view is None or view.whole_bypass):
+                    out.update({M.uuid_of(i): f"{ns}/{name}" for i in ids})
+        return out
+
+    def _grant(self, entry: Entry, gpu: str) -> DeviceGrant:
+        for g in entry.grants:
+            if (g.mig_uuid or g.uuid) == gpu:
+                return g
+        g = entry.grants[0]  # another GPU of the same kind than the record's (reuse, or a correction)
+        minor, _ = self._gpus.get(gpu, (g.minor, 0))
+        if gpu in self._mig_parent:
+            parent, profile = self._mig_parent[gpu]
+            return DeviceGrant(minor, parent, g.core, g.memory_bytes, g.memory_ratio, gpu, profile)
+        return DeviceGrant(minor, gpu, g.core, g.memory_bytes, g.memory_ratio)
+
+    def _unrecorded(self, resource: str, ids: tuple[str, ...], gpus: tuple[str, ...]) -> None:
+        """No record names these GPUs (called under the lock): serve a pod the extender did not
+        place when the GPUs are free of records, else refuse with the reason."""
+        shown = ",".join(M.short(i) for i in ids[:8])
+        if resource == R.GPU_SLOTS:
+            self.metrics.refused.labels(resource, "no-record").inc()
+            raise AllocationRefused(
+                f"kubegpu: the kubelet chose {resource} {shown} (GPU {','.join(M.short(g) for g in gpus[:8])}); "
+                f"no pod bound to {self.node} has a signed, unserved record naming exactly these GPUs "
+                f"({M.describe_pending(self._pods.values(), self._served, resource, len(ids))})")
+        waiting = M.pending(self._pods.values(), self._served, resource, len(ids))
+        if waiting:
+            self.metrics.refused.labels(resource, "not-the-recorded-gpus").inc()
+            raise AllocationRefused(
+                f"kubegpu: the kubelet chose {resource} {shown}, which no waiting record names "
+                f"({M.describe_pending(self._pods.values(), self._served, resource, len(ids))}); "
+                "refused rather than run a pod on GPUs its record does not name")
+        taken = M.holders(self._pods.values())
+        why = M.whole_conflict(gpus, taken) or M.share_conflict(gpus, {g: w for g, (w, _t) in self._bypass.items()})
+        if why:
+            self.metrics.refused.labels(resource, "gpu-in-use").inc()
+            raise AllocationRefused(f"kubegpu: {resource} {shown} cannot be given to a pod without a kubegpu "
+                                    f"record: {why}")
+        for g in gpus:
+            self._bypass[g] = ("a pod the extender did not place", time.monotonic())
+        self.metrics.unrecorded.labels(resource).inc()
+        if self.verifier is not None:
+            self.verifier.poke()  # acknowledge it soon, so the extender places no share there
+        return None
+
+    def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str],
+                  size: int) -> Sequence[str] | None:
+        if not M.is_handoff_resource(resource):
+            return None
+        self.consistent_read()  # steer by what the API server says now, not by a lagging watch
+        with self._lock:
+            hint = M.steer(self._pods.values(), self._served, resource, available, must_include, size)
+        if hint is not None or resource == R.GPU_SLOTS:
+            return hint
+        with self._lock:  # a pod without a record: steer away from GPUs records or others hold
+            taken = M.holders(self._pods.values())
+            busy = set(taken) | set(self._bypass)
+        chosen = list(dict.fromkeys(must_include))
+        for d in available:
+            if len(chosen) >= size:
+                break
+            if d not in chosen and M.uuid_of(d) not in busy:
+                chosen.append(d)
+        return chosen if len(chosen) == size else None
+
+    # ---- acknowledgement -----------------------------------------------------------------------
+    def _acknowledge(self, pod_key: str, extra: Mapping[str, Ack] | None = None) -> None:
+        if self.client is None:
+            return
+        ns, name = pod_key.split("/", 1)
+        with self._ack_lock:  # one writer at a time: a later acknowledgement never lands first
+            with self._lock:
+                view = self._pods.get(pod_key)
+                if view is None:
+                    return
+                acks = dict(view.acks)
+                acks.update({c: a for (uid, c), a in self._served.items() if uid == view.uid})
+                if extra:
+                    acks.update(extra)
+                uid = view.uid
+            value = encode_acks(acks)
+            ann = {A.DEVICE_ASSIGNED: value}
+            if self.key is not None:
+                ann[signing.ACK_SIGNATURE] = signing.sign(self.key, uid, self.node, value, kind="ack")
+            try:
+                self.client.patch(Pod, name, {"metadata": {"annotations": ann}}, namespace=ns,
+                                  patch_type=PatchType.MERGE)
+            except Exception as e:  # the served set is in memory; the verifier will write it again
+                log.warning("pod %s: cannot write %s: %s", pod_key, A.DEVICE_ASSIGNED, e)
+                return
+            with self._lock:
+                if (v := self._pods.get(pod_key)) is not None and v.uid == uid:
+                    v.acks = acks
+
+    # ---- verification --------------------------------------------------------------------------
+    def verify(self, holdings: Iterable[Holding]) -> list[str]:
+        """Compare PodResources (grouped per container) with what was served; report and correct."""
+        grouped = group(holdings)
+        with self._lock:
+            pods = dict(self._pods)
+            served = dict(self._served)
+        divergent, bypass = compare(pods, served, grouped)
+        out: list[str] = []
+        for d in divergent:
+            out.append(f"{d.pod_key}: {d.message}")
+            if (d.pod_key, d.container) in self.reported:
+                continue
+            self.reported.add((d.pod_key, d.container))
+            if d.swap:
+                self.metrics.swaps.inc()
+                log.info("handoff on %s: pod %s: %s (identical records taken in another order; "
+                         "acknowledgement corrected)", self.node, d.pod_key, d.message)
+                self._event(d.pod_key, d.uid, "GpuHandoffReordered",
+                            d.message + ", with its own amounts; the acknowledgement now names the kubelet's "
+                            "GPUs", type_="Normal")
+            else:
+                self.metrics.mismatches.inc()
+                log.error("handoff divergence on %s: pod %s: %s", self.node, d.pod_key, d.message)
+                self._event(d.pod_key, d.uid, "GpuHandoffMismatch",
+                            d.message + "; the accounting now follows the kubelet")
+            p = pods.get(d.pod_key)
+            entry = next((e for e in p.entries if e.container == d.container), None) if p else None
+            if entry is not None:
+                gpus = M.kubelet_gpus(d.kubelet_ids)
+                ack = Ack(d.resource, d.kubelet_ids, tuple(self._grant(entry, u) for u in gpus))
+                with self._lock:
+                    self._served[(d.uid, d.container)] = ack
+                self._acknowledge(d.pod_key, {d.container: ack})
+        self._report_collisions(pods)
+        now = time.monotonic()
+        held_now = {g for b in bypass for g in M.kubelet_gpus(b.kubelet_ids)}
+        with self._lock:  # what the kubelet no longer lists, and this process did not serve just now, is free
+            for g in [g for g, (_w, t) in self._bypass.items() if g not in held_now and now - t > BYPASS_GRACE_S]:
+                del self._bypass[g]
+        for b in bypass:
+            gpus = M.kubelet_gpus(b.kubelet_ids)
+            with self._lock:
+                for g in gpus:
+                    self._bypass[g] = (b.pod_key, now)
+                p = self._pods.get(b.pod_key)
+                known = p is not None and b.container in p.acks
+            if not known and all(g in self._gpus for g in gpus):
+                grants = tuple(DeviceGrant(self._gpus[g][0], g, 100, self._gpus[g][1], 100) for g in gpus)
+                self._acknowledge(b.pod_key, {b.container: Ack(b.resource, b.kubelet_ids, grants)})
+        return out
+
+    def _report_collisions(self, pods: Mapping[str, PodView]) -> None:
+        """Live records that put more than a GPU's compute on it: a Warning Event on each pod involved
+        (once) and a metric. The extender holds them all, so the GPU is full for new placements."""
+        for gpu, holders in M.holders(pods.values()).items():
+            total = sum(core for _, core in holders)
+            if total <= 100:
+                continue
+            for key, _core in holders:
+                if (key, gpu) in self.collided:
+                    continue
+                self.collided.add((key, gpu))
+                self.metrics.collisions.inc()
+                view = pods.get(key)
+                self._event(key, view.uid if view else "", "GpuRecordCollision",
+                            f"GPU {M.short(gpu)} carries {total} % compute by the records of "
+                            f"{', '.join(sorted(k for k, _ in holders))}; it is full for new placements")
+
+    def _event(self, pod_key: str, uid: str, reason: str, message: str, type_: str = "Warning") -> None:
+        if self.client is None:
+            return
+        ns, name = pod_key.split("/", 1)
+        try:
+            emit_event(self.client, namespace=ns, kind="Pod", name=name, uid=uid or None, reason=reason,
+                       message=message[:1000], type_=type_, component="kubegpu-node")
+        except Exception as e:
+            log.warning("pod %s: cannot emit the %s Event: %s", pod_key, reason, e)
+
+    # ---- introspection (tests, bench) ----------------------------------------------------------
+    def pending_count(self, resource: str, count: int) -> int:
+        with self._lock:
+            return len(M.pending(self._pods.values(), self._served, resource, count))
+
+
+def make_resolver(client: Client, node: str, *, pod_resources_socket: str = POD_RESOURCES_SOCKET,
+                  verify_interval_s: float = 30.0, registry: CollectorRegistry | None = None,
+                  key: bytes | None = None, inventory: NodeInventory | None = None,
+                  watch_delay_s: float = 0.0) -> HandoffResolver:
+    """The resolver the node daemon plugs into its device plugins: a watch of this node's pods feeds it,
+    a fresh LIST backs every decision the watch cannot make, PodResources verifies it. The record
+    key defaults to the environment's (:func:`kubegpu.model.signing.load_key`). ``watch_delay_s``
+    delays every watch event (tests and the benchmark: a node whose watch lags the kubelet's)."""
+
+    def refresh() -> Iterable[dict[str, Any]]:
+        return [p.to_dict() for p in client.list(Pod, namespace="*", fields={"spec.nodeName": node})]
+
+    resolver = HandoffResolver(node, client=client, refresh=refresh, metrics=HandoffMetrics(registry),
+                               key=key if key is not None else signing.load_key(), inventory=inventory)
+    feed: Callable[[WatchEvent], None] = resolver.on_event
+    if watch_delay_s > 0:
+        def feed(ev: WatchEvent, _apply: Callable[[WatchEvent], None] = resolver.on_event) -> None:
+            t = threading.Timer(watch_delay_s, _apply, args=(ev,))
+            t.daemon = True
+            t.start()
+    resolver.watch = InformerThread(client, Pod, feed, fields={"spec.nodeName": node},
+                                    name=f"handoff-{node}").start()
+    resolver.watch.wait_synced(10)
+    time.sleep(0)  # let the synced events land
+    resolver.verifier = Verifier(resolver, pod_resources_socket, verify_interval_s).start()
+    resolver.pod_resources = lambda: list_pod_resources(pod_resources_socket, timeout_s=1.0)
+    return resolver

@@ -1,0 +1,430 @@
+"""A whole GPU cluster in one process, for the handoff stress test and ``bench/handoff.py``.
+
+The stand-in API server, kubegpu's extender (``ServiceThread``), and per node a stand-in kubelet
+(device manager, PodResources, and the pod loop that admits bound pods in its watch order) with a
+real ``kubegpu node`` daemon (device plugins over unix sockets, the handoff resolver, the Device
+object publisher). Pods are scheduled as kube-scheduler would: pods naming kubegpu's scheduler go
+through the extender's filter, prioritize and bind; the others through a default binder that
+knows only the kubelet's ``nvidia.com/gpu`` count (the pods that bypass the extender).
+
+Knobs the recordings call for: each node daemon's pod watch can lag the kubelet's
+(``watch_lag_s``), the kubelet swaps adjacent admissions (``swap_prob``), and any node daemon or
+the extender can be restarted mid-burst. :meth:`GpuCluster.check` then compares, per container,
+the environment, the kubelet's devices, the record the accounting uses and the acknowledgement.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from kubegpu.inventory.fake import FakeBackend
+from kubegpu.kube import make_client
+from kubegpu.model import resources as R
+from kubegpu.model import signing
+from kubegpu.model.records import read_pod
+from kubegpu.node.config import load_config
+from kubegpu.node.daemon import NodeDaemon
+from kubegpu.node.handoff import HandoffResolver, make_resolver
+from kubegpu.node.kube_publisher import KubeNodePublisher
+from kubegpu.node.options import load_node_options
+from kubegpu.scheduler.service import ServiceThread
+from kubegpu_standins.apiserver import ApiServer
+from kubegpu_standins.kubelet import PodAdmitter, StandinKubelet
+
+log = logging.getLogger(__name__)
+
+SCHEDULER_NAME = "kubegpu-scheduler"
+
+
+@dataclass
+class NodeSpec:
+    name: str
+    topology: str
+    flags: dict[str, Any] = field(default_factory=dict)
+    watch_lag_s: float = 0.0
+
+
+class SimNode:
+    """One GPU node: a stand-in kubelet and the real node daemon talking to it."""
+
+    def __init__(self, spec: NodeSpec, kubeconfig: Path, root: Path, key: bytes | None, swap_prob: float,
+                 seed: int) -> None:
+        self.spec, self.kubeconfig, self.key = spec, kubeconfig, key
+        self.name = spec.name
+        self.dir = root / spec.name
+        self.kubelet = StandinKubelet(self.dir / "dp", seed=seed)
+        self.kubelet.start()
+        self.kubelet.serve_pod_resources(self.dir / "pr.sock")
+        self.flags = {"shared-slots": 20, "device-list-strategy": "envvar", **spec.flags}
+        self.backend = FakeBackend(spec.topology, node_name=spec.name)
+        self.daemon_restarts = 0
+        self._start_daemon()
+        self.admitter = PodAdmitter(self.kubelet, make_client(kubeconfig), spec.name, swap_prob=swap_prob,
+                                    seed=seed).start()
+
+    def _start_daemon(self) -> None:
+        client = make_client(self.kubeconfig)
+        inv = self.backend.discover()
+        self.resolver: HandoffResolver = make_resolver(
+            client, self.name, pod_resources_socket=str(self.dir / "pr.sock"), verify_interval_s=0.3,
+            key=self.key, inventory=inv, watch_delay_s=self.spec.watch_lag_s)
+        publisher = KubeNodePublisher(client, self.name, load_config(flags=self.flags, env={}))
+        settings = {"cdi_dir": str(self.dir / "cdi"), "mig_minors_file": str(self.dir / "mig-minors")}
+
+        def options() -> Any:
+            return load_node_options(self.flags, {}, settings=settings, plugin_dir=str(self.dir / "dp"),
+                                     stream_wait_s=2.0, resync_s=0.2)
+
+        self.daemon = NodeDaemon(self.backend, options, publisher=publisher, resolver=self.resolver)
+        self.daemon.start()
+
+    def wait_registered(self, timeout_s: float = 15.0) -> bool:
+        want = [r.resource for r in self.daemon.servers]
+        return all(self.kubelet.wait_registered(r, timeout_s=timeout_s, count=self.daemon_restarts + 1)
+                   for r in want)
+
+    def restart_daemon(self) -> None:
+        """The node daemon stops (its sockets go, the kubelet's streams end) and starts again, learning
+        every pod from a LIST; the kubelet meanwhile fails nothing it has admitted."""
+        self.daemon.stop()
+        self.resolver.close()
+        self.daemon_restarts += 1
+        self._start_daemon()
+
+    def stop(self) -> None:
+        self.admitter.stop()
+        self.daemon.stop()
+        self.resolver.close()
+        self.kubelet.stop()
+        self.backend.close()
+
+
+@dataclass
+class ContainerCheck:
+    pod: str
+    container: str
+    outcome: str  # "served", "refused", "pending"
+    env_gpus: tuple[str, ...] = ()
+    kubelet_gpus: tuple[str, ...] = ()
+    record_gpus: tuple[str, ...] = ()
+    ack_gpus: tuple[str, ...] = ()
+    reason: str = ""
+    forged: bool = False
+    env_core: str = ""
+    record_core: str = ""
+
+    @property
+    def divergent(self) -> bool:
+        if self.outcome != "served":
+            return False
+        same = set(self.env_gpus) == set(self.kubelet_gpus) == set(self.record_gpus) == set(self.ack_gpus)
+        return not same or (self.record_core != "" and self.env_core != self.record_core)
+
+
+class GpuCluster:
+    def __init__(self, nodes: list[NodeSpec], *, key: bytes | None = b"kubegpu-test-record-key-0123456789",
+                 swap_prob: float = 0.3, seed: int = 0, root: Path | None = None) -> None:
+        self.specs, self.key, self.swap_prob, self.seed = nodes, key, swap_prob, seed
+        self.root = root or Path(tempfile.mkdtemp(prefix="kgc-", dir="/tmp"))  # short unix socket paths
+        self.api = ApiServer(history=20000).start()
+        self.nodes: dict[str, SimNode] = {}
+        self.ext: ServiceThread | None = None
+        self.http = httpx.Client(timeout=20)
+        self._stop = threading.Event()
+        self._sched: threading.Thread | None = None
+        self.extender_restarts = 0
+        self.schedule_errors: list[str] = []
+        self.why_pending: dict[str, str] = {}  # pod -> the extender's last filter failures
+        self._env_before = os.environ.get(signing.KEY_ENV)
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> GpuCluster:
+        if self.key is not None:
+            os.environ[signing.KEY_ENV] = self.key.decode()  # the extender reads it (as from a Secret)
+        self.kubeconfig = self.api.write_kubeconfig(self.root / "kubeconfig")
+        self.client = make_client(self.kubeconfig)
+        for i, spec in enumerate(self.specs):
+            self.api.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": spec.name}})
+            self.nodes[spec.name] = SimNode(spec, self.kubeconfig, self.root, self.key, self.swap_prob,
+                                            self.seed + i)
+        for n in self.nodes.values():
+            if not n.wait_registered():
+                raise RuntimeError(f"node {n.name}: plugins did not register with the stand-in kubelet")
+        self._start_extender()
+        self._sched = threading.Thread(target=self._schedule_loop, name="standin-scheduler", daemon=True)
+        self._sched.start()
+        return self
+
+    def _start_extender(self) -> None:
+        self.ext = ServiceThread(self.kubeconfig).start()
+        deadline = time.monotonic() + 20
+        ext = self.ext
+        while ext.call(lambda: sum(r.state is not None for r in ext.service.view.nodes.values())) < len(self.nodes):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the extender did not see every Device object")
+            time.sleep(0.05)
+
+    def restart_extender(self) -> None:
+        """The extender stops and starts again, rebuilding its accounting from the pods."""
+        assert self.ext is not None
+        old, self.ext = self.ext, None
+        old.stop()
+        self.extender_restarts += 1
+        self._start_extender()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._sched is not None:
+            self._sched.join(timeout=5)
+        if self.ext is not None:
+            self.ext.stop()
+        for n in self.nodes.values():
+            n.stop()
+        self.api.stop()
+        if self._env_before is None:
+            os.environ.pop(signing.KEY_ENV, None)
+        else:
+            os.environ[signing.KEY_ENV] = self._env_before
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> GpuCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- scheduling ----------------------------------------------------------------------------
+    def create(self, pod: dict[str, Any]) -> dict[str, Any]:
+        return self.api.put_object(pod)
+
+    def _schedule_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.schedule_once()
+            except Exception as exc:  # a restart in progress: try again on the next pass
+                self.schedule_errors.append(str(exc)[:200])
+            self._stop.wait(0.05)
+
+    def schedule_once(self) -> int:
+        bound = 0
+        pending = [p for p in self.api.objects("pods")
+                   if not (p.get("spec") or {}).get("nodeName") and (p.get("status") or {}).get("phase") == "Pending"]
+        pending.sort(key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]))
+        for pod in pending:
+            if self._stop.is_set():
+                break
+            if pod["spec"].get("schedulerName") == SCHEDULER_NAME:
+                bound += self._via_extender(pod)
+            else:
+                bound += self._default_bind(pod)
+        return bound
+
+    def _via_extender(self, pod: dict[str, Any]) -> int:
+        ext = self.ext
+        if ext is None:
+            return 0
+        names = [n for n, node in self.nodes.items() if self._allocatable(node, pod)]
+        if not names:
+            return 0
+        args = {"Pod": pod, "Nodes": None, "NodeNames": names}
+        out = self.http.post(f"{ext.url}/scheduler/filter", json=args).json()
+        passed = out.get("NodeNames") or []
+        if not passed:
+            self.why_pending[pod["metadata"]["name"]] = str(out.get("FailedNodes") or out.get("Error"))[:300]
+            return 0
+        best = passed[0]
+        if len(passed) > 1:
+            scores = self.http.post(f"{ext.url}/scheduler/prioritize", json={**args, "NodeNames": passed}).json()
+            best = max(scores, key=lambda h: (h["Score"], h["Host"]))["Host"]
+        meta = pod["metadata"]
+        r = self.http.post(f"{ext.url}/scheduler/bind", json={
+            "PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": best}).json()
+        return 1 if not r.get("Error") else 0
+
+    @staticmethod
+    def _allocatable(node: SimNode, pod: dict[str, Any]) -> bool:
+        """kube-scheduler's in-tree fit on what the kubelet reports: a resource whose plugin is away
+        (allocatable 0) rules the node out."""
+        for c in [*(pod["spec"].get("containers") or []), *(pod["spec"].get("initContainers") or [])]:
+            for res, qty in ((c.get("resources") or {}).get("limits") or {}).items():
+                if (res in (R.NVIDIA_GPU, R.GPU_SLOTS) or res.startswith(R.NVIDIA_MIG_PREFIX)) and \
+                        node.kubelet.allocatable(res) < int(str(qty)):
+                    return False
+        return True
+
+    def _default_bind(self, pod: dict[str, Any]) -> int:
+        """kube-scheduler's default profile: it knows the kubelet's nvidia.com/gpu count, not shares."""
+        from kubegpu.kube.writes import bind_pod
+
+        want = sum(int(str(((c.get("resources") or {}).get("limits") or {}).get(R.NVIDIA_GPU, 0)))
+                   for c in pod["spec"].get("containers") or [])
+        bound_gpu: dict[str, int] = {}
+        for p in self.api.objects("pods"):
+            n = (p.get("spec") or {}).get("nodeName")
+            if n and (p.get("status") or {}).get("phase") not in ("Failed", "Succeeded"):
+                bound_gpu[n] = bound_gpu.get(n, 0) + sum(
+                    int(str(((c.get("resources") or {}).get("limits") or {}).get(R.NVIDIA_GPU, 0)))
+                    for c in p["spec"].get("containers") or [])
+        for name, node in self.nodes.items():
+            if node.kubelet.allocatable(R.NVIDIA_GPU) - bound_gpu.get(name, 0) >= want:
+                meta = pod["metadata"]
+                bind_pod(self.client, meta["namespace"], meta["name"], meta["uid"], name)
+                return 1
+        return 0
+
+    # ---- checks --------------------------------------------------------------------------------
+    def settled(self, names: set[str], timeout_s: float = 40.0, idle_s: float = 0.0) -> bool:
+        """Every named pod admitted or failed by its kubelet. False after ``timeout_s``, or once
+        ``idle_s`` (if set) passed with the rest unbound and nothing changing (they do not fit)."""
+        deadline = time.monotonic() + timeout_s
+        last: tuple[str, ...] = ()
+        since = time.monotonic()
+        while time.monotonic() < deadline:
+            pods = {p["metadata"]["name"]: p for p in self.api.objects("pods")}
+            phases = {n: (p.get("status") or {}).get("phase") for n, p in pods.items()}
+            if all(phases.get(n) in ("Running", "Failed") for n in names):
+                return True
+            left = tuple(sorted(n for n in names if phases.get(n) not in ("Running", "Failed")))
+            if left != last:
+                last, since = left, time.monotonic()
+            elif idle_s and time.monotonic() - since > idle_s and not any(
+                    (pods.get(n, {}).get("spec") or {}).get("nodeName") for n in left):
+                return False
+            time.sleep(0.1)
+        log.warning("not settled: %s", {n: self.why_pending.get(n, "") for n in names
+                                         if phases.get(n) not in ("Running", "Failed")})
+        return False
+
+    def quiesce(self, timeout_s: float = 10.0) -> bool:
+        """Run every node's PodResources verification until none finds anything left to correct."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            problems = []
+            for n in self.nodes.values():
+                if n.resolver.verifier is not None:
+                    problems += n.resolver.verifier.check()
+            if not problems:
+                return True
+            time.sleep(0.1)
+        return False
+
+    def check(self) -> list[ContainerCheck]:
+        """Per GPU container of every bound pod: environment, kubelet devices, the record the accounting
+        uses (record moved to acknowledged GPUs) and the acknowledgement."""
+        out: list[ContainerCheck] = []
+        for pod in self.api.objects("pods"):
+            meta = pod["metadata"]
+            key = f"{meta['namespace']}/{meta['name']}"
+            node = self.nodes.get((pod.get("spec") or {}).get("nodeName") or "")
+            if node is None:
+                continue
+            recs = read_pod(pod, self.key)
+            alloc = recs.allocation()
+            result = node.admitter.results.get(key)
+            for c in pod["spec"].get("containers") or []:
+                limits = (c.get("resources") or {}).get("limits") or {}
+                resources = [r for r in limits if r in (R.NVIDIA_GPU, R.GPU_SLOTS) or r.startswith(R.NVIDIA_MIG_PREFIX)]
+                if not resources:
+                    continue
+                name = c["name"]
+                chk = ContainerCheck(key, name, "pending", forged=recs.forged)
+                if result is not None and not result.ok:
+                    chk.outcome, chk.reason = "refused", result.reason
+                elif result is not None:
+                    chk.outcome = "served"
+                    got = result.containers.get(name, {})
+                    envs: dict[str, str] = {}
+                    kub: list[str] = []
+                    for a in got.values():
+                        envs.update(a.response.envs)
+                        kub.extend(i.split("::", 1)[0] for i in a.device_ids)
+                    vis = envs.get("NVIDIA_VISIBLE_DEVICES", "")
+                    chk.env_gpus = tuple(v for v in vis.split(",") if v)
+                    chk.env_core = envs.get("KUBEGPU_GPU_CORE_PERCENT", "")
+                    chk.kubelet_gpus = tuple(kub)
+                    rec = alloc.for_container(name) if alloc is not None else None
+                    if rec is not None:
+                        chk.record_gpus = tuple(g.mig_uuid or g.uuid for g in rec.grants)
+                        if R.GPU_SLOTS in limits:
+                            chk.record_core = ",".join(dict.fromkeys(str(g.core) for g in rec.grants))
+                    ack = recs.acks.get(name)
+                    if ack is not None:
+                        chk.ack_gpus = tuple(g.mig_uuid or g.uuid for g in ack.grants) or tuple(
+                            d.split("::", 1)[0] for d in ack.devices)
+                out.append(chk)
+        return out
+
+    def overcommitted(self) -> list[str]:
+        """GPUs above 100 % compute or their memory, by what the containers were actually served."""
+        use: dict[tuple[str, str], list[int]] = {}
+        who: dict[tuple[str, str], list[str]] = {}
+        mem_cap: dict[str, int] = {}
+        for n in self.nodes.values():
+            for g in n.backend.discover().gpus:
+                mem_cap[g.uuid] = g.memory_bytes
+        for n in self.nodes.values():
+            for res in n.admitter.results.values():
+                if not res.ok:
+                    continue
+                pod = next((p for p in self.api.objects("pods")
+                            if f"{p['metadata']['namespace']}/{p['metadata']['name']}" == res.pod), None)
+                if pod is None:
+                    continue
+                apps = {c["name"] for c in pod["spec"].get("containers") or []}
+                for cname, per in res.containers.items():
+                    if cname not in apps:
+                        continue  # init containers ran before, not beside, the app containers
+                    for a in per.values():
+                        envs = a.response.envs
+                        gpus = [g for g in envs.get("NVIDIA_VISIBLE_DEVICES", "").split(",") if g]
+                        cores = _per_gpu(envs.get("KUBEGPU_GPU_CORE_PERCENT", "100"), len(gpus))
+                        mems = _per_gpu(envs.get("KUBEGPU_GPU_MEMORY_BYTES", "0"), len(gpus))
+                        for g, core, mem in zip(gpus, cores, mems, strict=False):
+                            u = use.setdefault((n.name, g), [0, 0])
+                            u[0] += core
+                            u[1] += mem or mem_cap.get(g, 0)
+                            who.setdefault((n.name, g), []).append(f"{res.pod}/{cname}:{core}")
+        return [f"{node}/{g}: {c} % compute, {m} bytes ({', '.join(who[(node, g)])})"
+                for (node, g), (c, m) in use.items() if c > 100 or (g in mem_cap and m > mem_cap[g])]
+
+
+def _per_gpu(value: str, n: int) -> list[int]:
+    parts = [int(x) for x in value.split(",") if x.strip().lstrip("-").isdigit()]
+    if len(parts) == 1:
+        return parts * n
+    return parts
+
+
+def pod(name: str, *containers: Mapping[str, str], init: list[Mapping[str, str]] | None = None,
+        scheduler: str | None = SCHEDULER_NAME, namespace: str = "default",
+        annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": f"c{i}", "image": "cuda", "resources": {"limits": dict(lim)}}
+                                           for i, lim in enumerate(containers)]}
+    if init:
+        spec["initContainers"] = [{"name": f"i{i}", "image": "cuda", "resources": {"limits": dict(lim)}}
+                                  for i, lim in enumerate(init)]
+    if scheduler:
+        spec["schedulerName"] = scheduler
+    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def share(core: int, k: int = 1, ratio: int | None = None) -> dict[str, str]:
+    return {R.GPU_CORE: str(core * k), R.GPU_MEMORY_RATIO: str((ratio or core) * k), R.GPU_SLOTS: str(k)}
+
+
+def whole(n: int = 1) -> dict[str, str]:
+    return {R.NVIDIA_GPU: str(n)}

@@ -1,0 +1,90 @@
+"""The extender's side of the handoff, on its ``ClusterView``: signed records only, Kubernetes'
+init-container rule, acknowledged GPUs of pods it did not place, collisions held, one waiting pod per
+(resource, count) and node."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kubegpu.inventory.fake import FakeBackend
+from kubegpu.model import annotations as A
+from kubegpu.model import resources as R
+from kubegpu.model import signing
+from kubegpu.model.allocation import ContainerAllocation, DeviceGrant, PodAllocation, encode
+from kubegpu.model.records import Ack, encode_acks
+from kubegpu.scheduler.state import ClusterView
+
+KEY = b"extender-test-key-0123456789abcd"
+
+
+@pytest.fixture
+def view(monkeypatch: pytest.MonkeyPatch) -> ClusterView:
+    monkeypatch.setenv(signing.KEY_ENV, KEY.decode())
+    monkeypatch.delenv("KUBEGPU_HANDOFF_WAIT", raising=False)
+    v = ClusterView()
+    v.set_inventory("n", FakeBackend("t4x4", node_name="n").discover())
+    return v
+
+
+def spec_pod(name: str, limits: dict[str, str], alloc: PodAllocation | None = None, *, acks: dict | None = None,
+             init: dict[str, str] | None = None, sign: bool = True) -> dict[str, Any]:
+    ann: dict[str, str] = {}
+    if alloc is not None:
+        value = encode(alloc)
+        ann[A.DEVICE_ALLOCATED] = value
+        if sign:
+            ann[signing.RECORD_SIGNATURE] = signing.sign(KEY, name, "n", value)
+    if acks is not None:
+        value = encode_acks(acks)
+        ann[A.DEVICE_ASSIGNED] = value
+        ann[signing.ACK_SIGNATURE] = signing.sign(KEY, name, "n", value, kind="ack")
+    spec: dict[str, Any] = {"nodeName": "n", "containers": [{"name": "c", "resources": {"limits": limits}}]}
+    if init:
+        spec["initContainers"] = [{"name": "i", "resources": {"limits": init}}]
+    return {"metadata": {"name": name, "namespace": "d", "uid": name, "annotations": ann}, "spec": spec,
+            "status": {"phase": "Running"}}
+
+
+def share(view: ClusterView, j: int, core: int) -> DeviceGrant:
+    g = view.nodes["n"].inventory.gpus[j]  # type: ignore[union-attr]
+    return DeviceGrant(g.minor, g.uuid, core, g.memory_bytes * core // 100, core)
+
+
+def test_records_count_by_the_init_rule_and_forged_ones_not_at_all(view: ClusterView) -> None:
+    st = view.nodes["n"].state
+    a = share(view, 0, 80)
+    init = PodAllocation((ContainerAllocation("i", (a,), init=True), ContainerAllocation("c", (share(view, 0, 20),))))
+    view.observe_pod(spec_pod("p", {R.GPU_CORE: "20", R.GPU_MEMORY_RATIO: "20", R.GPU_SLOTS: "1"}, init,
+                              init={R.GPU_CORE: "80", R.GPU_MEMORY_RATIO: "80", R.GPU_SLOTS: "1"}))
+    assert st.core_free(a.uuid) == 20  # 100 - max(80, 20)
+    forged = PodAllocation((ContainerAllocation("c", tuple(share(view, j, 100) for j in range(4))),))
+    view.observe_pod(spec_pod("f", {R.NVIDIA_GPU: "4"}, forged, sign=False))
+    assert view.forged == 1 and ("d/f" not in view.held or view.held["d/f"].alloc.grants() == ())
+    assert st.core_free(view.nodes["n"].inventory.gpus[1].uuid) == 100  # type: ignore[union-attr]
+
+
+def test_acknowledged_default_scheduler_pods_are_held(view: ClusterView) -> None:
+    g = share(view, 2, 100)
+    view.observe_pod(spec_pod("plain", {R.NVIDIA_GPU: "1"}, acks={"c": Ack(R.NVIDIA_GPU, (g.uuid,), (g,))}))
+    assert view.nodes["n"].state.core_free(g.uuid) == 0
+    out = view.filter(spec_pod("s", {R.GPU_CORE: "10", R.GPU_MEMORY_RATIO: "10", R.GPU_SLOTS: "1"}), ["n"], "kubegpu")
+    assert out.passed == ["n"]  # another GPU, not GPU 2
+    alloc, _ = view.choose(spec_pod("s", {R.GPU_CORE: "10", R.GPU_MEMORY_RATIO: "10", R.GPU_SLOTS: "1"}),
+                           "n", "kubegpu")
+    assert alloc is not None and g.uuid not in {x.uuid for x in alloc.grants()}
+
+
+def test_one_waiting_pod_per_resource_and_count_on_a_node(view: ClusterView) -> None:
+    one = {R.NVIDIA_GPU: "1"}
+    rec = PodAllocation((ContainerAllocation("c", (share(view, 0, 100),)),))
+    waiting = spec_pod("w", one, rec)
+    view.observe_pod(waiting)
+    out = view.filter(spec_pod("x", one), ["n"], "kubegpu")
+    assert out.passed == [] and "being handed to the kubelet" in out.failed["n"]
+    two = view.filter(spec_pod("y", {R.NVIDIA_GPU: "2"}), ["n"], "kubegpu")
+    assert two.passed == ["n"]  # another count: the kubelet's calls tell them apart
+    g = rec.grants()[0]
+    view.observe_pod(spec_pod("w", one, rec, acks={"c": Ack(R.NVIDIA_GPU, (g.uuid,), (g,))}))  # served
+    assert view.filter(spec_pod("x", one), ["n"], "kubegpu").passed == ["n"]

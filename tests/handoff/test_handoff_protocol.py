@@ -1,0 +1,200 @@
+"""The node side of the handoff, rule by rule: an Allocate is served only as the signed record naming
+exactly the kubelet's GPUs; a lagging view reads consistently; a lagging watch never resurrects a pod;
+forged records get nothing; whole GPUs never land on shared ones; the verifier groups PodResources
+entries per container (the recorded v1.24 kubelet lists one entry per device)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kubegpu.model import annotations as A
+from kubegpu.model import resources as R
+from kubegpu.model import signing
+from kubegpu.model.allocation import ContainerAllocation, DeviceGrant, PodAllocation, encode
+from kubegpu.model.records import decode_acks
+from kubegpu.node.handoff import HandoffResolver
+from kubegpu.node.resolver import AllocationRefused
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "handoff"
+KEY = b"a-test-record-key-of-32-bytes-ok"
+NODE = "n1"
+GA, GB, GC = "GPU-aaaa", "GPU-bbbb", "GPU-cccc"
+
+
+def grant(uuid: str, core: int = 25, minor: int = 0) -> DeviceGrant:
+    return DeviceGrant(minor, uuid, core, core * 2**28, core)
+
+
+def bound(name: str, limits: dict[str, str], alloc: PodAllocation | None, *, uid: str | None = None,
+          key: bytes | None = KEY, rv: int = 1, phase: str = "Pending", init: dict[str, str] | None = None,
+          signature: str | None = None) -> dict[str, Any]:
+    uid = uid or f"uid-{name}"
+    ann: dict[str, str] = {}
+    if alloc is not None:
+        value = encode(alloc)
+        ann[A.DEVICE_ALLOCATED] = value
+        ann[signing.RECORD_SIGNATURE] = signature if signature is not None else (
+            signing.sign(key, uid, NODE, value) if key else "")
+    spec: dict[str, Any] = {"nodeName": NODE, "containers": [
+        {"name": "c0", "resources": {"limits": limits}}]}
+    if init:
+        spec["initContainers"] = [{"name": "i0", "resources": {"limits": init}}]
+    return {"metadata": {"name": name, "namespace": "default", "uid": uid, "annotations": ann,
+                         "creationTimestamp": "2026-11-24T01:00:00Z", "resourceVersion": str(rv)},
+            "spec": spec, "status": {"phase": phase}}
+
+
+SHARE = {R.GPU_CORE: "25", R.GPU_MEMORY_RATIO: "25", R.GPU_SLOTS: "1"}
+WHOLE = {R.NVIDIA_GPU: "1"}
+
+
+def one(uuid: str, core: int = 25) -> PodAllocation:
+    return PodAllocation((ContainerAllocation("c0", (grant(uuid, core),)),))
+
+
+def test_allocate_serves_only_the_record_naming_the_kubelets_gpus() -> None:
+    r = HandoffResolver(NODE, key=KEY)
+    r.observe(bound("p-a", SHARE, one(GA)))
+    r.observe(bound("p-b", SHARE, one(GB, 30)))
+    got = r.resolve(R.GPU_SLOTS, [f"{GB}::5"])
+    assert got is not None and got.pod == "default/p-b" and got.uuids == (GB,)
+    assert got.gpus[0].core_percent == 30
+    with pytest.raises(AllocationRefused, match=r"no pod bound to n1 has a signed, unserved record naming exactly"):
+        r.resolve(R.GPU_SLOTS, [f"{GC}::0"])
+    # Served once: the same GPUs again find nothing to serve.
+    with pytest.raises(AllocationRefused):
+        r.resolve(R.GPU_SLOTS, [f"{GB}::6"])
+    # GetPreferredAllocation steers to the remaining record's GPU.
+    assert r.preferred(R.GPU_SLOTS, [f"{GB}::1", f"{GA}::2", f"{GC}::3"], [], 1) == [f"{GA}::2"]
+
+
+def test_a_lagging_view_reads_the_api_server_before_deciding() -> None:
+    pods = [bound("late", SHARE, one(GC))]
+    r = HandoffResolver(NODE, key=KEY, refresh=lambda: pods)  # the watch has shown nothing yet
+    assert r.preferred(R.GPU_SLOTS, [f"{GA}::0", f"{GC}::1"], [], 1) == [f"{GC}::1"]
+    got = r.resolve(R.GPU_SLOTS, [f"{GC}::1"])
+    assert got is not None and got.pod == "default/late"
+    assert r.metrics.consistent_reads._value.get() >= 1
+
+
+def test_a_lagging_watch_never_brings_back_a_deleted_pod() -> None:
+    listed: list[dict[str, Any]] = []
+    r = HandoffResolver(NODE, key=KEY, refresh=lambda: listed)
+    old = bound("gone", SHARE, one(GA), rv=5)
+    r.observe(old)
+    assert r.consistent_read()  # the API server no longer has it
+    r.observe(old)  # the same old state, delivered late by the watch
+    with pytest.raises(AllocationRefused):
+        r.resolve(R.GPU_SLOTS, [f"{GA}::0"])
+    # An older state of a live pod is ignored too.
+    live = bound("live", SHARE, one(GB), rv=9, uid="u-live")
+    listed.append(live)
+    r.observe(live)
+    r.observe(bound("live", SHARE, None, rv=3, uid="u-live"))  # an older state: ignored
+    with r._lock:
+        assert r._pods["default/live"].entries
+    r._refresh = None  # the API server unreachable: the local view decides
+    assert r.resolve(R.GPU_SLOTS, [f"{GB}::0"]) is not None
+
+
+def test_forged_records_get_nothing() -> None:
+    r = HandoffResolver(NODE, key=KEY)
+    r.observe(bound("forged", SHARE, one(GA), signature="0" * 64))
+    r.observe(bound("wrong-key", SHARE, one(GB), key=b"someone-elses-key-0123456789"))
+    copied = bound("victim", SHARE, one(GC))
+    thief = bound("thief", SHARE, None)
+    thief["metadata"]["annotations"] = dict(copied["metadata"]["annotations"])  # another pod's signed record
+    r.observe(thief)
+    for gpu in (GA, GB, GC):
+        with pytest.raises(AllocationRefused):
+            r.resolve(R.GPU_SLOTS, [f"{gpu}::0"])
+    assert r.metrics.forged._value.get() == 3
+
+
+def test_whole_gpus_never_land_on_shared_ones_and_shares_never_on_whole() -> None:
+    r = HandoffResolver(NODE, key=KEY)
+    r.observe(bound("share", SHARE, one(GA), phase="Running"))
+    assert r.resolve(R.GPU_SLOTS, [f"{GA}::0"]) is not None
+    # A pod the extender did not place: GetPreferredAllocation steers it off the shared GPU ...
+    assert r.preferred(R.NVIDIA_GPU, [GA, GB], [], 1) == [GB]
+    # ... and a kubelet that gives it the shared GPU anyway is refused with the reason.
+    with pytest.raises(AllocationRefused, match=r"carries a 25 % share of default/share"):
+        r.resolve(R.NVIDIA_GPU, [GA])
+    assert r.resolve(R.NVIDIA_GPU, [GB]) is None  # a free GPU: served as asked
+    r.observe(bound("later", SHARE, one(GB)))
+    with pytest.raises(AllocationRefused, match=r"held whole by"):
+        r.resolve(R.GPU_SLOTS, [f"{GB}::1"])
+
+
+def test_a_pod_without_record_waiting_beside_a_record_makes_the_call_ambiguous() -> None:
+    r = HandoffResolver(NODE, key=KEY)
+    r.observe(bound("recorded", WHOLE, PodAllocation((ContainerAllocation("c0", (grant(GA, 100),)),))))
+    r.observe(bound("plain", WHOLE, None))
+    with pytest.raises(AllocationRefused, match=r"without a kubegpu record"):
+        r.resolve(R.NVIDIA_GPU, [GA])
+    with pytest.raises(AllocationRefused, match=r"no waiting record names"):
+        r.resolve(R.NVIDIA_GPU, [GB])
+
+
+def test_init_container_devices_are_reused_by_the_app_container() -> None:
+    r = HandoffResolver(NODE, key=KEY)
+    alloc = PodAllocation((ContainerAllocation("i0", (grant(GA, 100),), init=True),
+                           ContainerAllocation("c0", (grant(GA, 100),))))
+    r.observe(bound("init", WHOLE, alloc, init=WHOLE))
+    assert r.preferred(R.NVIDIA_GPU, [GA, GB], [], 1) == [GA]
+    first = r.resolve(R.NVIDIA_GPU, [GA])
+    second = r.resolve(R.NVIDIA_GPU, [GA])  # no GetPreferredAllocation: the kubelet reuses the init device
+    assert (first.container, second.container) == ("i0", "c0")
+
+
+def _podresources_text(path: Path) -> list[tuple[str, str, str, str, list[str]]]:
+    """The recorded protobuf text of one pod's PodResources entry -> holdings rows."""
+    text = path.read_text()
+    ns = re.search(r'namespace: "([^"]+)"', text).group(1)  # type: ignore[union-attr]
+    name = re.search(r'^name: "([^"]+)"', text, re.M).group(1)  # type: ignore[union-attr]
+    container = re.search(r'containers \{\s*name: "([^"]+)"', text).group(1)  # type: ignore[union-attr]
+    rows = []
+    for res, dev in re.findall(r'resource_name: "([^"]+)"\s*device_ids: "([^"]+)"', text):
+        rows.append((ns, name, container, res, [dev]))
+    return rows
+
+
+def test_verifier_groups_the_kubelets_one_entry_per_device() -> None:
+    rows = _podresources_text(FIXTURES / "podresources-two-gpu-container.txt")
+    assert len(rows) == 2  # the real kubelet: one entry per device for a 2-GPU container
+    gpus = [r[4][0] for r in rows]
+    alloc = PodAllocation((ContainerAllocation("main", tuple(grant(g, 100, i) for i, g in enumerate(gpus))),))
+    pod = bound("m-two-gpu", {R.NVIDIA_GPU: "2"}, alloc)
+    pod["spec"]["containers"][0]["name"] = "main"
+    r = HandoffResolver(NODE, key=KEY)
+    r.observe(pod)
+    assert r.resolve(R.NVIDIA_GPU, list(reversed(gpus))) is not None
+    assert r.verify(rows) == []  # no false alarm for a multi-GPU container
+    assert r.metrics.mismatches._value.get() == 0
+    # A real divergence: the kubelet says the container holds another GPU.
+    wrong = [(rows[0][0], rows[0][1], "main", R.NVIDIA_GPU, [gpus[0]]), (rows[0][0], rows[0][1], "main",
+                                                                        R.NVIDIA_GPU, ["GPU-other"])]
+    problems = r.verify(wrong)
+    assert len(problems) == 1 and "the kubelet holds" in problems[0]
+    assert r.metrics.mismatches._value.get() == 1
+    # Reported once; what was served now follows the kubelet, so the next pass is quiet.
+    assert r.verify(wrong) == [] and r.metrics.mismatches._value.get() == 1
+
+
+def test_acknowledgements_are_signed_and_read_back() -> None:
+    from kubegpu.model.records import Ack, encode_acks, read_pod
+
+    pod = bound("acked", SHARE, one(GA))
+    value = encode_acks({"c0": Ack(R.GPU_SLOTS, (f"{GB}::1",), (grant(GB),))})
+    pod["metadata"]["annotations"][A.DEVICE_ASSIGNED] = value
+    pod["metadata"]["annotations"][signing.ACK_SIGNATURE] = signing.sign(KEY, "uid-acked", NODE, value, kind="ack")
+    recs = read_pod(pod, KEY)
+    assert recs.problems == () and decode_acks(value)["c0"].devices == (f"{GB}::1",)
+    alloc = recs.allocation()
+    assert alloc is not None and alloc.grants()[0].uuid == GB  # the accounting follows the kubelet
+    pod["metadata"]["annotations"][signing.ACK_SIGNATURE] = "f" * 64
+    assert read_pod(pod, KEY).allocation().grants()[0].uuid == GA  # an unsigned ack is ignored
