@@ -27,6 +27,9 @@ NODE_NAME_EXTRA: Final = "authentication.kubernetes.io/node-name"
 EXTENDER_SA: Final = "kubegpu-scheduler-extender"
 DEVICE_ALLOCATED: Final = "kubegpu.io/device-allocated"
 DEVICE_ASSIGNED: Final = "kubegpu.io/device-assigned"
+# Their HMACs (model/signing.py), written with them by the same writer.
+ALLOCATED_KEYS: Final = (DEVICE_ALLOCATED, "kubegpu.io/device-allocated-signature")
+ASSIGNED_KEYS: Final = (DEVICE_ASSIGNED, "kubegpu.io/device-assigned-signature")
 # Label prefixes the node daemon publishes (GPU feature discovery's keys, kubegpu's, the legacy model label).
 NODE_LABEL_PREFIXES: Final = ("nvidia.com/", "kubegpu.io/", "alpha.kubernetes.io/nvidia-gpu")
 
@@ -130,9 +133,9 @@ def node_restriction_policy(namespace: str, labels: dict[str, str], node_sa: str
                            "has(oldObject.spec.nodeName) && oldObject.spec.nodeName == variables.nodeName && "
                            "object.spec == oldObject.spec && "
                            + _only_changed(f"({_annotations('object')})", f"({_annotations('oldObject')})",
-                                           f"k == '{DEVICE_ASSIGNED}'") + ")",
+                                           " || ".join(f"k == '{k}'" for k in ASSIGNED_KEYS)) + ")",
              "messageExpression": "'kubegpu-node on ' + variables.nodeName + ' may change only the "
-                                  f"{DEVICE_ASSIGNED} annotation of pods bound to its node'",
+                                  f"{DEVICE_ASSIGNED} annotation (and its signature) of pods bound to its node'",
              "reason": "Forbidden"},
         ],
     }
@@ -158,15 +161,15 @@ def record_writers_policy(namespace: str, labels: dict[str, str], node_sa: str =
         "matchConditions": [
             {"name": "carries-a-record", "expression":
                 f"[{_annotations('object')}, request.operation == 'CREATE' ? {{}} : ({_annotations('oldObject')})]"
-                f".exists(a, '{DEVICE_ALLOCATED}' in a || '{DEVICE_ASSIGNED}' in a)"},
+                ".exists(a, " + " || ".join(f"'{k}' in a" for k in (*ALLOCATED_KEYS, *ASSIGNED_KEYS)) + ")"},
         ],
         "validations": [
-            {"expression": f"request.userInfo.username == '{extender}' || {unchanged(DEVICE_ALLOCATED)}",
-             "message": f"only kubegpu's scheduler extender may write the {DEVICE_ALLOCATED} annotation",
-             "reason": "Forbidden"},
-            {"expression": f"request.userInfo.username == '{node}' || {unchanged(DEVICE_ASSIGNED)}",
-             "message": f"only kubegpu's node daemon may write the {DEVICE_ASSIGNED} annotation",
-             "reason": "Forbidden"},
+            *({"expression": f"request.userInfo.username == '{extender}' || {unchanged(k)}",
+               "message": f"only kubegpu's scheduler extender may write the {k} annotation",
+               "reason": "Forbidden"} for k in ALLOCATED_KEYS),
+            *({"expression": f"request.userInfo.username == '{node}' || {unchanged(k)}",
+               "message": f"only kubegpu's node daemon may write the {k} annotation",
+               "reason": "Forbidden"} for k in ASSIGNED_KEYS),
         ],
     }
     return _vap("kubegpu-record-writers", labels, spec)
