@@ -177,6 +177,7 @@ def node_objects(v: Values) -> list[Obj]:
         v, "node", args, v.resources, env=env, volumeMounts=mounts,
         ports=[{"name": "metrics", "containerPort": v.metrics_port}],
         securityContext=v.security_context if v.security_context is not None else node_security_context(v),
+        **node_probes(),
     )
     pod_spec: Obj = {
         # Root (the image's default user is 65532): the kubelet's device-plugin directory and /var/run/cdi
@@ -196,9 +197,9 @@ def node_objects(v: Values) -> list[Obj]:
         pod_spec["runtimeClassName"] = v.runtime_class_name
     if v.image_pull_secrets:
         pod_spec["imagePullSecrets"] = v.image_pull_secrets
-    template_meta: Obj = {"labels": _selector("node")}
-    if v.pod_annotations:
-        template_meta["annotations"] = dict(v.pod_annotations)
+    # Prometheus' pod discovery convention; the values' podAnnotations win (NVIDIA's chart key).
+    template_meta: Obj = {"labels": _selector("node"),
+                          "annotations": {**scrape_annotations(v.metrics_port), **v.pod_annotations}}
     objs.append({
         "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": _meta(name, v, "node"),
         "spec": {
@@ -207,7 +208,42 @@ def node_objects(v: Values) -> list[Obj]:
             "template": {"metadata": template_meta, "spec": pod_spec},
         },
     })
+    objs.append(node_metrics_service(v, name))
     return objs
+
+
+def scrape_annotations(port: int) -> dict[str, str]:
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": "/metrics"}
+
+
+def node_probes() -> Obj:
+    """The node daemon's probes, on its metrics port (node/metrics.py serves both there).
+
+    ``/readyz`` fails until NVML found the GPUs and every resource is registered with the kubelet: asked
+    early and often, so a node shows ready seconds after it is. ``/healthz`` fails only when the lifecycle
+    or the NVML event loop died; before ``start()`` returns (NVML init, the first discovery) the lifecycle
+    loop does not exist yet, so liveness waits and tolerates two minutes of failures before restarting a
+    daemon that may be serving Allocate calls."""
+    return {
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"},
+                           "initialDelaySeconds": 2, "periodSeconds": 5, "timeoutSeconds": 3,
+                           "failureThreshold": 2},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"},
+                          "initialDelaySeconds": 10, "periodSeconds": 20, "timeoutSeconds": 5,
+                          "failureThreshold": 6},
+    }
+
+
+def node_metrics_service(v: Values, name: str) -> Obj:
+    """A headless Service over the node pods, for Prometheus' endpoints discovery (ServiceMonitors select it by
+    its labels). Not-ready pods stay listed: a node whose GPUs are not yet served is the one to look at."""
+    return {"apiVersion": "v1", "kind": "Service",
+            # No prometheus.io annotations here: the pods carry them, and a Prometheus that discovers both
+            # pods and service endpoints by annotation would scrape every node twice.
+            "metadata": _meta(f"{name}-metrics", v, "node"),
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": _selector("node"),
+                     "ports": [{"name": "metrics", "port": v.metrics_port, "targetPort": "metrics",
+                                "protocol": "TCP"}]}}
 
 
 def record_key_env(v: Values) -> list[Obj]:

@@ -271,6 +271,9 @@ def check_values(v: Values) -> None:
         raise ValuesError("webhook.caBundle: without cert-manager (webhook.certManager: false) the API server "
                           "needs the CA that signed the webhook's certificate; run `kubegpu webhook-certs` and "
                           "set webhook.caBundle, or install cert-manager")
+    if not 1 <= v.metrics_port <= 65535:
+        raise ValuesError(f"metricsPort: {v.metrics_port} is not a TCP port (1-65535); the node daemon's probes "
+                          "and Prometheus read it")
     for p in v.mig_profiles:
         if not R.MIG_PROFILE_RE.match(p):
             raise ValuesError(f"migProfiles: {p!r} is not a MIG profile name such as 1g.10gb or 1g.10gb+me")
