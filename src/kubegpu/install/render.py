@@ -24,6 +24,7 @@ from kubegpu.install.values import (
     has_match_conditions,
     kube_scheduler_image,
     node_fullname,
+    reviews_updates,
     scheduler_config_version,
     target_namespace,
     webhook_failure_policy,
@@ -416,12 +417,26 @@ def webhook_objects(v: Values) -> list[Obj]:
             hook["timeoutSeconds"] = w.timeout_seconds
             if not has_match_conditions(v):
                 hook.pop("matchConditions", None)
+            if o["kind"] == "ValidatingWebhookConfiguration" and not reviews_updates(v):
+                hook["rules"] = _without_updates(hook["rules"])
             if w.ca_bundle:
                 hook["clientConfig"]["caBundle"] = w.ca_bundle
             for expr in hook["namespaceSelector"]["matchExpressions"]:
                 if expr["operator"] == "DoesNotExist":
                     expr["key"] = w.exclude_namespace_label
     return objs
+
+
+def _without_updates(rules: list[Obj]) -> list[Obj]:
+    """The validating rules less the pod and pod-status UPDATEs (kubectl debug's stays)."""
+    out = []
+    for rule in rules:
+        if rule["resources"] == ["pods/status"]:
+            continue
+        if rule["resources"] == ["pods"]:
+            rule = {**rule, "operations": [op for op in rule["operations"] if op != "UPDATE"]}
+        out.append(rule)
+    return out
 
 
 def policy_objects(v: Values) -> list[Obj]:
@@ -448,6 +463,13 @@ def notes(v: Values) -> list[str]:
                    f"once (kubectl -n {v.namespace} create secret generic {v.record_key_secret} "
                    "--from-literal=key=$(head -c 32 /dev/urandom | base64)) and restart the extender and the node "
                    "daemons; without it records are unsigned")
+    if v.mode == "full" and not reviews_updates(v):
+        out.append("the webhook reviews pod creations only (webhook.reviewUpdates: false, the default without "
+                   "matchConditions): record annotations written by a pod update are refused by the "
+                   "kubegpu-record-writers policy (1.30+) and by the node daemons' signature check only")
+    elif v.mode == "full" and not has_match_conditions(v):
+        out.append("webhook.reviewUpdates without matchConditions: every pod update and status update in the "
+                   "cluster is sent to the webhook")
     if not has_admission_policies(v):
         out.append("before Kubernetes 1.30 there are no ValidatingAdmissionPolicies: the node daemon's RBAC is not "
                    "narrowed to its own node, and the record annotations are guarded by the webhook alone")

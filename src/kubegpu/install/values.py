@@ -97,6 +97,10 @@ class WebhookValues(_Struct):
     cert_manager: bool = True
     # CEL matchConditions send only pods that concern GPUs; None = where the release has them (1.28+).
     match_conditions: bool | None = None
+    # The validating webhook also reviews pod updates and status updates (refusing record annotations
+    # written by anyone but kubegpu). None = where matchConditions send it only the updates that change a
+    # record; without them it would be sent every pod update and status update in the cluster.
+    review_updates: bool | None = None
     ca_bundle: str = ""
     resources: dict[str, Any] = msgspec.field(default_factory=dict)
 
@@ -179,6 +183,13 @@ def has_match_conditions(v: Values) -> bool:
     if v.webhook.match_conditions is not None:
         return v.webhook.match_conditions
     return kube_version(v) >= (1, 28)
+
+
+def reviews_updates(v: Values) -> bool:
+    """The validating webhook's UPDATE rules (pods, pods/status): by default only with matchConditions."""
+    if v.webhook.review_updates is not None:
+        return v.webhook.review_updates
+    return has_match_conditions(v)
 
 
 def has_admission_policies(v: Values) -> bool:
