@@ -331,7 +331,8 @@ def scheduler_objects(v: Values) -> list[Obj]:
                 c["image"] = kube_scheduler_image(v)
             elif c["name"] == "extender":
                 c["args"] = ["scheduler", "--listen", f"127.0.0.1:{sv.port}", "--metrics-listen", "0.0.0.0:9401",
-                             "--node-policy", sv.node_policy, "--gpu-policy", sv.gpu_policy]
+                             "--node-policy", sv.node_policy, "--gpu-policy", sv.gpu_policy,
+                             f"--max-gpu-containers={v.max_gpu_containers}"]
                 if sv.resources:
                     c["resources"] = sv.resources
                 c["env"] = c.get("env", []) + resources_env(v) + record_key_env(v)
@@ -387,6 +388,9 @@ def _base(role: str, v: Values) -> list[Obj]:
     return docs
 
 
+WEBHOOK_RENDERED_FLAGS = ("--record-writer", "--scheduler-name", "--max-gpu-containers")
+
+
 def webhook_objects(v: Values) -> list[Obj]:
     w = v.webhook
     objs = _base("webhook", v)
@@ -405,9 +409,12 @@ def webhook_objects(v: Values) -> list[Obj]:
                 c0["env"] = c0.get("env", []) + extra
             # The service accounts that write kubegpu's records, as this render names them (the same pair the
             # kubegpu-record-writers policy admits).
-            c0["args"] = [a for a in c0["args"] if not a.startswith("--record-writer")] + [
+            c0["args"] = [a for a in c0["args"] if not a.startswith(WEBHOOK_RENDERED_FLAGS)] + [
                 f"--record-writer=system:serviceaccount:{v.namespace}:{sa}"
-                for sa in (node_fullname(v), security.EXTENDER_SA)]
+                for sa in (node_fullname(v), security.EXTENDER_SA)] + [
+                # GPU pods left to the default scheduler go to kubegpu's profile; the extender's cap.
+                f"--scheduler-name={v.scheduler.scheduler_name}",
+                f"--max-gpu-containers={v.max_gpu_containers}"]
         if o["kind"] not in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
             continue
         if not w.cert_manager:

@@ -16,6 +16,7 @@ import yaml
 
 from kubegpu import __version__
 from kubegpu.model import resources as R
+from kubegpu.model.limits import DEFAULT_MAX_GPU_CONTAINERS
 
 
 class ValuesError(ValueError):
@@ -152,6 +153,9 @@ class Values(_Struct):
     # in a re-rendered manifest): create it once, see `kubegpu manifests --help`. Until it exists, records are
     # unsigned and the node daemons say so.
     record_key_secret: str = "kubegpu-record-key"
+    # Full mode: pods with more GPU containers are refused, by the webhook at admission and by the extender
+    # (each GPU container needs its own exact fit per node); one key, so both say the same.
+    max_gpu_containers: int = DEFAULT_MAX_GPU_CONTAINERS
     # MIG profiles beyond kubegpu's table (model/resources.py), e.g. "1g.30gb" for a GPU newer than it.
     mig_profiles: list[str] = msgspec.field(default_factory=list)
     # GPU resource names the nodes serve beyond those config.map declares (renames in ConfigMaps given by
@@ -282,6 +286,8 @@ def check_values(v: Values) -> None:
         raise ValuesError("webhook.caBundle: without cert-manager (webhook.certManager: false) the API server "
                           "needs the CA that signed the webhook's certificate; run `kubegpu webhook-certs` and "
                           "set webhook.caBundle, or install cert-manager")
+    if v.max_gpu_containers < 1:
+        raise ValuesError(f"maxGpuContainers: {v.max_gpu_containers} would refuse every GPU pod; give 1 or more")
     if not 1 <= v.metrics_port <= 65535:
         raise ValuesError(f"metricsPort: {v.metrics_port} is not a TCP port (1-65535); the node daemon's probes "
                           "and Prometheus read it")
