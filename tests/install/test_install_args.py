@@ -50,3 +50,20 @@ def test_each_flag_is_passed_once(tmp_path: Path) -> None:
 def test_a_cap_that_refuses_every_gpu_pod_is_refused() -> None:
     with pytest.raises(ValuesError, match="maxGpuContainers"):
         values_from_dict({"maxGpuContainers": 0})
+
+
+@pytest.mark.parametrize("namespace", ["kubegpu-system", "gpu"])
+def test_the_webhooks_default_record_writers_are_the_accounts_the_install_runs(namespace: str) -> None:
+    """Run without --record-writer, the webhook admits exactly the service accounts the extender and the node
+    daemon run as in a default install (no retired account name an operator might create and forge with)."""
+    from kubegpu.webhook.app import default_record_writers
+
+    objs = render(values_from_dict({"namespace": namespace}))
+    accounts = {o["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]:
+                o["spec"]["template"]["spec"]["serviceAccountName"]
+                for o in objs if o["kind"] in ("Deployment", "DaemonSet")}
+    running = {f"system:serviceaccount:{namespace}:{accounts[c]}" for c in ("scheduler", "node")}
+    assert default_record_writers(namespace) == running
+    (args,) = [c["args"] for o in objs if o["kind"] == "Deployment"
+               for c in o["spec"]["template"]["spec"]["containers"] if c["name"] == "webhook"]
+    assert {a.split("=", 1)[1] for a in args if a.startswith("--record-writer=")} == running

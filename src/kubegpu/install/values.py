@@ -224,7 +224,9 @@ def target_namespace(v: Values) -> str:
 
 
 def node_fullname(v: Values) -> str:
-    return v.fullname_override or "kubegpu-node"
+    from kubegpu.install.security import NODE_SA
+
+    return v.fullname_override or NODE_SA
 
 
 def default_config_entry(v: Values) -> str:
