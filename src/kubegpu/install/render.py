@@ -14,6 +14,7 @@ import msgspec
 import yaml
 
 from kubegpu.install import security
+from kubegpu.install.network import network_policies
 from kubegpu.install.values import (
     Values,
     check_values,
@@ -490,7 +491,7 @@ def render(v: Values) -> list[Obj]:
     objs: list[Obj] = [namespace(v), device_crd(), *node_objects(v)]
     if v.mode == "full":
         objs += scheduler_objects(v) + webhook_objects(v)
-    return objs + policy_objects(v)
+    return objs + policy_objects(v) + network_policies(v)
 
 
 def to_yaml(objs: list[Obj]) -> str:

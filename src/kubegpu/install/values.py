@@ -7,6 +7,7 @@ unchanged. Unknown keys and bad values are errors that name the key.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -106,6 +107,19 @@ class WebhookValues(_Struct):
     resources: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
+class NetworkPolicyValues(_Struct):
+    # Ingress NetworkPolicies for kubegpu's pods (install/network.py); off by default, see there why.
+    enabled: bool = False
+    # Who may scrape the metrics ports: pods in namespaces matching this (a LabelSelector; {} = every namespace),
+    # and, if given, matching metricsPodSelector.
+    metrics_namespace_selector: dict[str, Any] = msgspec.field(
+        default_factory=lambda: {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}})
+    metrics_pod_selector: dict[str, Any] = msgspec.field(default_factory=dict)
+    # The API server's source addresses (CIDRs) for the webhook's port; [] = any source (a control plane off
+    # the pod network, or behind SNAT, has no address a policy can name).
+    api_server_cidrs: list[str] = msgspec.field(default_factory=list, name="apiServerCIDRs")
+
+
 class Values(_Struct):
     mode: Literal["node-only", "full"] = "full"
     # The cluster's Kubernetes release, "1.24" .. NEWEST; "" = the newest.
@@ -148,6 +162,7 @@ class Values(_Struct):
     metrics_port: int = 9400
     scheduler: SchedulerValues = msgspec.field(default_factory=SchedulerValues)
     webhook: WebhookValues = msgspec.field(default_factory=WebhookValues)
+    network_policy: NetworkPolicyValues = msgspec.field(default_factory=NetworkPolicyValues)
     # Full mode: the Secret (key `key`, 16+ bytes) holding the HMAC key the extender signs records with and the
     # node daemons verify them with (model/signing.py). Not rendered (a key must not live in a values file or
     # in a re-rendered manifest): create it once, see `kubegpu manifests --help`. Until it exists, records are
@@ -288,6 +303,11 @@ def check_values(v: Values) -> None:
         raise ValuesError("webhook.caBundle: without cert-manager (webhook.certManager: false) the API server "
                           "needs the CA that signed the webhook's certificate; run `kubegpu webhook-certs` and "
                           "set webhook.caBundle, or install cert-manager")
+    for c in v.network_policy.api_server_cidrs:
+        try:
+            ipaddress.ip_network(c, strict=False)
+        except ValueError:
+            raise ValuesError(f"networkPolicy.apiServerCIDRs: {c!r} is not a CIDR such as 10.0.0.0/24") from None
     if v.max_gpu_containers < 1:
         raise ValuesError(f"maxGpuContainers: {v.max_gpu_containers} would refuse every GPU pod; give 1 or more")
     if not 1 <= v.metrics_port <= 65535:
