@@ -184,3 +184,15 @@ def test_extender_refuses_names_no_kubernetes_object_can_have() -> None:
     with pytest.raises(WireError, match="longer than 253"):
         decode_args(json.dumps({"Pod": {}, "NodeNames": ["ok", long]}).encode())
     assert decode_binding(json.dumps({"PodName": "p" * 253, "PodNamespace": "d", "Node": "n"}).encode())
+
+
+@FAST
+@given(text_or_deep)
+def test_acknowledgement_and_legacy_affinity_readers_return_or_say_why(text: str) -> None:
+    from kubegpu.model.legacy import LegacyAffinityError, translate
+    from kubegpu.model.records import decode_acks
+
+    with contextlib.suppress(AnnotationError):
+        decode_acks(text)
+    with contextlib.suppress(LegacyAffinityError):
+        translate(text)

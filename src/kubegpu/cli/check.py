@@ -182,7 +182,7 @@ def check(
     else:
         for o in objects:
             _print_object(console, o)
-            for note in o["notes"]:
+            for note in o.get("notes", ()):
                 console.print(f"  [yellow]![/] {escape(note)}", highlight=False)
         for f in found:
             if f["note"]:

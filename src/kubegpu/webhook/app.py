@@ -33,14 +33,21 @@ _JSON = "application/json"
 
 
 RECORD_ANNOTATIONS = (A.DEVICE_ALLOCATED, A.DEVICE_ASSIGNED)
-# kubegpu's own service accounts, in its namespace: the node daemon writes device-assigned (and the
-# extender writes device-allocated through the Binding, which pod webhooks never see).
-RECORD_WRITER_ACCOUNTS = ("kubegpu-node", "kubegpu-scheduler", "kubegpu-extender")
+# kubegpu's own service accounts in its namespace, per record (as install/security.py's policy): the
+# extender writes device-allocated (through the Binding, which pod webhooks never see; the older account
+# names are accepted too), the node daemon device-assigned.
+RECORD_WRITER_ACCOUNTS: dict[str, tuple[str, ...]] = {
+    A.DEVICE_ALLOCATED: ("kubegpu-scheduler-extender", "kubegpu-extender", "kubegpu-scheduler"),
+    A.DEVICE_ASSIGNED: ("kubegpu-node",),
+}
 DEFAULT_SCHEDULERS = frozenset({"", "default-scheduler"})
 
 
-def default_record_writers(namespace: str) -> frozenset[str]:
-    return frozenset(f"system:serviceaccount:{namespace or 'kubegpu-system'}:{sa}" for sa in RECORD_WRITER_ACCOUNTS)
+def default_record_writers(namespace: str, record: str | None = None) -> frozenset[str]:
+    """The users that may write ``record`` (either record when None) by default."""
+    ns = namespace or "kubegpu-system"
+    return frozenset(f"system:serviceaccount:{ns}:{sa}" for key, accounts in RECORD_WRITER_ACCOUNTS.items()
+                     if record in (None, key) for sa in accounts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +55,7 @@ class WebhookSettings:
     """What the webhook does besides the rules: scope and the normalisation policy.
 
     ``record_writers``: the users (``userInfo.username``) that may set or change kubegpu's record
-    annotations on a pod (None: kubegpu's service accounts in ``own_namespace``).
+    annotations on a pod (None: per record, kubegpu's service accounts in ``own_namespace`` that write it).
     ``scheduler_name``: in full mode, GPU pods left to the default scheduler are given this one.
     ``max_gpu_containers``: pods with more GPU containers are refused (the extender's cap)."""
 
@@ -62,10 +69,10 @@ class WebhookSettings:
     def excluded(self, namespace: str) -> bool:
         return bool(namespace) and (namespace == self.own_namespace or namespace in self.exclude_namespaces)
 
-    def may_write_records(self, username: str) -> bool:
-        writers = self.record_writers if self.record_writers is not None else \
-            default_record_writers(self.own_namespace)
-        return username in writers
+    def may_write_records(self, username: str, records: Iterable[str]) -> bool:
+        if self.record_writers is not None:
+            return username in self.record_writers
+        return all(username in default_record_writers(self.own_namespace, r) for r in records)
 
 
 @dataclass(slots=True)
@@ -118,7 +125,7 @@ def decide(body: bytes, settings: WebhookSettings, *, mutate: bool) -> Verdict:
     # Only kubegpu writes the records, in every namespace and on every path that can carry metadata.
     old = req.old_object if req.operation == "UPDATE" else None
     changed = _record_changes(req.object, old) if req.operation in ("CREATE", "UPDATE") else []
-    if changed and not settings.may_write_records(req.username):
+    if changed and not settings.may_write_records(req.username, changed):
         who = f"{_object_namespace(req.object) or req.namespace}/{_object_name(req.object)}"
         log.info("pod %s refused: %s may not write %s", who, req.username[:256] or "(unknown user)",
                  ", ".join(changed))
