@@ -170,7 +170,9 @@ class GpuCluster:
         self.ext = ServiceThread(self.kubeconfig).start()
         deadline = time.monotonic() + 20
         ext = self.ext
-        while ext.call(lambda: sum(r.state is not None for r in ext.service.view.nodes.values())) < len(self.nodes):
+        service = ext.service
+        assert service is not None
+        while ext.call(lambda: sum(r.state is not None for r in service.view.nodes.values())) < len(self.nodes):
             if time.monotonic() > deadline:
                 raise RuntimeError("the extender did not see every Device object")
             time.sleep(0.05)
