@@ -174,17 +174,17 @@ class DraKubelet:
                 seen[entry.path] = (st.st_ino, st.st_ctime_ns)  # inodes are reused: ctime tells files apart
         with self._lock:
             by_socket = {p.socket: p for p in self.plugins.values()}
-        for path, p in by_socket.items():
+        for path, gone in by_socket.items():
             if path not in seen:  # fsnotify Remove: the plugin is deregistered
-                self._unregister(p)
+                self._unregister(gone)
         for path, ino in seen.items():
-            p = by_socket.get(path)
-            if p is not None and p.inode == ino:
+            known = by_socket.get(path)
+            if known is not None and known.inode == ino:
                 continue
-            if p is not None:
+            if known is not None:
                 self.events.append(f"An updated version of plugin has been found, unregistering the plugin "
-                                   f"first before reregistering: {p.name}")
-                self._unregister(p)
+                                   f"first before reregistering: {known.name}")
+                self._unregister(known)
             self._register(path, ino)
 
     def _register(self, path: str, ino: tuple[int, int]) -> None:

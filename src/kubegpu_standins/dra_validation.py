@@ -265,7 +265,8 @@ def validate_claim_spec(spec: Mapping[str, Any], root: str = "spec") -> list[Cau
         if (exactly is None) == (first is None):
             out.append((p, "Required value: exactly one of `exactly` or `firstAvailable` is required"))
             continue
-        for j, sub in enumerate([exactly] if exactly is not None else first):
+        subs: list[Any] = [exactly] if exactly is not None else list(first or [])
+        for j, sub in enumerate(subs):
             sp = f"{p}.exactly" if exactly is not None else f"{p}.firstAvailable[{j}]"
             if not sub.get("deviceClassName"):
                 out.append((f"{sp}.deviceClassName", "Required value"))

@@ -225,3 +225,21 @@ def test_manifests_are_parsed_with_libyaml_when_pyyaml_has_it() -> None:
     expected = yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader
     assert manifests._Loader is expected
     assert manifests.load_documents("a: 1\n---\n---\nb: [2]\n") == [{"a": 1}, {"b": [2]}]
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000, "- " * 5000 + "x", "{a: " * 5000, "[" * 300 + "]" * 300])
+def test_deep_nesting_is_a_clear_error_not_a_crash(tmp_path: Path, text: str) -> None:
+    """libyaml composes by C recursion: without the depth check these crash the process."""
+    path = tmp_path / "deep.yaml"
+    path.write_text(text)
+    code, out = run(str(path))
+    assert code == 2 and "nested deeper than" in out, out
+
+
+def test_nesting_a_manifest_uses_is_fine(tmp_path: Path) -> None:
+    from kubegpu.model.manifests import MAX_YAML_DEPTH, load_documents
+
+    deep: Any = "x"
+    for _ in range(MAX_YAML_DEPTH - 1):
+        deep = {"a": deep}
+    assert load_documents(yaml.safe_dump(deep, width=10**6))[0]["a"]["a"]["a"]

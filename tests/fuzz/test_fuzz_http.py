@@ -277,3 +277,32 @@ def test_scheduler_cli_listens_on_loopback_by_default() -> None:
     defaults = {p.name: p.default for p in __import__("inspect").signature(scheduler).parameters.values()}
     assert defaults["listen"].default.startswith("127.0.0.1:")
     assert defaults["metrics_debug_api"].default is False
+
+
+def test_node_metrics_server_bounds_slow_and_excess_clients(monkeypatch: pytest.MonkeyPatch,
+                                                            capfd: pytest.CaptureFixture[str]) -> None:
+    from kubegpu.node import metrics as M
+
+    monkeypatch.setattr(M, "READ_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(M, "MAX_CONNECTIONS", 4)
+    server, _ = M.serve(M.NodeMetrics(), 0, "127.0.0.1")
+    port = server.server_port
+    try:
+        # A request that never finishes is dropped after the read timeout (raw fails if it is held).
+        assert raw(port, b"GET /metrics HTTP/1.1\r\nhost: x\r\n") == b""
+        # Beyond the cap, connections are closed at once while the held ones wait.
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+        time.sleep(0.1)
+        assert raw(port, b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n") == b""
+        for c in held:
+            c.close()
+        time.sleep(0.7)
+        assert httpx.get(f"http://127.0.0.1:{port}/metrics").status_code == 200
+        # A client that hangs up before reading is no traceback.
+        for _ in range(5):
+            raw(port, b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n", read=False)
+        time.sleep(0.3)
+        assert "Traceback" not in capfd.readouterr().err
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -27,7 +27,8 @@ FAST = settings(max_examples=120, deadline=None, suppress_health_check=list(Heal
 
 # Deep and wide shapes that once raised RecursionError, and their YAML/JSON cousins.
 DEEP = ["[" * 100_000, "{\"a\":" * 50_000, "[" * 5000 + "]" * 5000, "{a: " * 5000, "- " * 5000 + "x",
-        "&a [*a, *a, *a]", "[" * 999 + "1" + "]" * 999]
+        "&a [*a, *a, *a]", "[" * 999 + "1" + "]" * 999, "- " * 100_000 + "x", "[" * 30_000 + "]" * 30_000,
+        "a: [" + "[" * 40_000]
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False) | st.text(max_size=12),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
@@ -122,6 +123,16 @@ def test_node_config_documents_load_or_say_why(doc: dict[str, Any]) -> None:
         load_config(file=doc)
 
 
+def test_manifests_nested_beyond_libyamls_stack_are_an_error_not_a_crash() -> None:
+    # libyaml (C) overflows its stack on these: a segfault of `kubegpu check` before the guard.
+    for text in ("[" * 100_000, "- " * 100_000 + "x", "a: [" + "[" * 40_000, "[" * 30_000 + "]" * 30_000):
+        with pytest.raises(ManifestError, match=r"nested too deeply|not valid"):
+            load_documents(text)
+    assert load_documents('{"kind": "Pod"}') == [{"kind": "Pod"}]
+    assert load_documents("[1, [2]]\n") == [[1, [2]]]
+    assert load_documents("a: 1\n---\nb: [x, {c: d}]\n") == [{"a": 1}, {"b": ["x", {"c": "d"}]}]
+
+
 @FAST
 @given(text=text_or_deep)
 def test_manifests_load_or_say_why(text: str) -> None:
@@ -164,3 +175,24 @@ def test_trace_numbers_that_overflow_are_a_trace_error(tmp_path: Path) -> None:
     p.write_text("sn,cpu_milli,memory_mib,gpu\nn1,1.0e999,1,1\n")
     with pytest.raises(TraceError, match="is not a number"):
         load_nodes(p)
+
+
+def test_extender_refuses_names_no_kubernetes_object_can_have() -> None:
+    long = "n" * 254
+    with pytest.raises(WireError, match="longer than 253"):
+        decode_binding(json.dumps({"PodName": long, "PodNamespace": "d", "Node": "n"}).encode())
+    with pytest.raises(WireError, match="longer than 253"):
+        decode_args(json.dumps({"Pod": {}, "NodeNames": ["ok", long]}).encode())
+    assert decode_binding(json.dumps({"PodName": "p" * 253, "PodNamespace": "d", "Node": "n"}).encode())
+
+
+@FAST
+@given(text_or_deep)
+def test_acknowledgement_and_legacy_affinity_readers_return_or_say_why(text: str) -> None:
+    from kubegpu.model.legacy import LegacyAffinityError, translate
+    from kubegpu.model.records import decode_acks
+
+    with contextlib.suppress(AnnotationError):
+        decode_acks(text)
+    with contextlib.suppress(LegacyAffinityError):
+        translate(text)

@@ -176,3 +176,17 @@ def test_policies_are_rendered_from_1_30_only() -> None:
     names = {o["metadata"]["name"] for o in render(values_from_dict({"mode": "node-only"}))
              if o["kind"] == "ValidatingAdmissionPolicy"}
     assert names == {"kubegpu-node-restriction"}
+
+
+def test_the_webhook_trusts_the_record_writers_the_policy_admits() -> None:
+    objs = render(values_from_dict({"fullnameOverride": "gpu-plugin", "namespace": "gpu"}))
+    dep = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "kubegpu-webhook")
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    writers = {a.split("=", 1)[1] for a in args if a.startswith("--record-writer=")}
+    assert writers == {"system:serviceaccount:gpu:gpu-plugin", "system:serviceaccount:gpu:kubegpu-scheduler-extender"}
+    (policy,) = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"
+                 and o["metadata"]["name"] == "kubegpu-record-writers"]
+    text = str(policy["spec"]["validations"])
+    assert all(w in text for w in writers)
+    sas = {o["metadata"]["name"] for o in objs if o["kind"] == "ServiceAccount"}
+    assert {w.rsplit(":", 1)[1] for w in writers} <= sas

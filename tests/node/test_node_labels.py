@@ -38,6 +38,7 @@ def test_dgx_a100_labels() -> None:
         "nvidia.com/cuda.runtime-version.major": "12",
         "nvidia.com/cuda.runtime-version.minor": "4",
         "nvidia.com/cuda.runtime-version.full": "12.4",
+        "alpha.kubernetes.io/nvidia-gpu-name": "NVIDIA-A100-SXM4-80GB",
     }
 
 
@@ -125,7 +126,7 @@ def test_mig_strategy_none_ignores_mig_devices() -> None:
 def test_every_label_is_valid(name: str, strategy: str) -> None:
     labels = gpu_labels(load_topology(name).inventory, load_config(flags={"mig-strategy": strategy}))
     for key, value in labels.items():
-        assert key.startswith("nvidia.com/") and owns_label(key)
+        assert key.startswith(("nvidia.com/", "alpha.kubernetes.io/nvidia-gpu-name")) and owns_label(key)
         _, _, part = key.partition("/")
         assert len(part) <= 63 and is_valid_label_value(part), key
         assert is_valid_label_value(value), (key, value)

@@ -50,7 +50,7 @@ def test_reserve_loss_counts_only_nodes_that_lose_a_rare_host():
     assert loss[0] == 1 and (loss[1:] == 0).all()
 
 
-def test_no_reservation_while_hosts_outnumber_the_pods_expected():
+def test_no_reservation_for_a_shape_expected_less_than_once():
     # 32 free GPUs: about 0.3 pods of the rare shape still to come, for one host.
     cl = cluster(3)
     wl = Workload.from_demands([one_gpu()] * 99 + [big_pod()])
@@ -143,3 +143,41 @@ def test_share_scores_depend_on_the_node_alone():
     alone = [policy.node_scores(cl, share, rows[i : i + 1], cand[i : i + 1], ctx)[0] for i in rows]
     assert np.array_equal(together, alone)
     assert int(np.argmax(together)) in (1, 4)  # a 470 joins a lone 470 rather than open an idle GPU
+
+
+def test_kept_scores_follow_every_change_of_rows_and_workload():
+    """A policy object keeps scores per (workload generation, demand, row version): through takes,
+    give-backs and a new workload, its answers equal a fresh object's, for node and GPU scores."""
+    from kubegpu.placement import get_policy
+
+    rng = np.random.default_rng(5)
+    cl = cluster(12)
+    demands = [one_gpu(), Demand.share(470, cpu_milli=4000), Demand.share(810, cpu_milli=3000), big_pod(),
+               Demand(0, 0, 0, 0, False, 6000, GIB)]
+    wl_a = Workload.from_demands(demands * 3 + [one_gpu()] * 5)
+    wl_b = Workload.from_demands(demands + [Demand.share(320, cpu_milli=2000)] * 9)
+    kept = {name: get_policy(name) for name in ("kubegpu", "fgd")}
+    ctx = ScoreContext(workload=wl_a)
+    placed = []
+    for step in range(60):
+        if step == 30:
+            ctx = ScoreContext(workload=wl_b)  # a new workload generation: nothing kept may be reused
+        d = demands[int(rng.integers(len(demands)))]
+        cand = cl.gpu_candidates(d)
+        rows = np.flatnonzero(cl.feasible(d, cand))
+        if len(rows):
+            for name, pol in kept.items():
+                fresh = get_policy(name).node_scores(cl, d, rows, cand[rows], ScoreContext(workload=ctx.workload))
+                assert np.allclose(pol.node_scores(cl, d, rows, cand[rows], ctx), fresh), (name, step)
+                if d.count == 1 and not d.exclusive:
+                    node = int(rows[0])
+                    got = pol.gpu_scores(cl, node, d, cand[node], ctx)
+                    want = get_policy(name).gpu_scores(cl, node, d, cand[node], ScoreContext(workload=ctx.workload))
+                    assert np.array_equal(np.where(cand[node], got, 0), np.where(cand[node], want, 0))
+            p = place(cl, d, kept["kubegpu"], None, ctx)
+            if p is not None:
+                cl.take(p.node, p.gpus, d)
+                placed.append((p, d))
+        if placed and rng.random() < 0.3:
+            p, d = placed.pop(int(rng.integers(len(placed))))
+            cl.give_back(p.node, p.gpus, d)

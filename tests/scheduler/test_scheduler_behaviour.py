@@ -62,12 +62,12 @@ def test_share_reasons_name_the_gpu_and_the_numbers(cluster: Cluster) -> None:
     assert bind(cluster, pod("a", share(60, ratio=10)), "gpu-node-c") == ""
     out = cluster.post("/filter", args(pod("b", share(60, ratio=10)), ALL)).json()
     assert set(out["NodeNames"]) == {"gpu-node-a", "gpu-node-b"}
-    assert out["FailedNodes"]["gpu-node-c"] == "GPU 0: 40 % compute free, 60 % requested"
+    assert out["FailedNodes"]["gpu-node-c"] == "not enough GPU compute: GPU 0 has 40 percent free, 60 percent requested"
     out = cluster.post("/filter", args(pod("m", share(10, mem="76Gi")), ["gpu-node-c"])).json()
     why = out["FailedNodes"]["gpu-node-c"]
-    assert "memory free" in why and "76.0 GiB requested" in why
+    assert "GiB free" in why and "76.0 GiB requested" in why
     out = cluster.post("/filter", args(pod("w", {"nvidia.com/gpu": "2"}), ["gpu-node-c"])).json()
-    assert "2 whole GPU(s) requested, 0 of 1 free" in out["FailedNodes"]["gpu-node-c"]
+    assert "not enough free whole GPUs: 2 requested, 0 of 1 free" in out["FailedNodes"]["gpu-node-c"]
 
 
 def test_share_over_k_gpus_and_multi_gpu(cluster: Cluster) -> None:

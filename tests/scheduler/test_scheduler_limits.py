@@ -172,3 +172,60 @@ def test_bind_records_what_the_api_pod_asks_for(tmp_path: Path) -> None:
     finally:
         ext.stop()
         api.stop()
+
+
+def test_filter_keeps_nothing_of_the_pods_it_sees() -> None:
+    import gc
+    import tracemalloc
+
+    ext = Extender(view_of(2), None)
+    env = [{"name": f"V{i}", "value": "x" * 200} for i in range(2000)]  # ~0.5 MiB a pod
+
+    def fat(i: int) -> bytes:
+        p = pod([{"nvidia.com/gpu": "1"}], uid=f"fat-{i}")
+        p["spec"]["containers"][0]["env"] = env
+        return filter_body(p, ["n0", "n1"])
+
+    asyncio.run(ext.filter(fat(-1)))  # warm up
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for i in range(40):  # 20 MiB of pods
+        asyncio.run(ext.filter(fat(i)))
+    gc.collect()
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert grown < 2 * 2**20, grown
+
+
+def test_an_expensive_filter_steps_aside_while_a_cheap_request_is_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
+    view = view_of(50)
+    view.exact_fit_enough = 10**6
+    fits = count()
+    real_fit = L.fit
+    monkeypatch.setattr(L, "fit", lambda *a, **k: (next(fits), real_fit(*a, **k))[1])
+    share = L.LoopShare(max_wait_s=60)
+    big = pod([{"kubegpu.io/gpu": "1"}] * 4, uid="big")
+    seen: list[int] = []
+
+    async def cheap() -> None:
+        with share.request():
+            before = next(fits)
+            for _ in range(10):  # a request that needs ten turns of the loop (reads, parsing, writes)
+                await asyncio.sleep(0)
+            seen.append(next(fits) - before - 1)
+
+    async def expensive() -> L.FilterOutcome:
+        with share.request():  # as the extender's handler counts every verb
+            return await bounded_filter(view, big, [f"n{i}" for i in range(50)], "kubegpu",
+                                        Limits(slice_s=0.0, filter_budget_s=60), share=share)
+
+    async def main() -> None:
+        task = asyncio.create_task(expensive())
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        await cheap()
+        assert len((await task).passed) == 50
+
+    asyncio.run(main())
+    assert seen == [0]  # no node was fitted while the cheap request was being answered

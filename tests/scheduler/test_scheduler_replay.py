@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 
 from kubegpu.sim.replay import arrival_order, replay
@@ -34,7 +35,8 @@ def test_extender_over_http_places_every_pod_where_the_simulator_does(tmp_path: 
     api, ext = start_replay_cluster(nodes, tmp_path, policy)
     try:
         out = TraceScheduler(api, ext.url, nodes).run(pods, order)
-        learned = ext.call(lambda: ext.service.view.scoring.learner.summary())
+        learned = httpx.get(f"{ext.url}/apis/v1/plugins/DeviceShare/workload").json()
+        metrics = httpx.get(f"{ext.url}/metrics").text
     finally:
         ext.stop()
         api.stop()
@@ -44,3 +46,42 @@ def test_extender_over_http_places_every_pod_where_the_simulator_does(tmp_path: 
     dropped = sum(p is None for p in out.placements)
     assert 0 < dropped < len(order)  # the cluster ran full: the comparison covers contention
     assert learned["generation"] > 3 and learned["live_gpu_pods"] > 0  # the workload was learned as pods came
+    assert abs(sum(s["frequency"] for s in learned["shapes"]) - 1.0) < 1e-4
+    assert f'kubegpu_learned_workload{{what="live_gpu_pods"}} {float(learned["live_gpu_pods"])}' in metrics
+
+
+def test_a_restarted_extender_rebuilds_the_same_accounting_and_learned_workload(tmp_path: Path) -> None:
+    from kubegpu.scheduler.service import ServiceThread
+
+    nodes, pods = small_trace()
+    order = arrival_order(pods, nodes.total_gpus * 1000, seed=3, inflate=0.8)
+    api, ext = start_replay_cluster(nodes, tmp_path)
+
+    def snapshot(thread: ServiceThread) -> tuple:
+        def read() -> tuple:
+            view = thread.service.view
+            view.scoring.learner.rebuild()  # what a restart does with the live pods
+            wl = view.workload()
+            cluster = view.cluster
+            rows = {n: i for i, n in enumerate(cluster.names)}
+            free = {n: (int(cluster.cpu_free[r]), int(cluster.mem_free[r]), cluster.core_free[r].tolist())
+                    for n, r in rows.items()}
+            return wl.shapes, wl.freq.round(12).tolist(), wl.every_freq.round(12).tolist(), free
+        return thread.call(read)
+
+    try:
+        out = TraceScheduler(api, ext.url, nodes).run(pods, order)
+        assert sum(p is not None for p in out.placements) > 50
+        before = snapshot(ext)
+        ext.stop()
+        again = ServiceThread(api.write_kubeconfig(tmp_path / "kc2")).start(timeout_s=60)
+        try:
+            after = snapshot(again)
+            summary = again.call(lambda: again.service.view.scoring.learner.summary())
+        finally:
+            again.stop()
+    finally:
+        api.stop()
+    assert after == before
+    assert summary["live_gpu_pods"] == sum(p is not None and pods[order[k]].demand.count > 0
+                                           for k, p in enumerate(out.placements))

@@ -204,3 +204,16 @@ def test_time_replay_load_brings_contention_and_refuses_inflate(tmp_path):
     out = json.loads(res.output.strip().splitlines()[-1])
     assert res.exit_code == 0 and out["trace"]["load"] == 40.0
     assert out["policies"]["bestfit"]["failed_pods"] == {"1-gpu": 1}
+
+
+def test_cli_learned_workload_and_name_ties_are_stated(tmp_path):
+    nodes, pods = cut_trace(tmp_path, 20, 150)
+    res = CliRunner().invoke(app, ["simulate", "--nodes", str(nodes), "--pods", str(pods), "-p", "fgd",
+                                   "--learned-workload", "--ties", "name", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output.strip().splitlines()[-1])
+    assert out["trace"]["workload"] == "learned" and out["trace"]["ties"] == "name"
+    learned = replay(load_nodes(nodes).gpu_only(), load_pods(pods), "fgd", 42, learned=True, ties="name")
+    assert out["policies"]["fgd"]["unallocated_pct_at"]["100"] == round(learned.unallocated_at(100), 3)
+    res = CliRunner().invoke(app, ["simulate", "--nodes", str(nodes), "--pods", str(pods), "--ties", "odd", "--json"])
+    assert res.exit_code == 2 and "--ties" in res.output

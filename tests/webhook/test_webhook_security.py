@@ -16,6 +16,7 @@ from kubegpu.model import annotations as A
 from kubegpu.webhook.app import WebhookSettings, decide, default_record_writers
 
 NODE_SA = "system:serviceaccount:kubegpu-system:kubegpu-node"
+EXTENDER_SA = "system:serviceaccount:kubegpu-system:kubegpu-scheduler-extender"
 FULL = WebhookSettings(own_namespace="kubegpu-system", scheduler_name="kubegpu-scheduler")
 
 
@@ -62,7 +63,8 @@ def test_an_update_that_sets_changes_or_removes_a_record_is_refused_unless_kubeg
                     {A.DEVICE_ALLOCATED: FORGED, A.DEVICE_ASSIGNED: "{}"}):
         resp = review(gpu_pod(new_ann), op="UPDATE", old=bound)
         assert resp["allowed"] is False, new_ann
-        assert review(gpu_pod(new_ann), op="UPDATE", old=bound, user=NODE_SA)["allowed"] is True
+        writer = NODE_SA if A.DEVICE_ASSIGNED in new_ann else EXTENDER_SA  # each record has its writer
+        assert review(gpu_pod(new_ann), op="UPDATE", old=bound, user=writer)["allowed"] is True
     # Through the status subresource too (metadata can ride along).
     assert review(gpu_pod({}), op="UPDATE", old=bound, sub="status")["allowed"] is False
     # Updates that leave the records alone pass (labels, finalizers, the kubelet's status).
@@ -76,8 +78,12 @@ def test_record_writers_are_configurable() -> None:
     assert review(gpu_pod({A.DEVICE_ASSIGNED: "{}"}), user=NODE_SA, settings=only)["allowed"] is False
     assert review(gpu_pod({A.DEVICE_ASSIGNED: "{}"}), user="system:serviceaccount:gpu:writer",
                   settings=only)["allowed"] is True
-    assert NODE_SA in default_record_writers("kubegpu-system")
+    assert NODE_SA in default_record_writers("kubegpu-system", A.DEVICE_ASSIGNED)
+    assert NODE_SA not in default_record_writers("kubegpu-system", A.DEVICE_ALLOCATED)
     assert "system:serviceaccount:other:kubegpu-node" in default_record_writers("other")
+    # By default each record has its own writer: the node daemon may not rewrite the extender's record.
+    assert review(gpu_pod({A.DEVICE_ALLOCATED: FORGED}), user=NODE_SA)["allowed"] is False
+    assert review(gpu_pod({A.DEVICE_ALLOCATED: FORGED}), user=EXTENDER_SA)["allowed"] is True
 
 
 @given(ann=st.dictionaries(st.sampled_from([A.DEVICE_ALLOCATED, A.DEVICE_ASSIGNED, "x"]),
@@ -85,7 +91,8 @@ def test_record_writers_are_configurable() -> None:
        old_ann=st.dictionaries(st.sampled_from([A.DEVICE_ALLOCATED, A.DEVICE_ASSIGNED, "x"]),
                                st.sampled_from(["", "{}", FORGED]), max_size=3),
        op=st.sampled_from(["CREATE", "UPDATE", "DELETE", "CONNECT"]),
-       user=st.sampled_from(["alice", NODE_SA, "", "system:serviceaccount:kubegpu-system:kubegpu-scheduler"]))
+       user=st.sampled_from(["alice", NODE_SA, "", EXTENDER_SA,
+                             "system:serviceaccount:kubegpu-system:kubegpu-scheduler"]))
 @settings(max_examples=200, deadline=None)
 def test_refused_exactly_when_someone_else_changes_a_record(ann: dict[str, str], old_ann: dict[str, str], op: str,
                                                             user: str) -> None:
@@ -94,7 +101,10 @@ def test_refused_exactly_when_someone_else_changes_a_record(ann: dict[str, str],
     before = old_ann if op == "UPDATE" else {}
     changes = any(ann.get(k) != before.get(k) for k in (A.DEVICE_ALLOCATED, A.DEVICE_ASSIGNED)
                   if k in ann or k in before)
-    refused = op in ("CREATE", "UPDATE") and changes and user not in default_record_writers("kubegpu-system")
+    changed = [k for k in (A.DEVICE_ALLOCATED, A.DEVICE_ASSIGNED)
+               if (k in ann or k in before) and ann.get(k) != before.get(k)]
+    allowed = all(user in default_record_writers("kubegpu-system", k) for k in changed)
+    refused = op in ("CREATE", "UPDATE") and changes and not allowed
     assert (resp["allowed"] is False and "written only by kubegpu" in resp["status"]["message"]) == refused
 
 
@@ -149,3 +159,25 @@ def test_env_from_on_a_gpu_container_warns_with_the_node_side_fix() -> None:
     pod["spec"]["containers"].append({"name": "side", "envFrom": [{"secretRef": {"name": "s"}}]})
     assert {"op": "add", "path": "/spec/containers/1/env",
             "value": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]} in patch_of(review(pod))
+
+
+def test_kubegpu_check_notes_what_the_webhook_adds(tmp_path: Any) -> None:
+    import yaml
+    from typer.testing import CliRunner
+
+    from kubegpu.cli.main import app
+
+    pod = gpu_pod({A.DEVICE_ALLOCATED: FORGED})
+    path = tmp_path / "pod.yaml"
+    path.write_text(yaml.safe_dump(pod))
+    (obj,) = json.loads(CliRunner().invoke(app, ["check", str(path), "--json"]).output)["objects"]
+    assert any("schedulerName is not set" in n for n in obj["notes"])
+    assert any("may be written only by kubegpu" in n for n in obj["notes"])
+    steered = gpu_pod(schedulerName="kubegpu-scheduler")
+    path.write_text(yaml.safe_dump(steered))
+    (obj,) = json.loads(CliRunner().invoke(app, ["check", str(path), "--json"]).output)["objects"]
+    assert obj["notes"] == []
+    path.write_text(yaml.safe_dump(pod))
+    (obj,) = json.loads(CliRunner().invoke(app, ["check", str(path), "--json", "--scheduler-name", ""]).output)[
+        "objects"]
+    assert not any("schedulerName" in n for n in obj["notes"])

@@ -19,10 +19,11 @@ from rich.table import Table
 
 from kubegpu.cli.console import make_console
 from kubegpu.cli.main import app
-from kubegpu.model.manifests import ManifestError, Skipped, pods_in_text
+from kubegpu.model.manifests import ManifestError, Skipped, load_documents, pods_in_text
 from kubegpu.model.normalise import AdmissionPolicy, PodReview, request_summary, review_pod
 from kubegpu.model.quantity import format_bytes
 from kubegpu.model.resources import is_gpu_resource
+from kubegpu.node.dra.claims import claim_objects
 
 EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -105,6 +106,9 @@ def _print_object(console: Console, obj: dict[str, Any]) -> None:
         for r in obj["refusals"]:
             console.print(f"  [red]✗[/] {escape(r['message'])}")
         return
+    if obj.get("dra"):
+        console.print(f"[green]OK[/] {label} [dim]{where}[/]: DRA {escape(obj['dra'])}")
+        return
     if not obj["containers"]:
         console.print(f"[green]OK[/] {label} [dim]{where}[/]: no GPU request")
         return
@@ -138,6 +142,9 @@ def check(
         help="Expect the GPU-taint toleration on GPU pods (as the webhook adds)."),
     void_env: bool = typer.Option(True, "--void-env/--no-void-env",
                                   help="Expect NVIDIA_VISIBLE_DEVICES=void on containers without GPUs."),
+    scheduler_name: str = typer.Option("kubegpu-scheduler", "--scheduler-name",
+                                       help="kubegpu's scheduler profile: GPU pods without it get a warning "
+                                            "('' for node-only mode)."),
 ) -> None:
     """Validate GPU requests in Pod and workload manifests (Deployment, StatefulSet, DaemonSet,
     ReplicaSet, Job, CronJob, Lists, custom resources with pod templates), with the webhook's rules.
@@ -145,6 +152,8 @@ def check(
     Prints the normalised requests or the refusals. Exit 0: all accepted; 1: something refused;
     2: a file could not be read or is not YAML.
     """
+    from kubegpu.webhook.app import WebhookSettings, offline_warnings
+
     policy = AdmissionPolicy(add_toleration=toleration, void_env=void_env,
                              replica_resources=frozenset(replica_resource))
     console = make_console()
@@ -154,13 +163,18 @@ def check(
     for file in files:
         name = file if file != "-" else "<stdin>"
         try:
-            sources, skipped = pods_in_text(_read(file))
+            text = _read(file)
+            sources, skipped = pods_in_text(text)
         except ManifestError as exc:
             errors.append({"file": name, "error": str(exc)})
             continue
         found.append(_file_json(name, len(sources), skipped))
         for src in sources:
             objects.append(_object_json(name, src, review_pod(src.pod, policy), policy))
+            # Beyond the review: what the deployed webhook adds (scheduler name, cap, records, envFrom).
+            objects[-1]["notes"] = offline_warnings(src.pod, WebhookSettings(policy=policy,
+                                                                             scheduler_name=scheduler_name))
+        objects += claim_objects(name, load_documents(text))  # DRA claims/templates naming kubegpu's classes
     refused = any(not o["allowed"] for o in objects)
     code = EXIT_BAD_INPUT if errors else EXIT_REFUSED if refused else EXIT_OK
     if as_json:
@@ -168,6 +182,8 @@ def check(
     else:
         for o in objects:
             _print_object(console, o)
+            for note in o.get("notes", ()):
+                console.print(f"  [yellow]![/] {escape(note)}", highlight=False)
         for f in found:
             if f["note"]:
                 console.print(f"[yellow]note[/] {escape(f['file'])}: {escape(f['note'])}")

@@ -43,6 +43,8 @@ def demo(
     debug: bool = typer.Option(False, "--debug", help="Log the demo's own steps and show tracebacks."),
     settle_timeout: float = typer.Option(30.0, "--settle-timeout", min=1.0, max=600.0, metavar="SECONDS",
                                          help="How long to wait for a wave of pods to run."),
+    dra: bool = typer.Option(False, "--dra", help="Run the DRA path instead (ResourceSlices, claims, "
+                             "NodePrepareResources; see kubegpu.demo.dra)."),
 ) -> None:
     """Run the stand-in API server and kubelets, three fake GPU nodes (kubegpu node), the extender and
     the webhook on this machine; submit pods in every request style, inject an Xid, show the live view
@@ -50,8 +52,12 @@ def demo(
     """
     # gRPC core logs every GOAWAY it sees at shutdown on stderr; the story has no use for them.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    from kubegpu.demo.cluster import ClusterError
-    from kubegpu.demo.scenario import DemoOptions, run_demo
+    try:
+        from kubegpu.demo.cluster import ClusterError
+        from kubegpu.demo.scenario import DemoOptions, run_demo
+    except ImportError as exc:  # the runtime image carries neither the demo nor the stand-ins
+        typer.echo(f"error: kubegpu demo is not installed here ({exc}): pip install 'kubegpu[demo]'", err=True)
+        raise typer.Exit(2) from None
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if debug:
@@ -60,6 +66,21 @@ def demo(
     opts = DemoOptions(short=short, quiet=quiet, keep_running_s=keep_running, workdir=workdir,
                        settle_timeout_s=settle_timeout)
     previous = signal.signal(signal.SIGTERM, _interrupt)
+    if dra:  # the DRA path (docs/dra.md)
+        from kubegpu.demo.dra import run_dra_demo
+
+        try:
+            dra_result = run_dra_demo(console, workdir=workdir)
+        except Exception as exc:
+            console.print(f"[red]the DRA demo failed:[/] {type(exc).__name__}: {exc}")
+            if as_json:
+                print(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"}))
+            raise typer.Exit(EXIT_FAILED) from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        if as_json:
+            print(json.dumps(dra_result.summary, separators=(",", ":")))
+        raise typer.Exit(EXIT_OK if dra_result.ok else EXIT_FAILED)
     try:
         result = run_demo(opts, console)
     except KeyboardInterrupt:

@@ -69,8 +69,9 @@ def scheduler(
     gpu_policy: str = typer.Option("kubegpu", "--gpu-policy", callback=_policy, metavar="POLICY",
                                    help="cluster default GPU-level policy (annotation kubegpu.io/gpu-policy)"),
     metrics_listen: str = typer.Option("", "--metrics-listen", metavar="HOST:PORT",
-                                       help="HOST:PORT for /metrics, /healthz and the "
-                                       "debug API on their own listener (they are always on --listen too)"),
+                                       help="HOST:PORT for /metrics and /healthz on their own listener "
+                                       "(they are always on --listen too); the debug API only with "
+                                       "--metrics-debug-api"),
     metrics_debug_api: bool = typer.Option(False, "--metrics-debug-api",
                                            help="also serve the DeviceShare debug API (every GPU pod's "
                                                 "namespace, name and GPUs) on --metrics-listen"),

@@ -74,6 +74,20 @@ def simulate(
             "--replay-time", help="Replay creation/deletion timestamps with departures instead of the paper's protocol."
         ),
     ] = False,
+    learned_workload: Annotated[
+        bool,
+        typer.Option(
+            "--learned-workload",
+            help="Score with the target workload learned online from the pods placed so far (as the "
+            "extender learns it) instead of the pod list's.",
+        ),
+    ] = False,
+    ties: Annotated[
+        str,
+        typer.Option("--ties", metavar="random|name",
+                     help="Ties between equal nodes: a random node order per seed (the paper's) or node name "
+                     "(the extender's)."),
+    ] = "random",
     load: Annotated[
         str,
         typer.Option(
@@ -140,6 +154,10 @@ def simulate(
         return
     if load != "auto":
         _fail("--load applies to --replay-time only", as_json)
+    if ties not in ("random", "name"):
+        _fail(f"--ties must be random or name, not {ties!r}", as_json)
+    trace["workload"] = "learned" if learned_workload else "pod list"
+    trace["ties"] = ties
     inflate = 1.3 if inflate is None else inflate
     trace["inflate"] = inflate
     _run_study(node_list, pod_list, policies, gpu_policy, seeds, inflate, trace, as_json, plot)
@@ -198,13 +216,19 @@ def _run_study(
     seed_list = list(range(42, 42 + seeds))
     if bar is not None:
         with bar:
-            results = run_study(node_list, pod_list, policies, seed_list, inflate, gpu_policy, progress)
+            results = run_study(node_list, pod_list, policies, seed_list, inflate, gpu_policy, progress,
+                                learned=trace["workload"] == "learned", ties=trace["ties"])
     else:
-        results = run_study(node_list, pod_list, policies, seed_list, inflate, gpu_policy, progress)
+        results = run_study(node_list, pod_list, policies, seed_list, inflate, gpu_policy, progress,
+                            learned=trace["workload"] == "learned", ties=trace["ties"])
     if plot is not None:
         from kubegpu.sim.plot import plot_study
 
-        plot_study(results, plot, f"{trace['pods']} on {trace['node_count']} nodes, {seeds} seed(s)")
+        try:
+            plot_study(results, plot, f"{trace['pods']} on {trace['node_count']} nodes, {seeds} seed(s)")
+        except ImportError as exc:  # matplotlib is the `sim` extra
+            typer.echo(f"error: --plot needs matplotlib ({exc}): pip install 'kubegpu[sim]'", err=True)
+            raise typer.Exit(2) from None
     if as_json:
         print(json.dumps(study_json(trace, results)))
         return

@@ -56,13 +56,11 @@ def _mig_table(view: ClusterView) -> Table | None:
         table.add_column(col, overflow="fold")
     for i, (n, g) in enumerate(rows):
         first_of_node = i == 0 or rows[i - 1][0].name != n.name
-        last_of_gpu = True
         for j, m in enumerate(g.mig):
-            last_of_gpu = j == len(g.mig) - 1
             health = "[green]Healthy[/]" if m.healthy else "[red]Unhealthy[/]"
             table.add_row(n.name if first_of_node and j == 0 else "", str(g.index) if j == 0 else "",
                           str(m.index), m.profile, "■" * m.slices if m.slices else "?", format_bytes(m.memory_bytes),
-                          health, _holders(m.holders) if m.holders else "[dim]free[/]", end_section=last_of_gpu)
+                          health, _holders(m.holders) if m.holders else "[dim]free[/]", end_section=j == len(g.mig) - 1)
         if not g.mig:
             table.add_row(n.name if first_of_node else "", str(g.index), "-", "-", "-", "-", "-",
                           "MIG enabled, no devices", end_section=True)

@@ -59,8 +59,9 @@ def webhook(
     record_writer: list[str] = typer.Option(
         [], "--record-writer", metavar="USER",
         help="A user (userInfo.username) that may set or change the kubegpu.io/device-allocated and "
-             "device-assigned annotations; repeatable (default: the kubegpu-node, kubegpu-scheduler and "
-             "kubegpu-extender service accounts of the webhook's namespace)."),
+             "device-assigned annotations; repeatable (default, per record, in the webhook's namespace: "
+             "the kubegpu-scheduler-extender service account for device-allocated, kubegpu-node for "
+             "device-assigned)."),
     max_gpu_containers: int = typer.Option(DEFAULT_MAX_GPU_CONTAINERS, "--max-gpu-containers", min=1, metavar="N",
                                            help="Refuse pods with more GPU containers (keep equal to the "
                                                 "scheduler extender's)."),

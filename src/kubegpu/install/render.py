@@ -118,7 +118,6 @@ def node_security_context(v: Values) -> Obj:
     ctx: Obj = {
         "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,
-        "runAsUser": 0,
         "seccompProfile": {"type": "RuntimeDefault"},
         "capabilities": {"drop": ["ALL"]},
     }
@@ -180,6 +179,9 @@ def node_objects(v: Values) -> list[Obj]:
         securityContext=v.security_context if v.security_context is not None else node_security_context(v),
     )
     pod_spec: Obj = {
+        # Root (the image's default user is 65532): the kubelet's device-plugin directory and /var/run/cdi
+        # are root's. At pod level, so a securityContext given in the values keeps it.
+        "securityContext": {"runAsUser": 0, "runAsGroup": 0},
         "serviceAccountName": name,
         "priorityClassName": v.priority_class_name,
         "tolerations": v.tolerations,
@@ -352,9 +354,14 @@ def webhook_objects(v: Values) -> list[Obj]:
             if w.resources:
                 o["spec"]["template"]["spec"]["containers"][0]["resources"] = w.resources
             extra = resources_env(v)
+            c0 = o["spec"]["template"]["spec"]["containers"][0]
             if extra:
-                c0 = o["spec"]["template"]["spec"]["containers"][0]
                 c0["env"] = c0.get("env", []) + extra
+            # The service accounts that write kubegpu's records, as this render names them (the same pair the
+            # kubegpu-record-writers policy admits).
+            c0["args"] = [a for a in c0["args"] if not a.startswith("--record-writer")] + [
+                f"--record-writer=system:serviceaccount:{v.namespace}:{sa}"
+                for sa in (node_fullname(v), security.EXTENDER_SA)]
         if o["kind"] not in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
             continue
         if not w.cert_manager:

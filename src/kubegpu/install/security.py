@@ -24,6 +24,7 @@ from typing import Any, Final
 Obj = dict[str, Any]
 
 NODE_NAME_EXTRA: Final = "authentication.kubernetes.io/node-name"
+EXTENDER_SA: Final = "kubegpu-scheduler-extender"
 DEVICE_ALLOCATED: Final = "kubegpu.io/device-allocated"
 DEVICE_ASSIGNED: Final = "kubegpu.io/device-assigned"
 # Label prefixes the node daemon publishes (GPU feature discovery's keys, kubegpu's, the legacy model label).
@@ -138,7 +139,7 @@ def node_restriction_policy(namespace: str, labels: dict[str, str], node_sa: str
 
 
 def record_writers_policy(namespace: str, labels: dict[str, str], node_sa: str = "kubegpu-node") -> list[Obj]:
-    extender, node = _sa(namespace, "kubegpu-scheduler-extender"), _sa(namespace, node_sa)
+    extender, node = _sa(namespace, EXTENDER_SA), _sa(namespace, node_sa)
 
     def unchanged(key: str) -> str:
         new = f"({_annotations('object')})"

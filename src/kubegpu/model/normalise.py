@@ -22,6 +22,9 @@ What it adds to the request parser (:func:`kubegpu.model.request.parse_pod`):
   nodes, so they pass with no patch (``void_all_pods`` for clusters whose GPU
   nodes are not tainted).
 * the toleration for the GPU taint on GPU pods.
+* the legacy ``scheduler.alpha.kubernetes.io/affinity`` annotation translated
+  (:mod:`kubegpu.model.legacy`): its ``alpha.kubernetes.io/nvidia-gpu-name`` choice becomes the
+  ``kubegpu.io/gpu-model`` constraint and, where the pod has none, ``spec.affinity``.
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubegpu.model import legacy
 from kubegpu.model import resources as R
+from kubegpu.model.annotations import GPU_MODEL
 from kubegpu.model.request import ContainerRequest, PodRequest, Refusal, parse_pod
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
@@ -174,6 +179,34 @@ def _describe_rewrite(cr: ContainerRequest) -> str:
     return f"container {cr.name!r}: GPU resources set to {canon} in limits and requests{renamed}"
 
 
+def _translate_legacy_affinity(annotations: Mapping[str, Any], spec: Mapping[str, Any], b: _Builder) -> None:
+    key = legacy.LEGACY_AFFINITY
+    try:
+        t = legacy.translate(annotations[key])
+    except legacy.LegacyAffinityError as exc:
+        b.refusals.append(Refusal("-", f"annotation {key}", str(annotations[key])[:120],
+                                  f"{exc}; write it as spec.affinity instead", "legacy-affinity"))
+        return
+    if t.models is not None and not t.models:
+        b.refusals.append(Refusal("-", f"annotation {key}", str(annotations[key])[:120],
+                                  "its alpha.kubernetes.io/nvidia-gpu-name expressions allow no GPU model",
+                                  "legacy-affinity"))
+        return
+    if t.models:
+        wanted = "|".join(sorted(t.models))
+        if GPU_MODEL not in annotations:
+            b.ops.append({"op": "add", "path": "/metadata/annotations/" + GPU_MODEL.replace("/", "~1"),
+                          "value": wanted})
+        elif annotations[GPU_MODEL] != wanted:
+            b.warnings.append(f"{GPU_MODEL} is set ({annotations[GPU_MODEL]!r}); the legacy {key} "
+                              f"({wanted!r}) is not applied to it")
+    if "affinity" in spec:
+        b.warnings.append(f"{t.note}; spec.affinity is set, so the annotation is not copied there")
+    else:
+        b.ops.append({"op": "add", "path": "/spec/affinity", "value": t.affinity})
+        b.warnings.append(f"{t.note}: set as {GPU_MODEL} and spec.affinity")
+
+
 def review_pod(pod: Mapping[str, Any], policy: AdmissionPolicy = AdmissionPolicy()) -> PodReview:
     """Validate and normalise one pod (a dict shaped like a v1.Pod). Never raises on bad input."""
     parsed = parse_pod(pod, replica_resources=policy.replica_resources)
@@ -218,6 +251,9 @@ def review_pod(pod: Mapping[str, Any], policy: AdmissionPolicy = AdmissionPolicy
                 b.refusals.append(Refusal("-", f"annotation {k}", str(v),
                                           "CDI device annotations would give devices outside the "
                                           "allocation; request GPUs through resources", "cdi-annotation"))
+
+    if isinstance(annotations, Mapping) and legacy.LEGACY_AFFINITY in annotations:
+        _translate_legacy_affinity(annotations, spec, b)
 
     if gpu_pod and policy.add_toleration and not _tolerates(spec.get("tolerations"), policy.taint_key):
         tol = {"key": policy.taint_key, "operator": "Exists", "effect": "NoSchedule"}

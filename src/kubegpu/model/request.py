@@ -7,6 +7,7 @@ The webhook (admission and patches), the extender (fit), the simulator and
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -14,6 +15,8 @@ from typing import Any
 
 from kubegpu.model import resources as R
 from kubegpu.model.annotations import GPU_MODEL, split_models
+from kubegpu.model.legacy import LEGACY_AFFINITY, LegacyAffinityError
+from kubegpu.model.legacy import translate as translate_legacy
 from kubegpu.model.quantity import QuantityError, format_bytes, parse, parse_int
 
 # Upper bounds that catch absurd quantities (typos such as "8000" GPUs) with a clear reason.
@@ -408,6 +411,10 @@ def parse_pod(pod: Mapping[str, Any], *, replica_resources: frozenset[str] = fro
     annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
     if isinstance(annotations, Mapping) and isinstance(annotations.get(GPU_MODEL), str):
         allowed = split_models(annotations[GPU_MODEL]) or None
+    elif isinstance(annotations, Mapping) and LEGACY_AFFINITY in annotations:
+        # A pod that reached the scheduler untranslated (no webhook): the legacy GPU-name choice still holds.
+        with contextlib.suppress(LegacyAffinityError):
+            allowed = translate_legacy(annotations[LEGACY_AFFINITY]).models or None
     return PodRequest(tuple(containers), tuple(refusals), allowed)
 
 

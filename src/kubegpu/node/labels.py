@@ -20,7 +20,9 @@ k8s-device-plugin):
   fails); ``mixed``: ``nvidia.com/mig-<profile>.{count,product,replicas,sharing-strategy,memory,
   multiprocessors,slices.gi,slices.ci,engines.*}`` per profile (``+`` in a profile becomes
   ``.``, as label keys and resource names cannot hold ``+``);
-- ``nvidia.com/gpu.present: "true"`` (the GPU operator's NFD rule) on every GPU node.
+- ``nvidia.com/gpu.present: "true"`` (the GPU operator's NFD rule) on every GPU node;
+- ``alpha.kubernetes.io/nvidia-gpu-name``: the first GPU's name, sanitised as GFD sanitises
+  (``Tesla K80`` -> ``Tesla-K80``), the label the Kubernetes 1.6 kubelet set for GPU-model selection.
 
 GFD's timestamp and machine-type labels are not set: they change without the GPUs changing.
 Pure function; every value is a valid Kubernetes label value.
@@ -32,7 +34,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Final
 
+from kubegpu.model import legacy
 from kubegpu.model import resources as R
+from kubegpu.model.annotations import LEGACY_GPU_NAME_LABEL
 from kubegpu.model.inventory import Gpu, MigDevice, NodeInventory
 from kubegpu.node.config import Config
 
@@ -64,12 +68,7 @@ def arch_family(major: int, minor: int) -> str:
             10: "blackwell", 12: "blackwell"}.get(major, "undefined")
 
 
-def label_value(text: str) -> str:
-    """GFD's sanitise(): drop characters outside ``[A-Za-z0-9-_. ]``, join words with ``-``;
-    then cut to a valid label value (63 characters, alphanumeric at both ends)."""
-    words = _DROPPED_CHARS_RE.sub("", text).split()
-    value = "-".join(words)[:63]
-    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", value)
+label_value = legacy.label_value  # GFD's sanitise(), one rule for labels and the legacy translation
 
 
 def is_valid_label_value(value: str) -> bool:
@@ -77,8 +76,8 @@ def is_valid_label_value(value: str) -> bool:
 
 
 def owns_label(key: str) -> bool:
-    """True for the label keys GFD (and so this module) manages."""
-    return _OWNED_RE.match(key) is not None
+    """True for the label keys GFD (and so this module) manages, and the legacy GPU-name label."""
+    return key == LEGACY_GPU_NAME_LABEL or _OWNED_RE.match(key) is not None
 
 
 class _Resource:
@@ -222,6 +221,9 @@ def gpu_labels(inv: NodeInventory, config: Config) -> dict[str, str]:
     if not inv.gpus:
         return {}
     labels: dict[str, str] = {"nvidia.com/gpu.present": "true"}
+    # What the Kubernetes 1.6 kubelet set, for pods selecting models the old way (model/legacy.py): the
+    # first GPU's name as a valid label value ("Tesla K80" -> "Tesla-K80").
+    labels[LEGACY_GPU_NAME_LABEL] = label_value(inv.gpus[0].model)
     labels.update(_version_labels(inv))
     labels["nvidia.com/mig.capable"] = str(any(g.mig_capable or g.mig_enabled for g in inv.gpus)).lower()
     mps = config.sharing.strategy == "mps" and not any(g.mig_enabled for g in inv.gpus)

@@ -115,12 +115,18 @@ def readiness(daemon: ProbeSource) -> Probe:
     return Probe(all(v == "ok" for v in checks.values()), checks)
 
 
+READ_TIMEOUT_S = 10.0
+MAX_CONNECTIONS = 64
+
+
 class MetricsAddressError(OSError):
     """The metrics address cannot be served (taken, not an address of this host); names the address."""
 
 
 def _handler(metrics: NodeMetrics, probes: Mapping[str, Callable[[], Probe]]) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        timeout = READ_TIMEOUT_S  # a client that sends its request slowly (or never) gives its thread back
+
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
@@ -151,7 +157,33 @@ def _handler(metrics: NodeMetrics, probes: Mapping[str, Callable[[], Probe]]) ->
 
 
 class _Server(ThreadingHTTPServer):
+    """One thread per connection, at most MAX_CONNECTIONS of them (more are closed at once), and a client
+    that hangs up is not a traceback on stderr."""
+
     daemon_threads = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("metrics request from %s failed", client_address, exc_info=True)
 
 
 def serve(metrics: NodeMetrics, port: int, addr: str = "0.0.0.0", daemon: ProbeSource | None = None,

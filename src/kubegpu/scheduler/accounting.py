@@ -93,6 +93,10 @@ class Ledger:
         # bound pod is never acknowledged and would hold its shape forever.
         self.handoff_wait = os.environ.get(HANDOFF_WAIT_ENV, "1") not in ("0", "false", "no")
         self._assumed: set[str] = set()  # keys of held entries not yet echoed by the watch
+        # Pods without GPUs bound to a node whose Device object has not arrived yet (the informers list
+        # concurrently): node -> key -> (uid, the pod's resource-only skeleton), held once it does.
+        self.waiting: dict[str, dict[str, tuple[str, Mapping[str, Any]]]] = {}
+        self.devices_listed = False  # once every Device object has been listed, nothing waits any more
 
     def pods_on(self, node: str) -> list[tuple[PodAllocation, int, int]]:
         """(allocation, CPU, memory) of the pods held on a node, in key order (to rebuild its state)."""
@@ -180,6 +184,27 @@ class Ledger:
             self.release(k)
         return gone
 
+    def _unwait(self, key: str) -> None:
+        for node in [n for n, pods in self.waiting.items() if key in pods]:
+            del self.waiting[node][key]
+            if not self.waiting[node]:
+                del self.waiting[node]
+
+    def devices_are_listed(self) -> None:
+        """Every Device object has been listed: nodes still without one are not GPU nodes; forget their pods."""
+        self.devices_listed = True
+        self.waiting.clear()
+
+    def node_known(self, node: str) -> None:
+        """A node's state now exists: hold the pods without GPUs that were bound to it before."""
+        for key, (uid, pod) in sorted(self.waiting.pop(node, {}).items()):
+            if self.tracks(node):
+                try:
+                    self.hold(key, uid, node, PodAllocation(()), pod=pod)
+                except PlacementConflict as e:
+                    self.conflicts += 1
+                    log.error("pod %s on %s: its CPU or memory does not fit the node: %s", key, node, e)
+
     def tracks(self, node: str | None) -> bool:
         """Whether pods bound to ``node`` are accounted (it is a GPU node with a known state)."""
         rec = self.nodes.get(node or "")
@@ -192,6 +217,7 @@ class Ledger:
         uid = str(meta.get("uid") or "")
         phase = (pod.get("status") or {}).get("phase")
         if deleted or phase in TERMINAL_PHASES:
+            self._unwait(key)
             self.release(key, uid or None)
             return
         node = (pod.get("spec") or {}).get("nodeName") or ""
@@ -206,6 +232,10 @@ class Ledger:
             elif records.record is None and A.DEVICE_ALLOCATED in (meta.get("annotations") or {}):
                 self.corrupt += 1
             log.error("pod %s: %s; not accounted", key, "; ".join(records.problems))
+        self._unwait(key)
+        if node and recorded is None and not self.tracks(node) and not self.devices_listed:
+            # Maybe a GPU node whose Device object is still to come: hold the pod's CPU and memory then.
+            self.waiting.setdefault(node, {})[key] = (uid, pod)
         if not node or (recorded is None and not self.tracks(node)):
             # Not bound yet (or no GPUs recorded): keep an in-flight assumption, drop anything else.
             if current is not None and current.assumed_at is None and current.uid == uid:

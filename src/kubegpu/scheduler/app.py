@@ -39,7 +39,7 @@ from kubegpu.model.allocation import AnnotationError, PodAllocation, decode, enc
 from kubegpu.model.signing import record_annotations
 from kubegpu.placement import DEFAULT_POLICY, PlacementConflict
 from kubegpu.scheduler import wire
-from kubegpu.scheduler.limits import Limits, bounded_filter, too_many_gpu_containers
+from kubegpu.scheduler.limits import Limits, LoopShare, bounded_filter, too_many_gpu_containers
 from kubegpu.scheduler.metrics import ExtenderMetrics
 from kubegpu.scheduler.requests import pod_policies
 from kubegpu.scheduler.state import ClusterView
@@ -76,6 +76,7 @@ class Extender:
         self.metrics = ExtenderMetrics(view)
         self._ready = ready
         self._bind_locks: dict[str, asyncio.Lock] = {}
+        self.share = LoopShare()  # requests in flight, for expensive filters to step aside
         verbs = (("filter", self.filter), ("prioritize", self.prioritize), ("bind", self.bind))
         routes = [Route(f"{prefix}/{name}", self._verb(name, fn), methods=["POST"])
                   for prefix in ("", "/scheduler") for name, fn in verbs]
@@ -102,8 +103,9 @@ class Extender:
         async def handler(request: Request) -> Response:
             start = time.perf_counter()
             try:
-                body = await read_body(request, self.max_body_bytes, self.body_timeout_s)
-                return await fn(body)
+                with self.share.request():
+                    body = await read_body(request, self.max_body_bytes, self.body_timeout_s)
+                    return await fn(body)
             except BodyError as e:
                 self.metrics.bad_requests.labels(name).inc()
                 if e.status == 499:
@@ -128,7 +130,7 @@ class Extender:
         try:
             self.view.expire_assumed()
             _, gpu_policy = self.policies(args.Pod)
-            out = await bounded_filter(self.view, args.Pod, names, gpu_policy, self.limits)
+            out = await bounded_filter(self.view, args.Pod, names, gpu_policy, self.limits, share=self.share)
         except Exception as e:  # a bug must not fail scheduling silently: say it in Error
             log.exception("filter failed")
             return _json(wire.encode(wire.ExtenderFilterResult(None, None, {}, {}, f"kubegpu filter: {e}")))

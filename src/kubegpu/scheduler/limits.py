@@ -15,7 +15,8 @@ cheap and the loop answering:
 * a time budget per filter (:attr:`Limits.filter_budget_s`): nodes not reached in it fail with a
   reason saying so (kube-scheduler retries the pod and rotates the node list);
 * the per-node fits run in slices of :attr:`Limits.slice_s` with the event loop given back between
-  slices, so a 1-GPU pod's filter is answered within a slice while a large one is in flight. The view
+  slices (and held back while cheaper requests are in flight, :class:`LoopShare`), so a 1-GPU pod's
+  filter is answered while a large one is in flight. The view
   is only touched from the loop, so no lock is needed; a node whose state changed between slices is
   simply fitted against its new state (bind re-checks everything anyway).
 """
@@ -23,9 +24,10 @@ cheap and the loop answering:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from typing import Any
@@ -48,6 +50,42 @@ class Limits:
     max_gpu_containers: int = DEFAULT_MAX_GPU_CONTAINERS
     filter_budget_s: float = 0.5  # per-node fits of one filter; kube-scheduler's httpTimeout is 10 s
     slice_s: float = 0.002  # the event loop is given back after this much fitting (a request needs several turns)
+
+
+class LoopShare:
+    """Who is being answered right now: an expensive filter steps aside at the end of each slice while
+    cheaper requests are in flight (up to ``max_wait_s`` per slice), so a 1-GPU pod's filter does not pay
+    one slice per event-loop turn it needs."""
+
+    def __init__(self, max_wait_s: float = 0.05) -> None:
+        self.max_wait_s = max_wait_s
+        self.inflight = 0
+        self.expensive = 0
+
+    @contextlib.contextmanager
+    def request(self) -> Iterator[None]:
+        self.inflight += 1
+        try:
+            yield
+        finally:
+            self.inflight -= 1
+
+    @contextlib.contextmanager
+    def expensive_work(self) -> Iterator[None]:
+        self.expensive += 1
+        try:
+            yield
+        finally:
+            self.expensive -= 1
+
+    async def pause(self) -> None:
+        await asyncio.sleep(0)
+        if self.inflight <= self.expensive:
+            return
+        loop = asyncio.get_running_loop()
+        until = loop.time() + self.max_wait_s
+        while self.inflight > self.expensive and loop.time() < until:
+            await asyncio.sleep(0.0005)
 
 
 # ---- aggregate prefilter ------------------------------------------------------------------------
@@ -127,7 +165,8 @@ def refused_outcome(names: Sequence[str], why: str) -> FilterOutcome:
 
 
 async def bounded_filter(view: ClusterView, pod: Mapping[str, Any], names: Sequence[str], gpu_policy: str,
-                         limits: Limits, clock: Any = time.perf_counter) -> FilterOutcome:
+                         limits: Limits, clock: Any = time.perf_counter, share: LoopShare | None = None,
+                         ) -> FilterOutcome:
     """``view.filter`` with every bound above. The vectorised path (one app container asking for whole
     GPUs or a share) is the view's own; every other GPU pod takes the exact path here."""
     why = too_many_gpu_containers(pod, limits.max_gpu_containers)
@@ -136,11 +175,13 @@ async def bounded_filter(view: ClusterView, pod: Mapping[str, Any], names: Seque
     request = parse_pod(pod)
     if not request.ok or not request.wants_gpu or (simple_demand(request) is not None and not requires_nvlink(pod)):
         return view.filter(pod, names, gpu_policy)
+    share = share or LoopShare()
     # The handoff wait (docs/handoff.md) holds for this path too: nodes handing a pod of the same shape
     # to their kubelet are left out, with the reason.
     blocked = view.ledger.handoff_blocked(pod, request)
-    out = await _exact(view, pod, request, [n for n in names if n not in blocked] if blocked else names,
-                       gpu_policy, limits, clock)
+    with share.expensive_work():
+        out = await _exact(view, pod, request, [n for n in names if n not in blocked] if blocked else names,
+                           gpu_policy, limits, clock, share)
     if blocked:
         out.failed.update(blocked)
         out.reasons["handoff-pending"] += len(blocked)
@@ -148,7 +189,7 @@ async def bounded_filter(view: ClusterView, pod: Mapping[str, Any], names: Seque
 
 
 async def _exact(view: ClusterView, pod: Mapping[str, Any], request: PodRequest, names: Sequence[str],
-                 gpu_policy: str, limits: Limits, clock: Any) -> FilterOutcome:
+                 gpu_policy: str, limits: Limits, clock: Any, share: LoopShare) -> FilterOutcome:
     start = clock()
     passed: list[str] = []
     failed: dict[str, str] = {}
@@ -156,7 +197,7 @@ async def _exact(view: ClusterView, pod: Mapping[str, Any], request: PodRequest,
     cluster = view.cluster
     all_rows = view.rows_of(names)
     known = all_rows >= 0
-    for i in np.flatnonzero(~known):
+    for i in np.flatnonzero(~known).tolist():
         rec = view.nodes.get(names[i])
         failed[names[i]] = (f"its Device object is unreadable: {rec.device_error}" if rec and rec.device_error
                             else "no GPUs known (no kubegpu Device object; is `kubegpu node` running?)")
@@ -164,8 +205,8 @@ async def _exact(view: ClusterView, pod: Mapping[str, Any], request: PodRequest,
     names_known = list(compress(names, known.tolist()))
     rows = all_rows[known]
     ok = view.model_mask(request.allowed_models)[rows] if len(rows) else np.zeros(0, bool)
-    for i in np.flatnonzero(~ok):
-        n = names_known[i]
+    for j in np.flatnonzero(~ok).tolist():
+        n = names_known[j]
         present = ", ".join(sorted(view.nodes[n].models)) or "none"
         failed[n] = f"GPU model {present} not in the allowed {', '.join(sorted(request.allowed_models or ()))}"
         reasons["gpu-model"] += 1
@@ -182,18 +223,18 @@ async def _exact(view: ClusterView, pod: Mapping[str, Any], request: PodRequest,
         short = ok & (cluster.gpu_candidates(d)[rows].sum(axis=1) < d.count)
         bad = np.flatnonzero(short)
         if len(bad):
-            for i, text in zip(bad, insufficient(cluster, rows[bad], d), strict=True):
-                failed[names_known[i]] = f"container {c.name!r}: {text}"
+            for j, text in zip(bad.tolist(), insufficient(cluster, rows[bad], d), strict=True):
+                failed[names_known[j]] = f"container {c.name!r}: {text}"
             reasons["insufficient-gpu"] += len(bad)
             ok &= ~short
     need = aggregate(request)
     if not need.empty and ok.any():
         cand = np.flatnonzero(ok)
-        for i, text in zip(cand, aggregate_short(view, rows[cand], need), strict=True):
+        for j, text in zip(cand.tolist(), aggregate_short(view, rows[cand], need), strict=True):
             if text:
-                failed[names_known[i]] = text
+                failed[names_known[j]] = text
                 reasons["insufficient-gpu"] += 1
-                ok[i] = False
+                ok[j] = False
     # Exact fits node by node, in the order given, in slices, until enough nodes pass or time is up.
     nvlink = requires_nvlink(pod)
     candidates = [names_known[i] for i in np.flatnonzero(ok)]
@@ -211,7 +252,7 @@ async def _exact(view: ClusterView, pod: Mapping[str, Any], request: PodRequest,
             reasons["time-budget" if over else "not-examined"] += len(candidates) - done
             break
         if now >= slice_end:
-            await asyncio.sleep(0)  # let other requests and watch events in
+            await share.pause()  # let other requests and watch events in
             slice_end = clock() + limits.slice_s
         rec = view.nodes.get(n)
         if rec is None or rec.state is None:  # went away while the loop was given back
@@ -230,5 +271,5 @@ async def _exact(view: ClusterView, pod: Mapping[str, Any], request: PodRequest,
     return FilterOutcome(passed, failed, {}, reasons)
 
 
-__all__ = ["DEFAULT_MAX_GPU_CONTAINERS", "Aggregate", "Limits", "aggregate", "aggregate_short", "bounded_filter",
-           "count_gpu_containers", "refused_outcome", "too_many_gpu_containers"]
+__all__ = ["DEFAULT_MAX_GPU_CONTAINERS", "Aggregate", "Limits", "LoopShare", "aggregate", "aggregate_short",
+           "bounded_filter", "count_gpu_containers", "refused_outcome", "too_many_gpu_containers"]

@@ -1,6 +1,14 @@
-"""Why a node cannot take a demand, in words a person reads in kube-scheduler's FailedScheduling event."""
+"""Why a node cannot take a demand, in words a person reads in kube-scheduler's FailedScheduling event.
+
+kube-scheduler puts each reason into an Event message through a printf-style format, and prefixes it with
+the number of nodes that gave it ("0/3 nodes are available: 2 <reason>."). So a reason never holds ``%``
+(``50 % compute`` became ``50 %!c(MISSING)ompute``) and starts with words, not a number ("1 1 whole
+GPU(s)"). :func:`readable` enforces both on every reason the extender sends, whoever wrote it.
+"""
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 
@@ -46,14 +54,30 @@ def insufficient(cluster: ClusterState, rows: np.ndarray, demand: Demand) -> lis
         if c == 0:
             texts.append("no healthy GPU available to share (all unhealthy or MIG-enabled)")
         elif c == 1:
-            texts.append(f"{demand.count} whole GPU(s) requested, {n_cand[k]} of {n_ok[k]} free "
-                         f"(GPU {best[k]}: {best_pct[k]} % compute free)")
+            texts.append(f"not enough free whole GPUs: {demand.count} requested, "
+                         f"{n_cand[k]} of {n_ok[k]} free (GPU {best[k]} has {best_pct[k]} percent compute free)")
         elif c == 2:
-            texts.append(f"{demand.count} GPUs with {want} % compute each requested, only {n_cand[k]} have room")
+            texts.append(f"too few GPUs with room: {demand.count} GPUs with {want} percent compute each "
+                         f"requested, {n_cand[k]} have it")
         elif c == 3:
-            texts.append(f"GPU {best[k]}: {best_pct[k]} % compute free, {want} % requested")
+            texts.append(f"not enough GPU compute: GPU {best[k]} has {best_pct[k]} percent free, "
+                         f"{want} percent requested")
         else:
-            texts.append(f"GPU {mem_best[k]}: {mem_free[k] / 10:.1f} GiB memory free, "
+            texts.append(f"not enough GPU memory: GPU {mem_best[k]} has {mem_free[k] / 10:.1f} GiB free, "
                          f"{mem_need[k] / 10:.1f} GiB requested")
     assert len(texts) == len(uniq)
     return np.asarray(texts, dtype=object)[inverse.reshape(-1)].tolist()
+
+
+_PERCENT = re.compile(r"\s*%")
+_PLURAL = re.compile(r"\b(GPU|device|container)\(s\)")
+
+
+def readable(reason: str) -> str:
+    """A reason as kube-scheduler's Event shows it well: no ``%`` (it is a format string there), no ``(s)``
+    plurals, and a leading word (the Event puts a node count in front)."""
+    text = _PERCENT.sub(" percent", reason)
+    text = _PLURAL.sub(r"\1s", text)
+    if text[:1].isdigit():
+        text = "not enough GPUs: " + text
+    return text

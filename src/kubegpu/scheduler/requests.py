@@ -96,8 +96,8 @@ def _quantity(value: object, scale: int) -> int:
 def _container_requests(c: Mapping[str, Any]) -> tuple[int, int]:
     res = c.get("resources") if isinstance(c, Mapping) else None
     res = res if isinstance(res, Mapping) else {}
-    req = res.get("requests") if isinstance(res.get("requests"), Mapping) else {}
-    lim = res.get("limits") if isinstance(res.get("limits"), Mapping) else {}
+    req: Mapping[str, Any] = res["requests"] if isinstance(res.get("requests"), Mapping) else {}
+    lim: Mapping[str, Any] = res["limits"] if isinstance(res.get("limits"), Mapping) else {}
     cpu = req.get("cpu", lim.get("cpu"))  # an unset request defaults to the limit
     mem = req.get("memory", lim.get("memory"))
     return (_quantity(cpu, 1000) if cpu is not None else 0, _quantity(mem, 1) if mem is not None else 0)

@@ -66,9 +66,10 @@ def pod_handler(view: ClusterView) -> Any:
     def on_pod(ev: WatchEvent) -> None:
         meta = ev.obj.metadata
         ann = meta.annotations or {}
+        node = ev.obj.spec.nodeName if ev.obj.spec else None
         if (A.DEVICE_ALLOCATED not in ann and A.DEVICE_ASSIGNED not in ann
                 and f"{meta.namespace}/{meta.name}" not in view.held
-                and not view.tracks(ev.obj.spec.nodeName if ev.obj.spec else None)):
+                and not view.tracks(node) and (not node or view.ledger.devices_listed)):
             return  # neither a GPU pod of ours nor on a GPU node (most pods of a cluster): skip the conversion
         view.observe_pod(ev.obj.to_dict(), deleted=ev.type is EventType.DELETED)
     return on_pod
@@ -112,6 +113,7 @@ class ExtenderService:
         sight: with tens of thousands of pods a full collection would otherwise stall a verb for
         tens of milliseconds."""
         await self.wait_synced(timeout_s=3600)
+        self.view.ledger.devices_are_listed()
         self.view.warm_up()
         gc.collect()
         gc.freeze()

@@ -143,6 +143,8 @@ class ClusterView(Verbs):
                 self.ledger.conflicts += 1
                 log.error("node %s: a recorded allocation does not fit its GPUs: %s", name, p)
         self.mirror.update(rec)
+        if rec.state is not None:
+            self.ledger.node_known(name)
         if rec.models != models:
             self.mirror.labels_changed()
 

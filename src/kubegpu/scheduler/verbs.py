@@ -94,12 +94,12 @@ class Verbs:
             self.mirror.passed_memo = (list(passed), all_rows[ok])
             bad = np.flatnonzero(~ok)
             if len(bad):
-                failed.update(zip((names[i] for i in bad), _resources_short(cluster, all_rows[bad], demand),
+                failed.update(zip((names[int(i)] for i in bad), _resources_short(cluster, all_rows[bad], demand),
                                   strict=True))
                 reasons["insufficient-cpu-memory"] += len(bad)
             return FilterOutcome(passed, failed, unresolvable, reasons)
         for i in np.flatnonzero(~known):
-            n = names[i]
+            n = names[int(i)]
             rec = self.nodes.get(n)
             if rec is not None and rec.device_error:
                 failed[n] = f"its Device object is unreadable: {rec.device_error}"
@@ -108,7 +108,7 @@ class Verbs:
             reasons["no-device-object"] += 1
         if not known.any():
             return FilterOutcome(passed, failed, unresolvable, reasons)
-        names_known = [names[i] for i in np.flatnonzero(known)] if not known.all() else list(names)
+        names_known = [names[int(i)] for i in np.flatnonzero(known)] if not known.all() else list(names)
         rows = all_rows[known]
         models = request.allowed_models
         ok = self.mirror.model_mask(models)[rows]

@@ -12,6 +12,10 @@ from typing import Any
 
 import msgspec
 
+from kubegpu.scheduler.reasons import readable
+
+MAX_NAME = 253  # a DNS subdomain, the longest name Kubernetes gives a pod, a namespace or a node
+
 
 class WireError(ValueError):
     """A request body that is not a valid extender message."""
@@ -41,6 +45,12 @@ class ExtenderFilterResult(msgspec.Struct):
     FailedNodes: dict[str, str]
     FailedAndUnresolvableNodes: dict[str, str]
     Error: str = ""
+
+    def __post_init__(self) -> None:
+        # kube-scheduler formats these into Events: worded for that (scheduler/reasons.py).
+        self.FailedNodes = {k: readable(v) for k, v in self.FailedNodes.items()}
+        self.FailedAndUnresolvableNodes = {k: readable(v) for k, v in self.FailedAndUnresolvableNodes.items()}
+        self.Error = readable(self.Error) if self.Error else ""
 
 
 class HostPriority(msgspec.Struct):
@@ -73,6 +83,8 @@ def decode_args(body: bytes) -> ExtenderArgs:
             meta = item.get("metadata")
             if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
                 raise WireError(f"Nodes.items[{i}] has no metadata.name")
+    if any(len(n) > MAX_NAME for n in node_names(args)):
+        raise WireError(f"a node name longer than {MAX_NAME} characters")
     return args
 
 
@@ -93,4 +105,7 @@ def decode_binding(body: bytes) -> ExtenderBindingArgs:
     missing = [k for k in ("PodName", "PodNamespace", "Node") if not getattr(args, k)]
     if missing:
         raise WireError(f"ExtenderBindingArgs without {', '.join(missing)}")
+    long = [k for k in ("PodName", "PodNamespace", "Node", "PodUID") if len(getattr(args, k)) > MAX_NAME]
+    if long:  # no Kubernetes name is this long; never echo it into logs and errors
+        raise WireError(f"ExtenderBindingArgs {', '.join(long)} longer than {MAX_NAME} characters")
     return args

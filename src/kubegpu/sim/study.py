@@ -87,9 +87,15 @@ def run_study(
     inflate: float = 1.3,
     gpu_policy: str | None = None,
     progress: Callable[[str, int, int, int], None] | None = None,
+    *,
+    learned: bool = False,
+    ties: str = "random",
 ) -> dict[str, PolicySummary]:
-    """Replay every (policy, seed); ``progress(policy, seed, done, total)`` is called as pods go."""
-    workload = target_workload(pods)
+    """Replay every (policy, seed); ``progress(policy, seed, done, total)`` is called as pods go.
+
+    ``learned`` scores with the workload learned online from the pods placed (as the extender does)
+    instead of the pod list's; ``ties="name"`` breaks ties by node name (the extender's order)."""
+    workload = None if learned else target_workload(pods)
     out: dict[str, PolicySummary] = {}
     for name in policies:
         summary: PolicySummary | None = None
@@ -100,7 +106,7 @@ def run_study(
                 def cb(done: int, total: int, _n: str = name, _s: int = seed) -> None:
                     progress(_n, _s, done, total)
 
-            r = replay(nodes, pods, name, seed, inflate, gpu_policy, workload, cb)
+            r = replay(nodes, pods, name, seed, inflate, gpu_policy, workload, cb, learned=learned, ties=ties)
             if summary is None:
                 summary = PolicySummary(r.policy, r.gpu_policy)
             summary.runs.append(r)

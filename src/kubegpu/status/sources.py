@@ -169,7 +169,11 @@ def from_api_server(client: Any) -> Snapshot:
     except signing.RecordKeyError as exc:
         problems.append(str(exc))
         key = None
-    return Snapshot(inventories, pod_records(pods, problems, key), problems, node_infos(nodes),
+    from kubegpu.status.dra import from_client as dra_from_client  # DRA nodes and claims (docs/dra.md)
+
+    dra_inventories, dra_records = dra_from_client(client, problems)
+    inventories += [i for i in dra_inventories if i.name not in {x.name for x in inventories}]
+    return Snapshot(inventories, pod_records(pods, problems, key) + dra_records, problems, node_infos(nodes),
                     replica_records(pods))
 
 

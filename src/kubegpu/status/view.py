@@ -205,7 +205,7 @@ def _holder_json(h: Holder) -> dict:
 
 def replica_resources(capacity: Mapping[str, int]) -> list[str]:
     """The Node's capacity names that are time-slicing / MPS replica resources (renamed ones included)."""
-    from kubegpu.model.request import RequestKind, parse_resources
+    from kubegpu.model.request import RequestKind, RequestRefused, parse_resources
 
     out = []
     for name in sorted(capacity):
@@ -213,7 +213,7 @@ def replica_resources(capacity: Mapping[str, int]) -> list[str]:
             continue
         try:
             req = parse_resources("c", {"limits": {name: "1"}}).request
-        except Exception:  # a capacity name the request rules refuse is no replica resource
+        except RequestRefused:  # a capacity name the request rules refuse is no replica resource
             continue
         if req is not None and req.kind is RequestKind.REPLICA:
             out.append(name)

@@ -33,14 +33,21 @@ _JSON = "application/json"
 
 
 RECORD_ANNOTATIONS = (A.DEVICE_ALLOCATED, A.DEVICE_ASSIGNED)
-# kubegpu's own service accounts, in its namespace: the node daemon writes device-assigned (and the
-# extender writes device-allocated through the Binding, which pod webhooks never see).
-RECORD_WRITER_ACCOUNTS = ("kubegpu-node", "kubegpu-scheduler", "kubegpu-extender")
+# kubegpu's own service accounts in its namespace, per record (as install/security.py's policy): the
+# extender writes device-allocated (through the Binding, which pod webhooks never see; the older account
+# names are accepted too), the node daemon device-assigned.
+RECORD_WRITER_ACCOUNTS: dict[str, tuple[str, ...]] = {
+    A.DEVICE_ALLOCATED: ("kubegpu-scheduler-extender", "kubegpu-extender", "kubegpu-scheduler"),
+    A.DEVICE_ASSIGNED: ("kubegpu-node",),
+}
 DEFAULT_SCHEDULERS = frozenset({"", "default-scheduler"})
 
 
-def default_record_writers(namespace: str) -> frozenset[str]:
-    return frozenset(f"system:serviceaccount:{namespace or 'kubegpu-system'}:{sa}" for sa in RECORD_WRITER_ACCOUNTS)
+def default_record_writers(namespace: str, record: str | None = None) -> frozenset[str]:
+    """The users that may write ``record`` (either record when None) by default."""
+    ns = namespace or "kubegpu-system"
+    return frozenset(f"system:serviceaccount:{ns}:{sa}" for key, accounts in RECORD_WRITER_ACCOUNTS.items()
+                     if record in (None, key) for sa in accounts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +55,7 @@ class WebhookSettings:
     """What the webhook does besides the rules: scope and the normalisation policy.
 
     ``record_writers``: the users (``userInfo.username``) that may set or change kubegpu's record
-    annotations on a pod (None: kubegpu's service accounts in ``own_namespace``).
+    annotations on a pod (None: per record, kubegpu's service accounts in ``own_namespace`` that write it).
     ``scheduler_name``: in full mode, GPU pods left to the default scheduler are given this one.
     ``max_gpu_containers``: pods with more GPU containers are refused (the extender's cap)."""
 
@@ -62,10 +69,10 @@ class WebhookSettings:
     def excluded(self, namespace: str) -> bool:
         return bool(namespace) and (namespace == self.own_namespace or namespace in self.exclude_namespaces)
 
-    def may_write_records(self, username: str) -> bool:
-        writers = self.record_writers if self.record_writers is not None else \
-            default_record_writers(self.own_namespace)
-        return username in writers
+    def may_write_records(self, username: str, records: Iterable[str]) -> bool:
+        if self.record_writers is not None:
+            return username in self.record_writers
+        return all(username in default_record_writers(self.own_namespace, r) for r in records)
 
 
 @dataclass(slots=True)
@@ -110,7 +117,7 @@ def decide(body: bytes, settings: WebhookSettings, *, mutate: bool) -> Verdict:
     # Only kubegpu writes the records, in every namespace and on every path that can carry metadata.
     old = req.old_object if req.operation == "UPDATE" else None
     changed = _record_changes(req.object, old) if req.operation in ("CREATE", "UPDATE") else []
-    if changed and not settings.may_write_records(req.username):
+    if changed and not settings.may_write_records(req.username, changed):
         who = f"{_object_namespace(req.object) or req.namespace}/{_object_name(req.object)}"
         log.info("pod %s refused: %s may not write %s", who, req.username[:256] or "(unknown user)",
                  ", ".join(changed))
@@ -188,6 +195,28 @@ def _steer(obj: Mapping[str, Any], scheduler: str, patch: list[dict[str, Any]], 
                         f"pod's GPUs ({scheduler} does)")
 
 
+def offline_warnings(pod: Mapping[str, Any], settings: WebhookSettings) -> list[str]:
+    """What the webhook would add or refuse beyond :func:`review_pod`, for ``kubegpu check``: the
+    scheduler name of GPU pods, the GPU-container cap, the record annotations and envFrom."""
+    out: list[str] = []
+    if why := too_many_gpu_containers(pod, settings.max_gpu_containers, settings.policy.replica_resources):
+        out.append(f"refused by the webhook: {why}")
+    if changed := _record_changes(pod, None):
+        out.append(f"refused by the webhook: {' and '.join(changed)} may be written only by kubegpu")
+    if count_gpu_containers(pod, settings.policy.replica_resources) and settings.scheduler_name \
+            and not _node_name(pod):
+        current = _spec(pod).get("schedulerName")
+        if current is None or current in DEFAULT_SCHEDULERS:
+            out.append(f"spec.schedulerName is {current or 'not set'}: without kubegpu's webhook (full mode sets "
+                       f"{settings.scheduler_name}) the default scheduler places this pod and knows nothing of "
+                       "GPU shares")
+        elif current != settings.scheduler_name:
+            out.append(f"spec.schedulerName is {str(current)[:64]!r}: kubegpu neither places nor accounts "
+                       "this pod's GPUs")
+    out.extend(_env_from_warnings(pod))
+    return out
+
+
 def _env_from_warnings(obj: Mapping[str, Any]) -> list[str]:
     """GPU containers whose envFrom could set a device variable: admission cannot see a ConfigMap's or
     Secret's keys, and the pod's own environment overrides the device plugin's."""
@@ -201,7 +230,8 @@ def _env_from_warnings(obj: Mapping[str, Any]) -> list[str]:
                 continue
             prefixes = [e.get("prefix") or "" for e in c["envFrom"] if isinstance(e, Mapping)]
             if any(isinstance(p, str) and any(v.startswith(p) for v in DEVICE_ENV_VARS) for p in prefixes):
-                name = c.get("name") if isinstance(c.get("name"), str) else "?"
+                raw = c.get("name")
+                name = raw if isinstance(raw, str) else "?"
                 out.append(f"container {name[:64]!r}: envFrom may set NVIDIA_VISIBLE_DEVICES, which admission "
                            "cannot see; nodes must run the NVIDIA runtime with "
                            "accept-nvidia-visible-devices-envvar-when-unprivileged = false (docs/security.md)")

@@ -75,6 +75,8 @@ def test_process_registers_publishes_and_stops_cleanly(root: Path) -> None:
     try:
         assert kubelet.wait(lambda: DRIVER in kubelet.plugins and
                             len(api.objects("resourceslices", "resource.k8s.io")) == 1, 30)
+        proc.send_signal(signal.SIGHUP)  # rediscovery: same GPUs, nothing republished, still serving
+        assert not kubelet.wait(lambda: proc.poll() is not None, 1.0)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, err

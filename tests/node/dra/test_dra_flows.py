@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from dra_harness import FIXTURES, Bed, fixture, make_bed, strip_server
@@ -442,3 +444,39 @@ def test_fixture_objects_are_accepted_by_the_stand_in_api(bed: Bed) -> None:
             obj["metadata"]["name"] += "-copy"
         bed.api.put_object(obj)
     assert FIXTURES.is_dir()
+
+
+class _Switchable:
+    """An inventory backend whose GPUs can change (a MIG reconfiguration), with no health events."""
+
+    def __init__(self, inv: Any) -> None:
+        self.inv = inv
+
+    def discover(self) -> Any:
+        return self.inv
+
+    def wait_event(self, timeout_s: float) -> None:
+        time.sleep(min(timeout_s, 0.05))
+
+    def probe(self, uuid: str) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+def test_rediscovery_republishes_a_new_mig_geometry(bed: Bed) -> None:
+    from kubegpu.inventory.fake import FakeBackend
+
+    mig = FakeBackend("a100-mig", node_name="gpu-node-1").discover()
+    plain = replace(mig, gpus=tuple(replace(g, mig_enabled=False, mig_devices=()) for g in mig.gpus))
+    bed.backend = _Switchable(plain)  # type: ignore[assignment]
+    _ready(bed)
+    assert bed.daemon is not None
+    assert bed.daemon.rediscover() is False  # nothing changed
+    bed.backend.inv = mig  # type: ignore[attr-defined]
+    assert bed.daemon.rediscover() is True
+    assert bed.wait(lambda: len(bed.slices()) == 2)  # MIG devices and their counter sets
+    names = {d["name"] for s in bed.slices() for d in s["spec"].get("devices") or []}
+    assert "gpu-0-mig-1g10gb-13" in names
+    assert {s["spec"]["pool"]["generation"] for s in bed.slices()} == {2}

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 from typer.testing import CliRunner
 
+import kubegpu.node.dra
 from kubegpu.cli.main import app
 from kubegpu.install.dra import MODE_LABEL, apply_dra, device_classes
 from kubegpu.install.render import render
@@ -54,11 +57,22 @@ def test_rbac_reads_claims_and_writes_only_own_node_slices() -> None:
     objs = _objs()
     role = next(o for o in objs if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "kubegpu-dra-node")
     by_res = {r["resources"][0]: set(r["verbs"]) for r in role["rules"]}
-    assert by_res["resourceclaims"] == {"get"}
-    assert "delete" in by_res["resourceslices"]
+    assert by_res == called_by_dra_code()
     vap = next(o for o in objs if o["kind"] == "ValidatingAdmissionPolicy")
     assert "authentication.kubernetes.io/node-name" in vap["spec"]["variables"][0]["expression"]
     assert any(o["kind"] == "ValidatingAdmissionPolicyBinding" for o in objs)
+
+
+def called_by_dra_code() -> dict[str, set[str]]:
+    """resource -> verbs, from the client calls in kubegpu.node.dra (a new call without a grant fails)."""
+    verbs = {"get": "get", "list": "list", "watch": "watch", "create": "create", "replace": "update",
+             "delete": "delete", "patch": "patch"}
+    kinds = {"ResourceClaim": "resourceclaims", "ResourceSlice": "resourceslices", "DeviceClass": "deviceclasses"}
+    out: dict[str, set[str]] = {}
+    for path in sorted((Path(kubegpu.node.dra.__file__).parent).glob("*.py")):
+        for verb, kind in re.findall(r"client\.(\w+)\(\s*([A-Z]\w*)", path.read_text()):
+            out.setdefault(kinds[kind], set()).add(verbs[verb])
+    return out
 
 
 def test_classes_select_the_devices_the_node_publishes() -> None:
@@ -71,7 +85,7 @@ def test_classes_select_the_devices_the_node_publishes() -> None:
     def chosen(cls: str) -> list[str]:
         return [d["name"] for d in devices
                 if cel_matches(classes[cls], Candidate("gpu.kubegpu.io", inv.name, inv.name, d).cel_view())]
-    assert chosen("gpu.kubegpu.io") == ["gpu-0", "gpu-1", "gpu-2"]
+    assert chosen("gpu.kubegpu.io") == ["gpu-2", "gpu-0", "gpu-1"]  # plain GPUs first, then MIG parents
     assert chosen("shared-gpu.kubegpu.io") == ["gpu-3"]
     assert len(chosen("mig.kubegpu.io")) == 6
     assert chosen("mig-1g.10gb.kubegpu.io") == ["gpu-0-mig-1g10gb-13", "gpu-0-mig-1g10gb-14"]

@@ -147,7 +147,8 @@ def daemonset(v: Values, *, all_nodes: bool = False, shared_gpus: str = "none") 
                  "--dra-registry-dir", f"{kubelet}/plugins_registry", "--cdi-spec-dir", "/var/run/cdi",
                  "--dra-shared-gpus", shared_gpus],
         "env": env, "volumeMounts": mounts, "resources": v.resources,
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}},
     }
     spec: Obj = {
         "serviceAccountName": NAME, "priorityClassName": v.priority_class_name, "tolerations": v.tolerations,

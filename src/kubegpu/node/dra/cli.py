@@ -11,6 +11,7 @@ before the rest goes to the node config loader, which keeps its own validation):
 From the shared config: ``--cdi-spec-dir``, the Xid policy (``DP_DISABLE_HEALTHCHECKS`` ...),
 ``--health-recovery-interval``, MPS (an ``mps`` sharing section turns on the MPS variables for
 shares) and ``--mps-root``. ``--dry-run`` prints the ResourceSlices that would be published.
+SIGHUP discovers the GPUs again (after a MIG reconfiguration) and republishes when they changed.
 Exit codes as ``kubegpu node``: 0 clean stop, 1 init failure, 2 bad configuration.
 """
 
@@ -98,11 +99,10 @@ def run_dra(flags: Mapping[str, Any], env: Mapping[str, str], *, backend: Any, k
         log.error("the DRA driver needs the API server (claims, ResourceSlices): %s", exc)
         return EXIT_INIT
     daemon = DraDaemon(backend, opts, client)
-    stop = threading.Event()
+    stop, reload = threading.Event(), threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGHUP, lambda *_: log.info("SIGHUP: the DRA driver has nothing to reload; "
-                                                        "restart the pod to change its configuration"))
+    signal.signal(signal.SIGHUP, lambda *_: reload.set())
     try:
         daemon.start()
     except Exception as exc:
@@ -114,6 +114,12 @@ def run_dra(flags: Mapping[str, Any], env: Mapping[str, str], *, backend: Any, k
     deadline = time.monotonic() + run_for if run_for else None
     try:
         while not stop.wait(0.2):
+            if reload.is_set():
+                reload.clear()
+                try:
+                    daemon.rediscover()
+                except Exception as exc:  # keep serving what was discovered before
+                    log.error("rediscovery failed, keeping the published devices: %s", exc)
             if deadline is not None and time.monotonic() >= deadline:
                 break
     finally:

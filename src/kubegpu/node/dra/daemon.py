@@ -148,17 +148,44 @@ class DraDaemon:
 
     # ----- lifecycle ---------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def _watch_health(self, inv: NodeInventory, previous: dict[str, bool] | None = None) -> None:
         opts = self.options
-        self.inventory = self.backend.discover()
-        self.state = HealthState(self.inventory)
+        state = HealthState(inv)
+        if previous:  # devices still present keep their health until the monitor recovers them
+            state.apply({u: h for u, h in previous.items() if not h and u in set(state.uuids())})
+        with self._lock:
+            self.inventory, self.state = inv, state
         self._rebuild()
-        self.state.add_listener(self._on_health)
-        placement = {m.uuid: (m.gi, m.ci) for g in self.inventory.gpus for m in g.mig_devices}
-        self.monitor = HealthMonitor(self.backend, self.state, policy=opts.xid_policy,
-                                     wait_timeout_s=opts.health_wait_s,
+        state.add_listener(self._on_health)
+        placement = {m.uuid: (m.gi, m.ci) for g in inv.gpus for m in g.mig_devices}
+        self.monitor = HealthMonitor(self.backend, state, policy=opts.xid_policy, wait_timeout_s=opts.health_wait_s,
                                      recovery_interval_s=opts.recovery_interval_s, mig_placement=placement)
         self.monitor.start()
+
+    def rediscover(self) -> bool:
+        """Discover again (SIGHUP, e.g. after a MIG reconfiguration); republish when the GPUs changed.
+
+        Claims already prepared keep their checkpointed answer; a device that disappeared is no
+        longer published, so the scheduler stops handing it out."""
+        inv = self.backend.discover()
+        if inv == self.inventory:
+            return False
+        previous = self.state.snapshot() if self.state is not None else None
+        if self.monitor is not None:
+            self.monitor.stop()
+        if self.state is not None:
+            self.state.close()
+        self._watch_health(inv, previous)
+        log.info("GPUs changed on rediscovery: %d devices now published", len(self.table()))
+        if self.publisher is not None:
+            self.publisher.wake()
+        if self.plugin is not None:
+            self.plugin.health_changed()
+        return True
+
+    def start(self) -> None:
+        opts = self.options
+        self._watch_health(self.backend.discover())
         self.preparer = Preparer(self.reader, self.table, opts.settings, cdi_dir=opts.cdi_dir,
                                  state_dir=opts.state_path, fail=self.fail)
         if self.client is not None:

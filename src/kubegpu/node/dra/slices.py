@@ -8,7 +8,8 @@ Shapes follow what a v1.36 API server stores (fixtures ``dra-v1.36`` s1, s3, s4,
   (read from sysfs), and with NVLink ``nvlinkClique`` / ``nvlinkPeers``; capacity ``memory``.
 - **MIG** (``type: mig``) for the GPU's current geometry: every MIG device is a device of its
   own (``profile``, ``parentUUID``, ``parentIndex``, capacity ``memory`` and ``multiprocessors``),
-  and the parent GPU is published too. All of them consume a shared counter set
+  and the parent GPU is published too (``migEnabled: true``; after the plain GPUs, so whole-GPU
+  claims prefer those). All of them consume a shared counter set
   ``gpu-<i>-counter-set`` (``compute-slices``, ``memory``, ``multiprocessors``): the parent takes
   it all, each MIG device its part, so the allocator never gives a GPU whole and in slices.
 - **share** (``type: shared-gpu``) on GPUs configured for sharing: ``allowMultipleAllocations``
@@ -287,12 +288,15 @@ def pool_content(inv: NodeInventory, settings: DraSettings,
         out.devices.append(dev)
         out.table[pd.name] = pd
 
-    for g in sorted(inv.gpus, key=lambda x: x.index):
+    # Plain GPUs first: kube-scheduler tries devices in slice order, so a whole-GPU claim lands on a GPU
+    # without MIG before it would take a MIG-enabled GPU (with all its instances) whole.
+    for g in sorted(inv.gpus, key=lambda x: (x.mig_enabled and bool(x.mig_devices), x.index)):
         attrs = _attrs_common(g, inv, settings, TYPE_GPU)
         attrs.update(_nvlink_attrs(g, inv, cliques))
         name = device_name(g)
         base = PublishedDevice(name, pool, TYPE_GPU, g.uuid, g.uuid, g.index, g.minor, g.memory_bytes)
         if g.mig_enabled and g.mig_devices:
+            attrs["migEnabled"] = {"bool": True}
             cs = counter_set_name(g)
             sms = _multiprocessors(g)
             counters: dict[str, Any] = {"compute-slices": {"value": str(_gpu_slices(g))},

@@ -58,7 +58,7 @@ class ScoreContext:
     node_rank: np.ndarray | None = None
     use_memory: bool = False
     workload_gen: int = 0
-    _store: dict[Hashable, Any] = field(default_factory=dict)
+    _store: OrderedDict[Hashable, Any] = field(default_factory=OrderedDict)
 
     def __post_init__(self) -> None:
         if not self.workload_gen:
@@ -74,9 +74,11 @@ class ScoreContext:
         full = (key, None if cluster is None else cluster.layout)
         out = self._store.get(full)
         if out is None:
-            if len(self._store) >= 64:  # one-node trial clusters come and go: keep the store bounded
-                self._store.clear()
+            while len(self._store) >= 64:  # one-node trial clusters come and go: drop the least recent
+                self._store.popitem(last=False)
             out = self._store[full] = build()
+        else:
+            self._store.move_to_end(full)
         return out
 
     def frag_terms(self, cluster: ClusterState, use_memory: bool | None = None) -> FragTerms:

@@ -26,8 +26,8 @@ def generated_names() -> list[str]:
 
 def generate(out_dir: Path) -> list[Path]:
     """Run protoc (from grpcio-tools) and return the generated files inside ``out_dir``."""
-    import grpc_tools
-    from grpc_tools import protoc  # dev dependency: imported only when generating
+    import grpc_tools  # type: ignore[import-untyped]
+    from grpc_tools import protoc  # type: ignore[import-untyped]  # dev dependency, only to generate
 
     include = Path(grpc_tools.__file__).parent / "_proto"
     rel = PROTO_DIR.relative_to(SRC_ROOT)
