@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             if restart is not None:
                 restart.join(60)
             names = {p["metadata"]["name"] for p in pods}
-            if not c.settled(names, timeout_s=60, idle_s=4.0):
+            if not c.settled(names, timeout_s=60, idle_s=6.0):
                 stuck = [n for n in sorted(names) if n in c.why_pending][:3]
                 print(f"burst {b}: unschedulable, e.g. " + "; ".join(f"{n}: {c.why_pending[n]}" for n in stuck),
                       file=sys.stderr)

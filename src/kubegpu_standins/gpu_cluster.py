@@ -140,7 +140,7 @@ class GpuCluster:
         self.api = ApiServer(history=20000).start()
         self.nodes: dict[str, SimNode] = {}
         self.ext: ServiceThread | None = None
-        self.http = httpx.Client(timeout=5)  # a call to an extender that is restarting must not stall the loop
+        self.http = httpx.Client(timeout=2)  # a call to an extender that is restarting must not stall the loop
         self._stop = threading.Event()
         self._sched: threading.Thread | None = None
         self.extender_restarts = 0
