@@ -303,11 +303,11 @@ def check_values(v: Values) -> None:
         raise ValuesError("webhook.caBundle: without cert-manager (webhook.certManager: false) the API server "
                           "needs the CA that signed the webhook's certificate; run `kubegpu webhook-certs` and "
                           "set webhook.caBundle, or install cert-manager")
-    for c in v.network_policy.api_server_cidrs:
+    for cidr in v.network_policy.api_server_cidrs:
         try:
-            ipaddress.ip_network(c, strict=False)
+            ipaddress.ip_network(cidr, strict=False)
         except ValueError:
-            raise ValuesError(f"networkPolicy.apiServerCIDRs: {c!r} is not a CIDR such as 10.0.0.0/24") from None
+            raise ValuesError(f"networkPolicy.apiServerCIDRs: {cidr!r} is not a CIDR such as 10.0.0.0/24") from None
     if v.max_gpu_containers < 1:
         raise ValuesError(f"maxGpuContainers: {v.max_gpu_containers} would refuse every GPU pod; give 1 or more")
     if not 1 <= v.metrics_port <= 65535:
