@@ -423,3 +423,10 @@ def test_updates_are_reviewed_only_where_match_conditions_narrow_them() -> None:
         values_from_dict({"kubeVersion": "1.27", "webhook": {"reviewUpdates": True}}))
     assert update_targets(values_from_dict({"webhook": {"reviewUpdates": False}})) == {
         ("pods", "ephemeralcontainers", "UPDATE")}
+    # The operator is told which case they are in.
+    from kubegpu.install.render import notes
+
+    assert any("reviewUpdates: false" in n for n in notes(values_from_dict({"kubeVersion": "1.27"})))
+    assert any("every pod update and status update" in n for n in notes(
+        values_from_dict({"kubeVersion": "1.27", "webhook": {"reviewUpdates": True}})))
+    assert not any("reviewUpdates" in n for n in notes(Values()))
