@@ -53,6 +53,9 @@ class NodeSpec:
     topology: str
     flags: dict[str, Any] = field(default_factory=dict)
     watch_lag_s: float = 0.0
+    # The node's config file (``config-file``), e.g. a ``sharing.timeSlicing`` section: written to
+    # the node's directory and named by the flag.
+    config_yaml: str = ""
 
 
 class SimNode:
@@ -67,8 +70,15 @@ class SimNode:
         self.kubelet.start()
         self.kubelet.serve_pod_resources(self.dir / "pr.sock")
         self.flags = {"shared-slots": 20, "device-list-strategy": "envvar", **spec.flags}
+        if spec.config_yaml:
+            cfg = self.dir / "config.yaml"
+            cfg.write_text(spec.config_yaml)
+            self.flags["config-file"] = str(cfg)
         self.backend = FakeBackend(spec.topology, node_name=spec.name)
         self.daemon_restarts = 0
+        self.kubelet_restarts = 0
+        self.held_at_restart: dict[str, dict[str, list[tuple[str, tuple[str, ...]]]]] = {}
+        self.calls_at_restart = 0
         self._start_daemon()
         self.admitter = PodAdmitter(self.kubelet, make_client(kubeconfig), spec.name, swap_prob=swap_prob,
                                     seed=seed).start()
@@ -91,8 +101,52 @@ class SimNode:
 
     def wait_registered(self, timeout_s: float = 15.0) -> bool:
         want = [r.resource for r in self.daemon.servers]
-        return all(self.kubelet.wait_registered(r, timeout_s=timeout_s, count=self.daemon_restarts + 1)
-                   for r in want)
+        count = 1 + self.daemon_restarts + self.kubelet_restarts
+        return all(self.kubelet.wait_registered(r, timeout_s=timeout_s, count=count) for r in want)
+
+    def replicated_gpus(self) -> set[str]:
+        """GPUs this node serves as time-slicing/MPS replicas (``<uuid>::<k>`` of a replica resource)."""
+        return {d.gpu_uuid for s in self.daemon.servers if s.plan.sharing in ("time-slicing", "mps")
+                and s.plan.replicas > 1 for d in s.plan.devices if d.replica is not None}
+
+    def replica_resources(self) -> set[str]:
+        return {s.resource for s in self.daemon.servers
+                if s.plan.sharing in ("time-slicing", "mps") and s.plan.replicas > 1}
+
+    def offered_after_restart(self) -> list[str]:
+        """Devices the kubelet held at its last restart that it offered (GetPreferredAllocation's
+        candidates) or allocated to another container since: a kubelet that lost its checkpoint."""
+        held = {(res, i): f"{p}/{c}" for p, cs in self.held_at_restart.items() for c, v in cs.items()
+                for res, ids in v for i in ids}
+        out = []
+        for call in list(self.kubelet.calls)[self.calls_at_restart:]:
+            req = call.request or {}
+            for cr in req.get("container_requests") or []:
+                ids = set(cr.get("available_deviceIDs") or cr.get("devices_ids") or [])
+                ids -= set(cr.get("must_include_deviceIDs") or [])
+                out += [f"{call.rpc.rsplit('/', 1)[1]} {i} (held by {held[(call.resource, i)]})"
+                        for i in sorted(ids) if (call.resource, i) in held]
+        return out
+
+    def restart_kubelet(self) -> None:
+        """A kubelet restart, as recorded (``fixtures/kubelet-v1.24``): the admission in progress
+        finishes, then the device manager stops (plugin streams end), comes back reading its
+        checkpoint (devices of admitted pods stay theirs), deletes the plugin sockets and serves a
+        new ``kubelet.sock``; every resource is a stopped endpoint with no devices until its plugin
+        registers again. Bound pods it admits before that fail (``requested number of devices
+        unavailable``), as the recorded ``dp-nodename-before-rereg`` did; admitted pods are not
+        re-allocated."""
+        with self.admitter.pause():
+            self.held_at_restart = self.held()
+            self.calls_at_restart = len(self.kubelet.calls)
+            self.kubelet.restart()
+            self.kubelet_restarts += 1
+
+    def held(self) -> dict[str, dict[str, list[tuple[str, tuple[str, ...]]]]]:
+        """The kubelet's devices per pod it admitted with devices (what its checkpoint keeps)."""
+        with self.kubelet._cond:
+            return {p: {c: list(v) for c, v in cs.items()} for p, cs in self.kubelet.holdings.items()
+                    if any(cs.values())}
 
     def restart_daemon(self) -> None:
         """The node daemon stops (its sockets go, the kubelet's streams end) and starts again, learning
@@ -123,11 +177,17 @@ class ContainerCheck:
     forged: bool = False
     env_core: str = ""
     record_core: str = ""
+    replica: bool = False  # a time-slicing/MPS replica container: no record, served from its IDs
 
     @property
     def divergent(self) -> bool:
         if self.outcome != "served":
             return False
+        if self.replica:
+            # Served from the kubelet's IDs: its GPUs are the kubelet's; it carries no record, and an
+            # acknowledgement, if any, names the same GPUs.
+            return (set(self.env_gpus) != set(self.kubelet_gpus) or not self.env_gpus or bool(self.record_gpus)
+                    or (bool(self.ack_gpus) and set(self.ack_gpus) != set(self.env_gpus)))
         same = set(self.env_gpus) == set(self.kubelet_gpus) == set(self.record_gpus) == set(self.ack_gpus)
         return not same or (self.record_core != "" and self.env_core != self.record_core)
 
@@ -264,29 +324,23 @@ class GpuCluster:
     @staticmethod
     def _allocatable(node: SimNode, pod: dict[str, Any]) -> bool:
         """kube-scheduler's in-tree fit on what the kubelet reports: a resource whose plugin is away
-        (allocatable 0) rules the node out."""
-        for c in [*(pod["spec"].get("containers") or []), *(pod["spec"].get("initContainers") or [])]:
-            for res, qty in ((c.get("resources") or {}).get("limits") or {}).items():
-                if (res in (R.NVIDIA_GPU, R.GPU_SLOTS) or res.startswith(R.NVIDIA_MIG_PREFIX)) and \
-                        node.kubelet.allocatable(res) < int(str(qty)):
-                    return False
-        return True
+        (allocatable 0), or that the node does not serve, rules the node out."""
+        return all(node.kubelet.allocatable(res) >= n for res, n in _device_requests(pod).items())
 
     def _default_bind(self, pod: dict[str, Any]) -> int:
-        """kube-scheduler's default profile: it knows the kubelet's nvidia.com/gpu count, not shares."""
+        """kube-scheduler's default profile: it counts the kubelet's devices per resource (whole GPUs,
+        MIG devices, replicas), and knows nothing of shares."""
         from kubegpu.kube.writes import bind_pod
 
-        want = sum(int(str(((c.get("resources") or {}).get("limits") or {}).get(R.NVIDIA_GPU, 0)))
-                   for c in pod["spec"].get("containers") or [])
-        bound_gpu: dict[str, int] = {}
+        want = _device_requests(pod)
+        bound: dict[str, dict[str, int]] = {}
         for p in self.api.objects("pods"):
             n = (p.get("spec") or {}).get("nodeName")
             if n and (p.get("status") or {}).get("phase") not in ("Failed", "Succeeded"):
-                bound_gpu[n] = bound_gpu.get(n, 0) + sum(
-                    int(str(((c.get("resources") or {}).get("limits") or {}).get(R.NVIDIA_GPU, 0)))
-                    for c in p["spec"].get("containers") or [])
+                for res, k in _device_requests(p).items():
+                    bound.setdefault(n, {})[res] = bound.setdefault(n, {}).get(res, 0) + k
         for name, node in self.nodes.items():
-            if node.kubelet.allocatable(R.NVIDIA_GPU) - bound_gpu.get(name, 0) >= want:
+            if all(node.kubelet.allocatable(res) - bound.get(name, {}).get(res, 0) >= k for res, k in want.items()):
                 meta = pod["metadata"]
                 bind_pod(self.client, meta["namespace"], meta["name"], meta["uid"], name)
                 return 1
@@ -341,13 +395,15 @@ class GpuCluster:
             recs = read_pod(pod, self.key)
             alloc = recs.allocation()
             result = node.admitter.results.get(key)
+            replicas = node.replica_resources()
             for c in pod["spec"].get("containers") or []:
                 limits = (c.get("resources") or {}).get("limits") or {}
-                resources = [r for r in limits if r in (R.NVIDIA_GPU, R.GPU_SLOTS) or r.startswith(R.NVIDIA_MIG_PREFIX)]
+                resources = [r for r in limits if _is_device_resource(r)]
                 if not resources:
                     continue
                 name = c["name"]
-                chk = ContainerCheck(key, name, "pending", forged=recs.forged)
+                chk = ContainerCheck(key, name, "pending", forged=recs.forged,
+                                     replica=all(r in replicas for r in resources))
                 if result is not None and not result.ok:
                     chk.outcome, chk.reason = "refused", result.reason
                 elif result is not None:
@@ -372,6 +428,37 @@ class GpuCluster:
                         chk.ack_gpus = tuple(g.mig_uuid or g.uuid for g in ack.grants) or tuple(
                             d.split("::", 1)[0] for d in ack.devices)
                 out.append(chk)
+        return out
+
+    def double_held(self) -> list[str]:
+        """Device IDs the kubelets hold for two app containers at once (a kubelet that lost its
+        checkpoint, or handed a device twice)."""
+        out: list[str] = []
+        for n in self.nodes.values():
+            owner: dict[tuple[str, str], str] = {}
+            for p, cs in n.held().items():
+                for cname, held in cs.items():
+                    for res, ids in held:
+                        for i in ids:
+                            if (res, i) in owner:
+                                out.append(f"{n.name} {res} {i}: {owner[(res, i)]} and {p}/{cname}")
+                            owner[(res, i)] = f"{p}/{cname}"
+        return out
+
+    def records_on_replicated(self) -> list[str]:
+        """Records and acknowledgements (what the accounting uses) that name a GPU its node serves as
+        time-slicing/MPS replicas: a share or a whole GPU there would run beside the replicas."""
+        out: list[str] = []
+        for pod in self.api.objects("pods"):
+            node = self.nodes.get((pod.get("spec") or {}).get("nodeName") or "")
+            if node is None:
+                continue
+            replicated = node.replicated_gpus()
+            recs = read_pod(pod, self.key)
+            alloc = recs.allocation()
+            held = [(c.container, g.uuid) for c in (alloc.containers if alloc is not None else ()) for g in c.grants]
+            held += [(c, g.uuid) for c, a in recs.acks.items() for g in a.grants]
+            out += [f"{pod['metadata']['name']}/{c}: {u}" for c, u in held if u in replicated]
         return out
 
     def overcommitted(self) -> list[str]:
@@ -406,6 +493,31 @@ class GpuCluster:
                             who.setdefault((n.name, g), []).append(f"{res.pod}/{cname}:{core}")
         return [f"{node}/{g}: {c} % compute, {m} bytes ({', '.join(who[(node, g)])})"
                 for (node, g), (c, m) in use.items() if c > 100 or (g in mem_cap and m > mem_cap[g])]
+
+
+def _is_device_resource(name: str) -> bool:
+    """Resources the kubelet's device manager counts: nvidia.com GPUs, MIG devices and replicas, and
+    kubegpu's share slots."""
+    return name == R.GPU_SLOTS or R.is_nvidia_gpu_name(name)
+
+
+def _device_requests(pod: Mapping[str, Any]) -> dict[str, int]:
+    """Per device resource, what the pod holds by Kubernetes' rule: the larger of the largest init
+    container and the sum of the app containers."""
+    spec = pod.get("spec") or {}
+
+    def limits(c: Mapping[str, Any]) -> dict[str, int]:
+        lim = (c.get("resources") or {}).get("limits") or {}
+        return {r: int(str(q)) for r, q in lim.items() if _is_device_resource(r)}
+
+    out: dict[str, int] = {}
+    for c in spec.get("containers") or []:
+        for r, q in limits(c).items():
+            out[r] = out.get(r, 0) + q
+    for c in spec.get("initContainers") or []:
+        for r, q in limits(c).items():
+            out[r] = max(out.get(r, 0), q)
+    return out
 
 
 def _per_gpu(value: str, n: int) -> list[int]:

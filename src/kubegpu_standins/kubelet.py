@@ -42,7 +42,7 @@ import socket
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -272,6 +272,12 @@ class StandinKubelet:
                 st.healthy.clear()
                 st.unhealthy.clear()
                 st.connected = False
+                # The checkpoint restores the resource as a stopped endpoint with no options and no
+                # client: nothing is called for it until the plugin registers again.
+                st.options = pb.DevicePluginOptions()
+                st.channel = None
+                st.stream = None
+                st.stop_time = time.monotonic()
             self.restarts += 1
             self._cond.notify_all()
         self.start()
@@ -737,6 +743,7 @@ class PodAdmitter:
         self._watch: Any = None
         self._thread: threading.Thread | None = None
         self.paused = threading.Event()  # set: admissions wait (a kubelet restart)
+        self._admitting = threading.Lock()  # held while one pod goes through the admit handler
 
     def start(self) -> PodAdmitter:
         from kubegpu.kube.informer import EventType
@@ -799,9 +806,22 @@ class PodAdmitter:
                 if self._stop.is_set():
                     return
                 try:
-                    self._admit(pod)
+                    with self._admitting:
+                        self._admit(pod)
                 except Exception:  # a stand-in must keep admitting: log and go on
                     log.exception("standin kubelet %s: admitting a pod failed", self.node)
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """No admission runs inside the block: the one in progress finishes first, the queued ones
+        wait (what a kubelet restart looks like from the pod loop: it comes back with the same
+        queue of bound pods, and the pods it admitted keep their devices)."""
+        self.paused.set()
+        with self._admitting:
+            try:
+                yield
+            finally:
+                self.paused.clear()
 
     def _admit(self, pod: dict[str, Any]) -> None:
         meta = pod.get("metadata") or {}
@@ -829,6 +849,17 @@ class PodAdmitter:
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while len(self.results) < n:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.1))
+            return True
+
+    def wait_for(self, predicate: Callable[[], bool], timeout_s: float = 30.0) -> bool:
+        """Wait until ``predicate()`` (evaluated under the admitter's lock) is true; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while not predicate():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False

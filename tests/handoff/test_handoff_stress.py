@@ -1,9 +1,11 @@
-"""The handoff under the real kubelet's behaviour, end to end: two nodes, bursts of ~60 pods (identical
-shares, whole GPUs, multi-GPU, init containers, MIG, pods from the default scheduler, forged records),
-node-daemon watches lagging the kubelet's by 0–2 s, adjacent admission swaps, a node-daemon restart and
-an extender restart mid-burst. For every container: environment GPUs = kubelet devices = the record the
-accounting uses = acknowledgement; no GPU above 100 % compute or its memory; every refusal has a reason;
-forged records get nothing."""
+"""The handoff under the real kubelet's behaviour, end to end: three nodes, bursts of ~80 pods (identical
+shares, whole GPUs, multi-GPU, init containers, MIG, time-slicing replicas, pods from the default scheduler,
+forged records), node-daemon watches lagging the kubelet's by 0–2 s, adjacent admission swaps, a node-daemon
+restart, an extender restart and kubelet restarts mid-burst. For every container: environment GPUs = kubelet
+devices = the record the accounting uses = acknowledgement (replica containers, which carry no record:
+environment GPUs = kubelet devices); no share or whole record on a replicated GPU; no GPU above 100 % compute
+or its memory; every refusal has a reason; forged records get nothing; a kubelet restart keeps the devices
+of the pods it had admitted."""
 
 from __future__ import annotations
 
@@ -19,6 +21,10 @@ from kubegpu.model import resources as R
 from kubegpu_standins.gpu_cluster import ContainerCheck, GpuCluster, NodeSpec, pod, share, whole
 
 MIG = {"nvidia.com/mig-1g.10gb": "1"}
+REPLICA = {R.NVIDIA_GPU_SHARED: "1"}
+# node-c: every GPU time-sliced 4 ways under nvidia.com/gpu.shared (NVIDIA's renameByDefault), no kubegpu slots.
+TIME_SLICING = ("version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n    resources:\n"
+                "    - name: nvidia.com/gpu\n      replicas: 4\n")
 
 
 def forged_pod(name: str, gpu: str, minor: int, resource: dict[str, str]) -> dict:
@@ -42,30 +48,44 @@ def assert_truthful(c: GpuCluster, names: set[str], forged: dict[str, str]) -> l
         if name in forged:
             assert forged[name] not in k.env_gpus, k  # the forged record got nothing
     assert c.overcommitted() == []
+    assert c.records_on_replicated() == []
+    assert c.double_held() == []
     return checks
+
+
+def admitted_within(c: GpuCluster, node: str, names: set[str], k: int, timeout_s: float) -> bool:
+    """At least ``k`` of ``names`` were admitted by the node's kubelet."""
+    a = c.nodes[node].admitter
+    return a.wait_for(lambda: sum(p.split("/")[1] in names and r.ok for p, r in a.results.items()) >= k, timeout_s)
+
 
 
 @pytest.mark.timeout(60)
 def test_bursts_with_lag_swaps_and_restarts_never_diverge() -> None:
     nodes = [NodeSpec("node-a", "dgx-a100", watch_lag_s=2.0),
-             NodeSpec("node-b", "a100-mig", flags={"mig-strategy": "mixed"}, watch_lag_s=0.5)]
+             NodeSpec("node-b", "a100-mig", flags={"mig-strategy": "mixed"}, watch_lag_s=0.5),
+             NodeSpec("node-c", "t4x4", flags={"shared-slots": 0}, config_yaml=TIME_SLICING, watch_lag_s=1.0)]
     with GpuCluster(nodes, swap_prob=0.4, seed=7) as c:
         t0 = time.monotonic()
         # Burst 1: identical shares, whole GPUs, MIG, a default-scheduler pod.
         b1 = [pod(f"s{i}", share(25)) for i in range(12)] + [pod(f"w{i}", whole(1)) for i in range(3)]
         b1 += [pod("w2x", whole(2)), pod("m0", MIG), pod("m1", MIG), pod("plain", whole(1), scheduler=None)]
+        b1 += [pod(f"r{i}", REPLICA) for i in range(4)] + [pod("rd", REPLICA, scheduler=None)]
         for p in b1:
             c.create(p)
         n1 = {p["metadata"]["name"] for p in b1}
         checks = assert_truthful(c, n1, {})
         served = {k.pod for k in checks if k.outcome == "served"}
         assert len(served) >= len(n1) - 1, [k.reason for k in checks if k.outcome != "served"]
+        replicas = [k for k in checks if k.replica]
+        assert len(replicas) == 5 and all(k.outcome == "served" for k in replicas), replicas
+        assert {g for k in replicas for g in k.env_gpus} <= c.nodes["node-c"].replicated_gpus()
         # Forged records: one names a GPU a share pod holds (whole), one claims a share slot.
         victim = next(k for k in checks if k.pod == "default/s0")
         gpu = victim.env_gpus[0]
         forged = {"forged-whole": gpu, "forged-share": gpu}
         for p in b1:  # free most of burst 1 (the kubelet frees devices at the next admission)
-            if p["metadata"]["name"] not in ("s0", "plain", "m0"):
+            if p["metadata"]["name"] not in ("s0", "plain", "m0", "r0"):
                 c.client.delete(Pod, p["metadata"]["name"], namespace="default")
         c.create(forged_pod("forged-whole", gpu, 0, whole(1)))
         c.create(forged_pod("forged-share", gpu, 0, share(10)))
@@ -89,20 +109,45 @@ def test_bursts_with_lag_swaps_and_restarts_never_diverge() -> None:
                  "no waiting record names", "without a kubegpu record")
         assert all(any(w in k.reason for w in known) for k in refused), [k.reason for k in refused]
         assert len(refused) <= len(legit) // 2, refused
-        # Burst 3: free burst 1, then identical halves and whole GPUs with an extender restart mid-way.
+        # Burst 3: free burst 2, then identical halves, whole GPUs and replicas with an extender restart
+        # and restarts of the kubelets of node-a and node-c mid-way.
         for name in [*(p["metadata"]["name"] for p in b2), *forged]:
             c.client.delete(Pod, name, namespace="default")
         b3 = [pod(f"h{i}", share(50)) for i in range(8)] + [pod(f"x{i}", whole(1)) for i in range(2)]
         b3 += [pod(f"n{i}", share(15)) for i in range(10)] + [pod("m2", MIG), pod("plain2", whole(1), scheduler=None)]
+        b3 += [pod(f"q{i}", REPLICA) for i in range(4)] + [pod("qd", REPLICA, scheduler=None)]
         restart = threading.Thread(target=c.restart_extender)
+        kubelets = [threading.Thread(target=c.nodes[n].restart_kubelet) for n in ("node-a", "node-c")]
         for i, p in enumerate(b3):
             c.create(p)
             if i == 5:
                 restart.start()
-        restart.join(30)
+        # The kubelets restart once some of the burst is admitted on their nodes, the rest bound or binding.
         n3 = {p["metadata"]["name"] for p in b3}
+        for n, k in (("node-a", 4), ("node-c", 2)):
+            assert admitted_within(c, n, n3, k, timeout_s=20), f"{n}: burst 3 not admitted"
+        for t in kubelets:
+            t.start()
+        for t in [restart, *kubelets]:
+            t.join(30)
+        for n in ("node-a", "node-c"):
+            assert c.nodes[n].kubelet_restarts == 1
+            assert c.nodes[n].wait_registered(), f"{n}: the plugins did not register again after the kubelet restart"
         checks = assert_truthful(c, n3, forged)
-        assert sum(k.outcome == "served" for k in checks) >= len(n3) - 2
+        # The pods admitted before the restarts (s0, plain, m0, r0 and part of burst 3) still hold exactly
+        # the devices they held: the kubelet's checkpoint, no re-allocation.
+        for n in ("node-a", "node-c"):
+            before = c.nodes[n].held_at_restart
+            assert {p: d for p, d in c.nodes[n].held().items() if p in before} == before
+            assert c.nodes[n].offered_after_restart() == []
+        assert "default/r0" in c.nodes["node-c"].held_at_restart
+        assert sum(p.split("/")[1] in n3 for p in c.nodes["node-a"].held_at_restart) >= 3
+        refused = [k for k in checks if k.outcome != "served"]
+        # Pods the kubelets admit after their restart and before the plugins registered again fail the
+        # way the recorded kubelet failed dp-nodename-before-rereg ("devices unavailable").
+        assert all(any(w in k.reason for w in known) for k in refused), [k.reason for k in refused]
+        assert len(refused) <= len(n3) // 3, refused
+        assert sum(k.replica and k.outcome == "served" for k in checks) >= 3
         total = len(b1) + len(b2) + len(b3) + len(forged)
         assert total >= 50
         assert time.monotonic() - t0 < 55
