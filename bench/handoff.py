@@ -2,14 +2,19 @@
 
 The stand-in API server, the extender and, per node, the real ``kubegpu node`` daemon with a stand-in
 kubelet that admits bound pods in its watch order with adjacent swaps (``kubegpu_standins.gpu_cluster``).
-Each burst mixes identical shares, whole GPUs, multi-GPU shares, init-container pods, MIG devices, pods
+Each burst mixes identical shares, whole GPUs, multi-GPU shares, init-container pods, MIG devices,
+time-slicing replica pods (``nvidia.com/gpu.shared`` on a third node whose GPUs are all time-sliced), pods
 from the default scheduler and pods carrying forged records; the node daemons' pod watches lag the
-kubelet's by up to ``--lag`` seconds; a node daemon restarts during one burst and the extender during
-another. After each burst every GPU container is checked: environment GPUs, the kubelet's devices, the
-record the accounting uses and the acknowledgement. Prints one JSON object as its last line:
-``pods``, ``containers``, ``divergent`` (target 0), ``silent_divergent`` (target 0), ``overcommitted_gpus``
-(target 0), ``refused_without_reason`` (target 0), ``forged_served`` (target 0), ``allocate_p99_ms``,
-``max_watch_lag_s``, plus ``refused``, ``served``, ``consistent_reads``, ``elapsed_s``.
+kubelet's by up to ``--lag`` seconds; a node daemon restarts during one burst, the extender during another,
+and kubelets restart mid-burst (as recorded: checkpoint kept, plugin sockets deleted, every plugin must
+register again). After each burst every GPU container is checked: environment GPUs, the kubelet's devices,
+the record the accounting uses and the acknowledgement (replica containers: environment GPUs = kubelet
+devices, no record). Prints one JSON object as its last line: ``pods``, ``containers``, ``divergent``
+(target 0), ``silent_divergent`` (target 0), ``overcommitted_gpus`` (target 0), ``refused_without_reason``
+(target 0), ``forged_served`` (target 0), ``allocate_p99_ms``, ``max_watch_lag_s``, plus ``refused``,
+``served``, ``replica_containers``, ``records_on_replicated`` (target 0), ``double_held`` (target 0),
+``checkpoint_violations`` (target 0: devices held at a kubelet restart offered to another container),
+``kubelet_restarts``, ``consistent_reads``, ``elapsed_s``.
 
     .venv/bin/python bench/handoff.py [--bursts 6] [--pods 30] [--lag 2.0] [--seed 1]
 """
@@ -29,15 +34,18 @@ from typing import Any
 from kubegpu.kube import Pod
 from kubegpu.model import annotations as A
 from kubegpu.model import resources as R
-from kubegpu_standins.gpu_cluster import GpuCluster, NodeSpec, pod, share, whole
+from kubegpu_standins.gpu_cluster import SCHEDULER_NAME, GpuCluster, NodeSpec, pod, share, whole
 
 MIG = {"nvidia.com/mig-1g.10gb": "1"}
+REPLICA = {R.NVIDIA_GPU_SHARED: "1"}
+TIME_SLICING = ("version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n    resources:\n"
+                "    - name: nvidia.com/gpu\n      replicas: 4\n")
 
 
 def burst(rng: random.Random, b: int, n: int, victim_gpu: str | None) -> tuple[list[dict[str, Any]], dict[str, str]]:
     pods: list[dict[str, Any]] = []
     forged: dict[str, str] = {}
-    kinds = ["share", "share", "share", "whole", "multi", "init", "mig", "default", "two"]
+    kinds = ["share", "share", "share", "whole", "multi", "init", "mig", "default", "two", "replica", "replica"]
     same = rng.choice([10, 20, 25, 30])
     for i in range(n):
         name = f"b{b}-{i}"
@@ -55,6 +63,8 @@ def burst(rng: random.Random, b: int, n: int, victim_gpu: str | None) -> tuple[l
             pods.append(pod(name, MIG))
         elif k == "default":
             pods.append(pod(name, whole(1), scheduler=None))
+        elif k == "replica":
+            pods.append(pod(name, REPLICA, scheduler=None if rng.random() < 0.3 else SCHEDULER_NAME))
         else:
             pods.append(pod(name, whole(1), share(10)))
     if victim_gpu is not None:
@@ -90,12 +100,17 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("kubegpu").setLevel(os.environ["KUBEGPU_BENCH_LOG"])
     rng = random.Random(args.seed)
     nodes = [NodeSpec("node-a", "dgx-a100", watch_lag_s=args.lag),
-             NodeSpec("node-b", "a100-mig", flags={"mig-strategy": "mixed"}, watch_lag_s=args.lag / 4)]
+             NodeSpec("node-b", "a100-mig", flags={"mig-strategy": "mixed"}, watch_lag_s=args.lag / 4),
+             NodeSpec("node-c", "t4x4", flags={"shared-slots": 0}, config_yaml=TIME_SLICING,
+                      watch_lag_s=args.lag / 2)]
     out: dict[str, Any] = {"pods": 0, "containers": 0, "divergent": 0, "silent_divergent": 0,
                            "overcommitted_gpus": 0, "refused_without_reason": 0, "forged_served": 0,
-                           "refused": 0, "served": 0, "unschedulable": 0}
+                           "refused": 0, "served": 0, "unschedulable": 0, "replica_containers": 0}
     t0 = time.monotonic()
     over: set[str] = set()
+    on_replicated: set[str] = set()
+    double: set[str] = set()
+    offered: set[str] = set()
     reasons: dict[str, int] = {}
     with GpuCluster(nodes, swap_prob=args.swap, seed=args.seed) as c:
         victim: str | None = None
@@ -107,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                 if name != keep:
                     c.client.delete(Pod, name, namespace="default")
             restart: threading.Thread | None = None
+            kubelets: list[threading.Thread] = []
             for i, p in enumerate(pods):
                 c.create(p)
                 if i == len(pods) // 2 and b % 3 == 1:
@@ -115,8 +131,16 @@ def main(argv: list[str] | None = None) -> int:
                     restart = threading.Thread(target=c.restart_extender)
                 if restart is not None and not restart.is_alive() and restart.ident is None:
                     restart.start()
-            if restart is not None:
-                restart.join(60)
+                # Kubelet restarts: node-a's and node-c's mid-way through every third burst, node-b's
+                # three quarters through the bursts with an extender restart.
+                which = (["node-a", "node-c"] if i == len(pods) // 2 and b % 3 == 0 and b > 0 else
+                         ["node-b"] if i == 3 * len(pods) // 4 and b % 3 == 2 else [])
+                for n in which:
+                    time.sleep(0.3)  # let the kubelet admit part of the burst first
+                    kubelets.append(threading.Thread(target=c.nodes[n].restart_kubelet))
+                    kubelets[-1].start()
+            for t in [*([restart] if restart is not None else []), *kubelets]:
+                t.join(60)
             names = {p["metadata"]["name"] for p in pods}
             if not c.settled(names, timeout_s=60, idle_s=6.0):
                 stuck = [n for n in sorted(names) if n in c.why_pending][:3]
@@ -167,12 +191,22 @@ def main(argv: list[str] | None = None) -> int:
                         out["refused_without_reason"] += 1
                 elif k.outcome == "served":
                     out["served"] += 1
+                if k.replica:
+                    out["replica_containers"] += 1
                 if name in forged and forged[name] in k.env_gpus:
                     out["forged_served"] += 1
             for o in c.overcommitted():
                 if o not in over:
                     print(f"overcommitted after burst {b}: {o}", file=sys.stderr)
                 over.add(o)
+            for found, seen, what in ((c.records_on_replicated(), on_replicated, "record on a replicated GPU"),
+                                      (c.double_held(), double, "held twice by the kubelet"),
+                                      ([o for n in c.nodes.values() for o in n.offered_after_restart()], offered,
+                                       "held at a kubelet restart, offered again")):
+                for o in found:
+                    if o not in seen:
+                        print(f"{what} after burst {b}: {o}", file=sys.stderr)
+                    seen.add(o)
             served = [k for k in checks if k.outcome == "served" and k.env_gpus and k.pod.split("/")[1] not in forged]
             if served and keep is None:
                 victim, keep = served[0].env_gpus[0], served[0].pod.split("/")[1]
@@ -184,7 +218,11 @@ def main(argv: list[str] | None = None) -> int:
         out["consistent_reads"] = int(sum(n.resolver.metrics.consistent_reads._value.get() for n in c.nodes.values()))
         out["node_daemon_restarts"] = sum(n.daemon_restarts for n in c.nodes.values())
         out["extender_restarts"] = c.extender_restarts
+        out["kubelet_restarts"] = sum(n.kubelet_restarts for n in c.nodes.values())
     out["overcommitted_gpus"] = len(over)
+    out["records_on_replicated"] = len(on_replicated)
+    out["double_held"] = len(double)
+    out["checkpoint_violations"] = len(offered)
     out["max_watch_lag_s"] = args.lag
     out["elapsed_s"] = round(time.monotonic() - t0, 1)
     out["refusal_reasons"] = reasons

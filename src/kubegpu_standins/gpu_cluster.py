@@ -115,9 +115,11 @@ class SimNode:
 
     def offered_after_restart(self) -> list[str]:
         """Devices the kubelet held at its last restart that it offered (GetPreferredAllocation's
-        candidates) or allocated to another container since: a kubelet that lost its checkpoint."""
-        held = {(res, i): f"{p}/{c}" for p, cs in self.held_at_restart.items() for c, v in cs.items()
-                for res, ids in v for i in ids}
+        candidates) or allocated to another container since, while their pod still holds them: a
+        kubelet that lost its checkpoint."""
+        live = self.held()
+        held = {(res, i): f"{p}/{c}" for p, cs in self.held_at_restart.items() if p in live
+                for c, v in cs.items() for res, ids in v for i in ids}
         out = []
         for call in list(self.kubelet.calls)[self.calls_at_restart:]:
             req = call.request or {}

@@ -151,3 +151,18 @@ def test_bursts_with_lag_swaps_and_restarts_never_diverge() -> None:
         total = len(b1) + len(b2) + len(b3) + len(forged)
         assert total >= 50
         assert time.monotonic() - t0 < 55
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.xfail(strict=True, reason="product bug: the Device object does not say which GPUs a node serves as "
+                   "time-slicing replicas, so the extender records whole GPUs on them and the node refuses the pod")
+def test_partly_time_sliced_node_gets_no_record_on_a_replicated_gpu() -> None:
+    """GPUs 0 and 1 time-sliced (nvidia.com/gpu.shared), 2 and 3 whole: whole-GPU pods must be recorded on
+    2 and 3, and run."""
+    config = TIME_SLICING + "      devices: [0, 1]\n"
+    with GpuCluster([NodeSpec("node-c", "t4x4", flags={"shared-slots": 0}, config_yaml=config)], seed=3) as c:
+        pods = [pod(f"r{i}", REPLICA) for i in range(4)] + [pod(f"w{i}", whole(1)) for i in range(2)]
+        for p in pods:
+            c.create(p)
+        checks = assert_truthful(c, {p["metadata"]["name"] for p in pods}, {})
+        assert all(k.outcome == "served" for k in checks), [k.reason for k in checks if k.outcome != "served"]
