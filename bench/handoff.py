@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
              NodeSpec("node-b", "a100-mig", flags={"mig-strategy": "mixed"}, watch_lag_s=args.lag / 4)]
     out: dict[str, Any] = {"pods": 0, "containers": 0, "divergent": 0, "silent_divergent": 0,
                            "overcommitted_gpus": 0, "refused_without_reason": 0, "forged_served": 0,
-                           "refused": 0, "served": 0, "unsettled": 0}
+                           "refused": 0, "served": 0, "unschedulable": 0}
     t0 = time.monotonic()
     over: set[str] = set()
     reasons: dict[str, int] = {}
@@ -118,10 +118,12 @@ def main(argv: list[str] | None = None) -> int:
             if restart is not None:
                 restart.join(60)
             names = {p["metadata"]["name"] for p in pods}
-            if not c.settled(names, timeout_s=60, idle_s=4.0):
+            if not c.settled(names, timeout_s=60, idle_s=6.0):
                 stuck = [n for n in sorted(names) if n in c.why_pending][:3]
                 print(f"burst {b}: unschedulable, e.g. " + "; ".join(f"{n}: {c.why_pending[n]}" for n in stuck),
                       file=sys.stderr)
+                if os.environ.get("KUBEGPU_BENCH_DEBUG"):
+                    print("DEBUG errors", c.schedule_errors[-3:], file=sys.stderr)
                 if os.environ.get("KUBEGPU_BENCH_DEBUG") and c.ext is not None:
                     v = c.ext.service.view
                     print("DEBUG pending", c.ext.call(lambda v=v: {n: dict(p) for n, p in v.pending.items()}),
@@ -138,12 +140,16 @@ def main(argv: list[str] | None = None) -> int:
                         r = c.http.post(f"{c.ext.url}/scheduler/filter", json={"Pod": p, "Nodes": None,
                                                                                "NodeNames": list(c.nodes)}).json()
                         print("DEBUG now", n, p["spec"].get("nodeName"), p.get("status"), str(r)[:600], file=sys.stderr)
-                out["unsettled"] += sum(1 for p in c.api.objects("pods") if p["metadata"]["name"] in names
+                out["unschedulable"] += sum(1 for p in c.api.objects("pods") if p["metadata"]["name"] in names
                                         and (p.get("status") or {}).get("phase") == "Pending")
             c.quiesce(15)
             checks = [k for k in c.check() if k.pod.split("/")[1] in names]
             events = {(e.get("involvedObject") or {}).get("name") for e in c.api.objects("events")
                       if e.get("reason") in ("GpuHandoffMismatch", "GpuHandoffReordered")}
+            phases = [(p.get("status") or {}).get("phase") for p in c.api.objects("pods")
+                      if p["metadata"]["name"] in names]
+            print(f"burst {b}: {len(pods)} pods, {phases.count('Running')} running, {phases.count('Failed')} "
+                  f"refused, {phases.count('Pending')} pending", file=sys.stderr)
             out["pods"] += len(pods)
             out["containers"] += len(checks)
             for k in checks:

@@ -140,7 +140,7 @@ class GpuCluster:
         self.api = ApiServer(history=20000).start()
         self.nodes: dict[str, SimNode] = {}
         self.ext: ServiceThread | None = None
-        self.http = httpx.Client(timeout=20)
+        self.http = httpx.Client(timeout=2)  # a call to an extender that is restarting must not stall the loop
         self._stop = threading.Event()
         self._sched: threading.Thread | None = None
         self.extender_restarts = 0
@@ -167,13 +167,15 @@ class GpuCluster:
         return self
 
     def _start_extender(self) -> None:
-        self.ext = ServiceThread(self.kubeconfig).start()
-        deadline = time.monotonic() + 20
-        ext = self.ext
-        while ext.call(lambda: sum(r.state is not None for r in ext.service.view.nodes.values())) < len(self.nodes):
+        ext = ServiceThread(self.kubeconfig).start(timeout_s=60)
+        deadline = time.monotonic() + 60
+        service = ext.service
+        assert service is not None
+        while ext.call(lambda: sum(r.state is not None for r in service.view.nodes.values())) < len(self.nodes):
             if time.monotonic() > deadline:
                 raise RuntimeError("the extender did not see every Device object")
             time.sleep(0.05)
+        self.ext = ext  # scheduling resumes only once the new extender has its view
 
     def restart_extender(self) -> None:
         """The extender stops and starts again, rebuilding its accounting from the pods."""
@@ -181,7 +183,11 @@ class GpuCluster:
         old, self.ext = self.ext, None
         old.stop()
         self.extender_restarts += 1
-        self._start_extender()
+        try:
+            self._start_extender()
+        except Exception as exc:
+            self.schedule_errors.append(f"extender restart failed: {exc}")
+            raise
 
     def stop(self) -> None:
         self._stop.set()
@@ -250,7 +256,10 @@ class GpuCluster:
         meta = pod["metadata"]
         r = self.http.post(f"{ext.url}/scheduler/bind", json={
             "PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": best}).json()
-        return 1 if not r.get("Error") else 0
+        if r.get("Error"):
+            self.why_pending[meta["name"]] = f"bind: {r['Error']}"[:300]
+            return 0
+        return 1
 
     @staticmethod
     def _allocatable(node: SimNode, pod: dict[str, Any]) -> bool:

@@ -52,7 +52,7 @@ def test_constraints_pin_every_dependency_and_the_runtime_has_no_extras() -> Non
     for name in runtime + [_requirement_name(r) for r in extras["sim"] + extras["demo"]]:
         assert name in pins, name
     assert "matplotlib" not in runtime and "jsonpatch" not in runtime
-    assert extras["sim"] == ["matplotlib>=3.8"] and extras["demo"] == ["jsonpatch>=1.33"]
+    assert extras["sim"] == ["matplotlib>=3.8"] and extras["demo"] == ["jsonpatch>=1.33", "cel-python>=0.5"]
     assert "kubegpu[sim,demo]" in extras["dev"]
 
 

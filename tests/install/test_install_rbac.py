@@ -190,3 +190,117 @@ def test_the_webhook_trusts_the_record_writers_the_policy_admits() -> None:
     assert all(w in text for w in writers)
     sas = {o["metadata"]["name"] for o in objs if o["kind"] == "ServiceAccount"}
     assert {w.rsplit(":", 1)[1] for w in writers} <= sas
+
+
+# --- what the policies allow, evaluated as the API server would -----------------------------------------
+
+def _policy(name: str) -> dict:
+    return next(o for o in render(Values()) if o["kind"] == "ValidatingAdmissionPolicy"
+                and o["metadata"]["name"] == name)
+
+
+def _admits(policy: dict, request: dict) -> bool:
+    """matchConditions, then every validation, with celpy (the semantics of the API server's CEL)."""
+    import celpy
+
+    env = celpy.Environment()
+
+    def run(text: str, act: dict) -> object:
+        return env.program(env.compile(text)).evaluate(act)
+
+    act = {"request": celpy.json_to_cel({k: v for k, v in request.items() if k not in ("object", "oldObject")}),
+           "object": celpy.json_to_cel(request.get("object")), "oldObject": celpy.json_to_cel(request.get("oldObject"))}
+    spec = policy["spec"]
+    if not all(bool(run(c["expression"], act)) for c in spec.get("matchConditions", [])):
+        return True
+    bound: dict = {}
+    for var in spec.get("variables", []):
+        bound[var["name"]] = run(var["expression"], {**act, "variables": celpy.celtypes.MapType(bound)})
+    act["variables"] = celpy.celtypes.MapType(bound)
+    return all(bool(run(v["expression"], act)) for v in spec["validations"])
+
+
+def _pod(node: str, **ann: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "a", "annotations": ann},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]}}
+
+
+def _req(user: str, op: str, resource: str, obj: dict | None, old: dict | None, node: str = "node-a",
+         sub: str = "") -> dict:
+    r = {"uid": "1", "operation": op, "kind": {"group": "", "version": "v1", "kind": "Pod"},
+         "resource": {"group": "kubegpu.io" if resource == "devices" else "", "version": "v1", "resource": resource},
+         "userInfo": {"username": user, "extra": {"authentication.kubernetes.io/node-name": [node]}}}
+    if sub:
+        r["subResource"] = sub
+    if obj is not None:
+        r["object"] = obj
+    if old is not None:
+        r["oldObject"] = old
+    return r
+
+
+NODE_SA = "system:serviceaccount:kubegpu-system:kubegpu-node"
+EXT_SA = "system:serviceaccount:kubegpu-system:kubegpu-scheduler-extender"
+
+
+def test_the_node_daemon_writes_only_its_own_node_device_and_pods() -> None:
+    p = _policy("kubegpu-node-restriction")
+    old = _pod("node-a", **{"kubegpu.io/device-allocated": "r"})
+    ack = _pod("node-a", **{"kubegpu.io/device-allocated": "r", "kubegpu.io/device-assigned": "x",
+                            "kubegpu.io/device-assigned-signature": "s"})
+    assert _admits(p, _req(NODE_SA, "UPDATE", "pods", ack, old))
+    other = _pod("node-b", **{"kubegpu.io/device-allocated": "r"})
+    assert not _admits(p, _req(NODE_SA, "UPDATE", "pods", {**ack, "spec": other["spec"]}, other))
+    forged = _pod("node-a", **{"kubegpu.io/device-allocated": "forged"})
+    assert not _admits(p, _req(NODE_SA, "UPDATE", "pods", forged, old))
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a", "labels": {"a": "1"}}, "spec": {}}
+    labelled = {**node, "metadata": {"name": "node-a", "labels": {"a": "1", "nvidia.com/gpu.count": "8"},
+                                     "annotations": {"kubegpu.io/gpu-resources": "nvidia.com/gpu"}}}
+    assert _admits(p, _req(NODE_SA, "UPDATE", "nodes", labelled, node))
+    assert not _admits(p, _req(NODE_SA, "UPDATE", "nodes", labelled, node, node="node-b"))
+    tainted = {**node, "spec": {"taints": [{"key": "x", "effect": "NoSchedule"}]}}
+    assert not _admits(p, _req(NODE_SA, "UPDATE", "nodes", tainted, node))
+    role = {**node, "metadata": {"name": "node-a", "labels": {"a": "1", "node-role.kubernetes.io/control-plane": ""}}}
+    assert not _admits(p, _req(NODE_SA, "UPDATE", "nodes", role, node))
+    assert _admits(p, _req(NODE_SA, "UPDATE", "nodes", tainted, node, sub="status"))  # status: name only
+    dev = {"apiVersion": "kubegpu.io/v1alpha1", "kind": "Device", "metadata": {"name": "node-a"}}
+    assert _admits(p, _req(NODE_SA, "CREATE", "devices", dev, None))
+    assert not _admits(p, _req(NODE_SA, "CREATE", "devices", {**dev, "metadata": {"name": "node-b"}}, None))
+    no_name = _req(NODE_SA, "UPDATE", "pods", ack, old)
+    no_name["userInfo"] = {"username": NODE_SA}
+    assert not _admits(p, no_name)  # a token without the node name: refused
+    assert _admits(p, _req("system:serviceaccount:x:y", "UPDATE", "nodes", tainted, node))  # others: not this policy
+
+
+def test_only_kubegpu_writes_the_records() -> None:
+    p = _policy("kubegpu-record-writers")
+    rec = {"kubegpu.io/device-allocated": "r", "kubegpu.io/device-allocated-signature": "s"}
+    assert not _admits(p, _req("alice", "CREATE", "pods", _pod("", **rec), None))
+    assert _admits(p, _req("alice", "CREATE", "pods", _pod(""), None))
+    assert _admits(p, _req("alice", "UPDATE", "pods", _pod("n", **rec, team="x"), _pod("n", **rec)))  # unchanged
+    assert not _admits(p, _req("alice", "UPDATE", "pods", _pod("n", **{**rec, "kubegpu.io/device-allocated": "f"}),
+                               _pod("n", **rec)))
+    assert not _admits(p, _req("alice", "UPDATE", "pods", _pod("n"), _pod("n", **rec)))  # removal too
+    binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p", "annotations": rec}}
+    assert _admits(p, _req(EXT_SA, "CREATE", "pods", binding, None, sub="binding"))
+    assert not _admits(p, _req(NODE_SA, "CREATE", "pods", binding, None, sub="binding"))
+    ack = {"kubegpu.io/device-assigned": "a", "kubegpu.io/device-assigned-signature": "s"}
+    assert _admits(p, _req(NODE_SA, "UPDATE", "pods", _pod("n", **rec, **ack), _pod("n", **rec)))
+    assert not _admits(p, _req(EXT_SA, "UPDATE", "pods", _pod("n", **rec, **ack), _pod("n", **rec)))
+
+
+def test_the_record_key_reaches_the_signers_in_full_mode_only() -> None:
+    def key_env(mode: str) -> dict[str, dict]:
+        out = {}
+        for o in render(values_from_dict({"mode": mode})):
+            if o["kind"] in ("Deployment", "DaemonSet"):
+                for c in o["spec"]["template"]["spec"]["containers"]:
+                    for e in c.get("env", []):
+                        if e["name"] == "KUBEGPU_RECORD_KEY":
+                            out[c["name"]] = e["valueFrom"]["secretKeyRef"]
+        return out
+
+    full = key_env("full")
+    assert set(full) == {"node", "extender"}
+    assert all(ref == {"name": "kubegpu-record-key", "key": "key", "optional": True} for ref in full.values())
+    assert key_env("node-only") == {}

@@ -106,3 +106,19 @@ def test_declared_names_are_gpu_resources_to_the_parser_webhook_and_check(monkey
     assert result.exit_code == 0, result.output
     (obj,) = json.loads(result.stdout)["objects"]
     assert obj["gpu"] is True and obj["containers"][0]["resource"] == "nvidia.com/small"
+
+
+def test_check_takes_the_names_from_the_values(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(R.GPU_RESOURCES_ENV, raising=False)
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"config": {"map": {"default": SEED_RENAMES}}}))
+    pod = tmp_path / "pod.yaml"
+    pod.write_text(yaml.safe_dump(_small_pod()))
+    result = CliRunner().invoke(app, ["check", str(pod), "--json", "--values", str(values)])
+    assert result.exit_code == 0, result.output
+    (obj,) = json.loads(result.stdout)["objects"]
+    assert obj["gpu"] is True and obj["containers"][0]["resource"] == "nvidia.com/small"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("config: {default: x, map: {a: 'version: v1'}}\n")
+    result = CliRunner().invoke(app, ["check", str(pod), "--values", str(bad)])
+    assert result.exit_code == 2 and "config.default: 'x' is not an entry" in " ".join(result.output.split())

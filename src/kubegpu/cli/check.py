@@ -142,6 +142,10 @@ def check(
         help="Expect the GPU-taint toleration on GPU pods (as the webhook adds)."),
     void_env: bool = typer.Option(True, "--void-env/--no-void-env",
                                   help="Expect NVIDIA_VISIBLE_DEVICES=void on containers without GPUs."),
+    values: Path | None = typer.Option(
+        None, "--values", "-f", metavar="FILE",
+        help="The install's values file: the resource names its nodes serve (renames, MIG profiles) are "
+             "GPU resources, as they are to the webhook."),
     scheduler_name: str = typer.Option("kubegpu-scheduler", "--scheduler-name",
                                        help="kubegpu's scheduler profile: GPU pods without it get a warning "
                                             "('' for node-only mode)."),
@@ -152,10 +156,19 @@ def check(
     Prints the normalised requests or the refusals. Exit 0: all accepted; 1: something refused;
     2: a file could not be read or is not YAML.
     """
+    declared: tuple[str, ...] = ()
+    if values is not None:
+        from kubegpu.install.values import ValuesError, gpu_resources, load_values
+
+        try:
+            declared = gpu_resources(load_values(values))
+        except ValuesError as exc:
+            make_console(stderr=True).print(f"[bold red]error[/] {escape(str(values))}: {escape(str(exc))}")
+            raise typer.Exit(EXIT_BAD_INPUT) from None
     from kubegpu.webhook.app import WebhookSettings, offline_warnings
 
     policy = AdmissionPolicy(add_toleration=toleration, void_env=void_env,
-                             replica_resources=frozenset(replica_resource))
+                             replica_resources=frozenset(replica_resource) | frozenset(declared))
     console = make_console()
     objects: list[dict[str, Any]] = []
     errors: list[dict[str, str]] = []

@@ -37,7 +37,9 @@ def manifests(
 
     Prerequisites: on every GPU node the NVIDIA driver and the NVIDIA Container Toolkit (with the NVIDIA
     runtime as the default or as a RuntimeClass named in runtimeClassName); for the full mode also
-    cert-manager (or webhook.certManager: false with webhook.caBundle from `kubegpu webhook-certs`).
+    cert-manager (or webhook.certManager: false with webhook.caBundle from `kubegpu webhook-certs`), and the
+    record-signing key: kubectl -n kubegpu-system create secret generic kubegpu-record-key
+    --from-literal=key=$(head -c 32 /dev/urandom | base64).
     """
     from kubegpu.install.render import notes, render, to_yaml
     from kubegpu.install.values import ValuesError, load_values

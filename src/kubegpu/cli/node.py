@@ -329,9 +329,11 @@ def node_command(
     try:
         from kubegpu.node.config import load_config
 
-        backend = _backend(inventory, node_name,
-                           load_config(flags=with_node_config(flags, env, label.value), env=env)
-                           .flags.plugin.container_driver_root)
+        if inventory:  # a topology file: no driver to find (the demo replaces this two-argument call)
+            backend = _backend(inventory, node_name)
+        else:
+            backend = _backend(inventory, node_name, load_config(
+                flags=with_node_config(flags, env, label.value), env=env).flags.plugin.container_driver_root)
     except Exception as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(EXIT_INIT) from None

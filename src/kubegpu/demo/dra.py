@@ -63,7 +63,12 @@ def run_dra_demo(console: Console, *, workdir: Path | None = None) -> DraDemoRes
     from kubegpu.node.dra.slices import DraSettings
     from kubegpu.status.sources import from_api_server
     from kubegpu_standins.apiserver import ApiServer
-    from kubegpu_standins.dra_allocator import Allocator, ClaimController
+
+    try:
+        from kubegpu_standins.dra_allocator import Allocator, ClaimController
+    except ImportError as exc:  # cel-python is a development dependency
+        raise RuntimeError(f"kubegpu demo --dra evaluates DeviceClass selectors (CEL) with cel-python, which is not "
+                           f"installed ({exc}); pip install 'kubegpu[dev]' or cel-python") from None
     from kubegpu_standins.dra_kubelet import DraKubelet
 
     root = workdir or Path(tempfile.mkdtemp(prefix="kgdra-", dir="/tmp"))

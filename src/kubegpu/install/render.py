@@ -137,7 +137,7 @@ def node_objects(v: Values) -> list[Obj]:
     ]
     if mig_monitoring(v):
         env.append({"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"})
-    env += resources_env(v)
+    env += resources_env(v) + record_key_env(v)
     for key, value in (
         ("MIG_STRATEGY", v.mig_strategy),
         ("FAIL_ON_INIT_ERROR", v.fail_on_init_error),
@@ -208,6 +208,15 @@ def node_objects(v: Values) -> list[Obj]:
         },
     })
     return objs
+
+
+def record_key_env(v: Values) -> list[Obj]:
+    """The record-signing key for the extender and the node daemons (full mode), from the Secret when it exists:
+    optional, so an install without it starts (unsigned, said at start) instead of failing on a missing file."""
+    if v.mode != "full":
+        return []
+    return [{"name": "KUBEGPU_RECORD_KEY", "valueFrom": {"secretKeyRef": {
+        "name": v.record_key_secret, "key": "key", "optional": True}}}]
 
 
 def resources_env(v: Values) -> list[Obj]:
@@ -288,7 +297,7 @@ def scheduler_objects(v: Values) -> list[Obj]:
                              "--node-policy", sv.node_policy, "--gpu-policy", sv.gpu_policy]
                 if sv.resources:
                     c["resources"] = sv.resources
-                c["env"] = c.get("env", []) + resources_env(v)
+                c["env"] = c.get("env", []) + resources_env(v) + record_key_env(v)
     objs += [
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
          "metadata": _meta("kubegpu-scheduler-extender", v, "scheduler", namespaced=False),
@@ -398,6 +407,11 @@ def notes(v: Values) -> list[str]:
         out.append(f"Kubernetes {v.kube_version or 'release'} has no webhook matchConditions: the webhook is sent "
                    f"every pod outside the excluded namespaces, so its failurePolicy is "
                    f"{webhook_failure_policy(v)} (with Ignore, GPU pods are admitted unchecked while it is down)")
+    if v.mode == "full":
+        out.append(f"records are signed with the key in the Secret {v.namespace}/{v.record_key_secret}; create it "
+                   f"once (kubectl -n {v.namespace} create secret generic {v.record_key_secret} "
+                   "--from-literal=key=$(head -c 32 /dev/urandom | base64)) and restart the extender and the node "
+                   "daemons; without it records are unsigned")
     if not has_admission_policies(v):
         out.append("before Kubernetes 1.30 there are no ValidatingAdmissionPolicies: the node daemon's RBAC is not "
                    "narrowed to its own node, and the record annotations are guarded by the webhook alone")

@@ -6,9 +6,9 @@ exactly the verbs its code calls (:data:`ROLE_RULES`, checked against the code b
 the writes further:
 
 - ``kubegpu-node-restriction``: the node daemon's service account may change only the Node it runs on
-  (labels under NVIDIA's and kubegpu's prefixes, and status), the Device object named after that node,
-  and the ``kubegpu.io/device-assigned`` annotation of pods bound to that node. "The node it runs on"
-  comes from the service-account token: a token bound to a pod carries the pod's node in the
+  (labels under NVIDIA's and kubegpu's prefixes, ``kubegpu.io/`` annotations, and status), the Device
+  object named after that node, and the ``kubegpu.io/device-assigned`` annotation of pods bound to that
+  node. "The node it runs on" comes from the service-account token: a token bound to a pod carries the pod's node in the
   ``authentication.kubernetes.io/node-name`` extra (Kubernetes 1.30+, on by default from 1.32, feature
   ``ServiceAccountTokenPodNodeInfo``); a token without it is refused (fail closed).
 - ``kubegpu-record-writers``: only the extender may write ``kubegpu.io/device-allocated`` (through the
@@ -27,6 +27,9 @@ NODE_NAME_EXTRA: Final = "authentication.kubernetes.io/node-name"
 EXTENDER_SA: Final = "kubegpu-scheduler-extender"
 DEVICE_ALLOCATED: Final = "kubegpu.io/device-allocated"
 DEVICE_ASSIGNED: Final = "kubegpu.io/device-assigned"
+# Their HMACs (model/signing.py), written with them by the same writer.
+ALLOCATED_KEYS: Final = (DEVICE_ALLOCATED, "kubegpu.io/device-allocated-signature")
+ASSIGNED_KEYS: Final = (DEVICE_ASSIGNED, "kubegpu.io/device-assigned-signature")
 # Label prefixes the node daemon publishes (GPU feature discovery's keys, kubegpu's, the legacy model label).
 NODE_LABEL_PREFIXES: Final = ("nvidia.com/", "kubegpu.io/", "alpha.kubernetes.io/nvidia-gpu")
 
@@ -114,11 +117,12 @@ def node_restriction_policy(namespace: str, labels: dict[str, str], node_sa: str
             {"expression": "request.resource.resource != 'nodes' || "
                            "(has(request.subResource) && request.subResource == 'status') || ("
                            "(has(object.spec) ? object.spec : {}) == (has(oldObject.spec) ? oldObject.spec : {}) && "
-                           + _only_changed(f"({_annotations('object')})", f"({_annotations('oldObject')})", "false")
+                           + _only_changed(f"({_annotations('object')})", f"({_annotations('oldObject')})",
+                                           "k.startsWith('kubegpu.io/')")
                            + " && "
                            + _only_changed(f"({_labels('object')})", f"({_labels('oldObject')})", label_ok) + ")",
              "message": "kubegpu-node may change only its Node's labels under "
-                        + ", ".join(NODE_LABEL_PREFIXES) + " (and status)",
+                        + ", ".join(NODE_LABEL_PREFIXES) + ", its kubegpu.io/ annotations and its status",
              "reason": "Forbidden"},
             {"expression": "request.resource.resource != 'devices' || "
                            "variables.target.metadata.name == variables.nodeName",
@@ -129,9 +133,9 @@ def node_restriction_policy(namespace: str, labels: dict[str, str], node_sa: str
                            "has(oldObject.spec.nodeName) && oldObject.spec.nodeName == variables.nodeName && "
                            "object.spec == oldObject.spec && "
                            + _only_changed(f"({_annotations('object')})", f"({_annotations('oldObject')})",
-                                           f"k == '{DEVICE_ASSIGNED}'") + ")",
+                                           " || ".join(f"k == '{k}'" for k in ASSIGNED_KEYS)) + ")",
              "messageExpression": "'kubegpu-node on ' + variables.nodeName + ' may change only the "
-                                  f"{DEVICE_ASSIGNED} annotation of pods bound to its node'",
+                                  f"{DEVICE_ASSIGNED} annotation (and its signature) of pods bound to its node'",
              "reason": "Forbidden"},
         ],
     }
@@ -157,15 +161,15 @@ def record_writers_policy(namespace: str, labels: dict[str, str], node_sa: str =
         "matchConditions": [
             {"name": "carries-a-record", "expression":
                 f"[{_annotations('object')}, request.operation == 'CREATE' ? {{}} : ({_annotations('oldObject')})]"
-                f".exists(a, '{DEVICE_ALLOCATED}' in a || '{DEVICE_ASSIGNED}' in a)"},
+                ".exists(a, " + " || ".join(f"'{k}' in a" for k in (*ALLOCATED_KEYS, *ASSIGNED_KEYS)) + ")"},
         ],
         "validations": [
-            {"expression": f"request.userInfo.username == '{extender}' || {unchanged(DEVICE_ALLOCATED)}",
-             "message": f"only kubegpu's scheduler extender may write the {DEVICE_ALLOCATED} annotation",
-             "reason": "Forbidden"},
-            {"expression": f"request.userInfo.username == '{node}' || {unchanged(DEVICE_ASSIGNED)}",
-             "message": f"only kubegpu's node daemon may write the {DEVICE_ASSIGNED} annotation",
-             "reason": "Forbidden"},
+            *({"expression": f"request.userInfo.username == '{extender}' || {unchanged(k)}",
+               "message": f"only kubegpu's scheduler extender may write the {k} annotation",
+               "reason": "Forbidden"} for k in ALLOCATED_KEYS),
+            *({"expression": f"request.userInfo.username == '{node}' || {unchanged(k)}",
+               "message": f"only kubegpu's node daemon may write the {k} annotation",
+               "reason": "Forbidden"} for k in ASSIGNED_KEYS),
         ],
     }
     return _vap("kubegpu-record-writers", labels, spec)

@@ -143,6 +143,11 @@ class Values(_Struct):
     metrics_port: int = 9400
     scheduler: SchedulerValues = msgspec.field(default_factory=SchedulerValues)
     webhook: WebhookValues = msgspec.field(default_factory=WebhookValues)
+    # Full mode: the Secret (key `key`, 16+ bytes) holding the HMAC key the extender signs records with and the
+    # node daemons verify them with (model/signing.py). Not rendered (a key must not live in a values file or
+    # in a re-rendered manifest): create it once, see `kubegpu manifests --help`. Until it exists, records are
+    # unsigned and the node daemons say so.
+    record_key_secret: str = "kubegpu-record-key"
     # MIG profiles beyond kubegpu's table (model/resources.py), e.g. "1g.30gb" for a GPU newer than it.
     mig_profiles: list[str] = msgspec.field(default_factory=list)
     # GPU resource names the nodes serve beyond those config.map declares (renames in ConfigMaps given by

@@ -6,6 +6,7 @@ never disagree on what a name means.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Iterable
@@ -79,17 +80,31 @@ def mig_resources(extra_profiles: Iterable[str] = ()) -> tuple[str, ...]:
 # no naming rule can recognise, e.g. the sharing fork's nvidia.com/small. `kubegpu manifests` derives them
 # from the values and sets this variable in every role's container; a CLI may set it too.
 GPU_RESOURCES_ENV: Final = "KUBEGPU_GPU_RESOURCES"
-_declared: set[str] = set()
+# The node daemon also writes the names it serves on its Node, so readers of Nodes (kubegpu status) need not
+# be told: `kubegpu.io/gpu-resources: nvidia.com/gpu,nvidia.com/small`.
+SERVED_RESOURCES_ANNOTATION: Final = "kubegpu.io/gpu-resources"
 
 
-def declare_gpu_resources(names: Iterable[str]) -> None:
-    """Add resource names every reader in this process treats as GPU resources."""
-    _declared.update(n.strip() for n in names if n and n.strip())
+def served_resources(nodes: Iterable[object]) -> frozenset[str]:
+    """Every resource name the nodes say their kubegpu node daemon serves (Node dicts)."""
+    out: set[str] = set()
+    for node in nodes:
+        meta = node.get("metadata") if isinstance(node, dict) else None
+        ann = meta.get("annotations") if isinstance(meta, dict) else None
+        value = ann.get(SERVED_RESOURCES_ANNOTATION) if isinstance(ann, dict) else None
+        if isinstance(value, str):
+            out.update(n.strip() for n in value.split(",") if "/" in n)
+    return frozenset(out)
 
 
 def declared_gpu_resources() -> frozenset[str]:
-    env = os.environ.get(GPU_RESOURCES_ENV, "")
-    return frozenset(_declared | {n.strip() for n in env.split(",") if n.strip()})
+    """The renamed GPU resources this process was told about (``KUBEGPU_GPU_RESOURCES``, comma separated)."""
+    return _parse_declared(os.environ.get(GPU_RESOURCES_ENV, ""))
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_declared(value: str) -> frozenset[str]:
+    return frozenset(n.strip() for n in value.split(",") if n.strip())
 
 # Names under these prefixes belong to a GPU scheme kubegpu speaks; a name there that is
 # neither canonical nor a known alias is a typo and is refused rather than ignored.

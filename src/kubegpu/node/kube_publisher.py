@@ -36,7 +36,7 @@ class KubeNodePublisher:
         from lightkube.core.exceptions import ApiError
 
         try:
-            uid = self._labels(inventory)
+            uid = self._labels(inventory, resources)
             self._device(inventory, uid)
             if not publish_capacity(self.client, inventory):
                 raise OSError("share capacity not published")
@@ -45,17 +45,23 @@ class KubeNodePublisher:
             self.failures += 1
             log.warning("node %s: publishing to the API server failed (will retry): %s", self.node_name, exc)
 
-    def _labels(self, inventory: NodeInventory) -> str | None:
+    def _labels(self, inventory: NodeInventory, resources: Mapping[str, int]) -> str | None:
         from lightkube.types import PatchType
 
         from kubegpu.kube.resources import Node
+        from kubegpu.model.resources import SERVED_RESOURCES_ANNOTATION
 
         node = self.client.get(Node, self.node_name)
         current = dict(node.metadata.labels or {})
         patch = label_changes(current, gpu_labels(inventory, self.config))
-        if patch:
-            self.client.patch(Node, self.node_name, {"metadata": {"labels": patch}}, patch_type=PatchType.MERGE)
-            log.info("node %s: labels %s", self.node_name, ", ".join(sorted(patch)))
+        body: dict[str, Any] = {"labels": patch} if patch else {}
+        # The resource names served here (renamed replicas included), for readers of Nodes (kubegpu status).
+        served = ",".join(sorted(resources))
+        if served and (node.metadata.annotations or {}).get(SERVED_RESOURCES_ANNOTATION) != served:
+            body["annotations"] = {SERVED_RESOURCES_ANNOTATION: served}
+        if body:
+            self.client.patch(Node, self.node_name, {"metadata": body}, patch_type=PatchType.MERGE)
+            log.info("node %s: labels %s", self.node_name, ", ".join(sorted(patch)) or "unchanged")
         return node.metadata.uid
 
     def _device(self, inventory: NodeInventory, node_uid: str | None) -> None:

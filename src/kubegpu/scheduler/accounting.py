@@ -113,6 +113,7 @@ class Ledger:
         rule (:meth:`PodAllocation.held`)."""
         if assumed and pod is not None:
             self.pending.setdefault(node, {})[key] = request_shapes(parse_pod(pod))
+            log.debug("pod %s bound to %s: waiting for the node's handoff", key, node)
         f = facts if facts is not None else PodFacts.of(pod)
         old = self.held.get(key)
         if (old is not None and old.uid == uid and old.node == node and old.alloc == alloc
@@ -255,8 +256,8 @@ class Ledger:
         waiting = request_shapes(parse_pod(pod), records.acks) if records.record is not None else frozenset()
         if waiting:
             self.pending.setdefault(node, {})[key] = waiting
-        elif (per := self.pending.get(node)) is not None:
-            per.pop(key, None)
+        elif (per := self.pending.get(node)) is not None and per.pop(key, None) is not None:
+            log.debug("pod %s on %s: served by the node; its shapes no longer wait", key, node)
 
     def handoff_blocked(self, pod: Mapping[str, Any], request: PodRequest) -> dict[str, str]:
         """Nodes where another pod is bound, not yet served by the node, and asks the same (resource,

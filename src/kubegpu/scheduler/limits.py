@@ -176,8 +176,16 @@ async def bounded_filter(view: ClusterView, pod: Mapping[str, Any], names: Seque
     if not request.ok or not request.wants_gpu or (simple_demand(request) is not None and not requires_nvlink(pod)):
         return view.filter(pod, names, gpu_policy)
     share = share or LoopShare()
+    # The handoff wait (docs/handoff.md) holds for this path too: nodes handing a pod of the same shape
+    # to their kubelet are left out, with the reason.
+    blocked = view.ledger.handoff_blocked(pod, request)
     with share.expensive_work():
-        return await _exact(view, pod, request, names, gpu_policy, limits, clock, share)
+        out = await _exact(view, pod, request, [n for n in names if n not in blocked] if blocked else names,
+                           gpu_policy, limits, clock, share)
+    if blocked:
+        out.failed.update(blocked)
+        out.reasons["handoff-pending"] += len(blocked)
+    return out
 
 
 async def _exact(view: ClusterView, pod: Mapping[str, Any], request: PodRequest, names: Sequence[str],

@@ -22,6 +22,7 @@ from kubegpu.model.inventory import Gpu, NodeInventory
 from kubegpu.model.quantity import QuantityError, parse_int
 from kubegpu.model.records import pod_allocation
 from kubegpu.model.request import RequestKind, parse_pod
+from kubegpu.model.resources import served_resources
 from kubegpu.status.view import ClusterView, NodeInfo, PodRecord, ReplicaRecord, build_view
 
 log = logging.getLogger(__name__)
@@ -79,15 +80,17 @@ def pod_records(pods: Iterable[Mapping[str, Any]], problems: list[str],
     return out
 
 
-def replica_records(pods: Iterable[Mapping[str, Any]]) -> list[ReplicaRecord]:
-    """Containers of live, bound pods that hold time-slicing / MPS replicas (the kubelet counts those)."""
+def replica_records(pods: Iterable[Mapping[str, Any]],
+                    served: frozenset[str] = frozenset()) -> list[ReplicaRecord]:
+    """Containers of live, bound pods that hold time-slicing / MPS replicas (the kubelet counts those).
+    ``served``: the resource names the nodes say they serve (renamed replicas such as nvidia.com/small)."""
     out = []
     for pod in pods:
         meta = pod.get("metadata") or {}
         node = (pod.get("spec") or {}).get("nodeName")
         if not node or (pod.get("status") or {}).get("phase") in _DONE_PHASES:
             continue
-        for c in parse_pod(pod).containers:
+        for c in parse_pod(pod, replica_resources=served).containers:
             req = c.request
             if req is not None and req.kind is RequestKind.REPLICA and not c.init:
                 out.append(ReplicaRecord(meta.get("namespace", ""), meta.get("name", ""), node, c.name,
@@ -174,7 +177,7 @@ def from_api_server(client: Any) -> Snapshot:
     dra_inventories, dra_records = dra_from_client(client, problems)
     inventories += [i for i in dra_inventories if i.name not in {x.name for x in inventories}]
     return Snapshot(inventories, pod_records(pods, problems, key) + dra_records, problems, node_infos(nodes),
-                    replica_records(pods))
+                    replica_records(pods, served_resources(nodes)))
 
 
 def _summary_inventory(node: str, summary: Mapping[str, Any]) -> NodeInventory:

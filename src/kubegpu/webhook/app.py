@@ -112,6 +112,14 @@ def decide(body: bytes, settings: WebhookSettings, *, mutate: bool) -> Verdict:
     """One AdmissionReview body in, the response body and the metric labels out.
     Raises :class:`BadReview` for a body that is not an AdmissionReview."""
     req = read_review(body)
+    if req.object is not None and req.kind in ("ResourceClaim", "ResourceClaimTemplate"):
+        # DRA claims naming kubegpu's DeviceClasses that no allocator could serve (docs/dra.md).
+        from kubegpu.node.dra.claims import claim_problems
+
+        problems = claim_problems({**req.object, "kind": req.kind}) if req.operation == "CREATE" else []
+        if problems:
+            return Verdict(write_response(req.uid, allowed=False, message="\n".join(problems)), "denied", "dra-claim")
+        return Verdict(write_response(req.uid, allowed=True), "allowed", "dra-claim")
     if req.object is None or req.kind != "Pod":
         return Verdict(write_response(req.uid, allowed=True), "allowed", "not-a-pod")
     # Only kubegpu writes the records, in every namespace and on every path that can carry metadata.

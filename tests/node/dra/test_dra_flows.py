@@ -375,7 +375,7 @@ def test_daemon_restart_keeps_prepared_claims(bed: Bed) -> None:
 
 
 def test_plugin_down_slices_wiped_prepare_retried(root: Path) -> None:
-    bed = make_bed(root, wipe_delay_s=3.0, retry_s=0.3)
+    bed = make_bed(root, wipe_delay_s=6.0, retry_s=0.3)
     try:
         _ready(bed)
         _classes(bed)
@@ -386,7 +386,7 @@ def test_plugin_down_slices_wiped_prepare_retried(root: Path) -> None:
         pod = bed.pod("s7-noplugin", [{"name": "gpu", "resourceClaimName": "noplugin-claim"}])
         assert bed.run(pod)
         assert bed.wait(lambda: any(c.error for c in bed.kubelet.calls))
-        assert bed.wait(lambda: bed.slices() == [])
+        assert bed.wait(lambda: bed.slices() == [], 20)
         assert not bed.running(pod)
         bed.start_daemon()
         assert bed.wait(lambda: bed.running(pod))

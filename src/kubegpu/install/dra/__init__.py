@@ -183,4 +183,26 @@ def apply_dra(objs: list[Obj], v: Values, *, extended_resource: bool = False, al
                 **o["spec"]["template"]["spec"], "affinity": _affinity(v, "NotIn")}}}}
         out.append(o)
     return out + device_classes(v, extended_resource=extended_resource) + rbac(v) + [
-        daemonset(v, all_nodes=all_nodes, shared_gpus=shared_gpus)]
+        daemonset(v, all_nodes=all_nodes, shared_gpus=shared_gpus)] + claim_webhook(out)
+
+
+def claim_webhook(objs: list[Obj]) -> list[Obj]:
+    """With the webhook installed (full mode): have it check new ResourceClaims and templates too
+    (``kubegpu.node.dra.claims``). ``failurePolicy: Ignore``: the check spares users a claim that
+    could never be allocated, and a webhook outage must not stop DRA."""
+    pods = next((o for o in objs if o.get("kind") == "ValidatingWebhookConfiguration"
+                 and o["metadata"]["name"] == f"{APP}-webhook"), None)
+    if pods is None:
+        return []
+    hook = pods["webhooks"][0]
+    return [{
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+        "metadata": {**pods["metadata"], "name": f"{APP}-dra-claims"},
+        "webhooks": [{
+            "name": "dra-claims.kubegpu.io", "admissionReviewVersions": ["v1"], "sideEffects": "None",
+            "clientConfig": hook["clientConfig"], "failurePolicy": "Ignore", "timeoutSeconds": 5,
+            **({"namespaceSelector": hook["namespaceSelector"]} if "namespaceSelector" in hook else {}),
+            "rules": [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE"],
+                       "resources": ["resourceclaims", "resourceclaimtemplates"], "scope": "Namespaced"}],
+        }],
+    }]

@@ -120,5 +120,5 @@ def claim_objects(file: str, docs: list[Any]) -> list[dict[str, Any]]:
                     "containers": [], "dra": summary(d),
                     "refusals": [{"container": "", "resource": "resource.k8s.io/v1", "value": "", "rule": "dra",
                                   "code": "dra-claim", "message": p} for p in problems],
-                    "patch": [], "warnings": [], "changes": []})
+                    "patch": [], "warnings": [], "changes": [], "notes": []})
     return out

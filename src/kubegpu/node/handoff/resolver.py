@@ -259,7 +259,8 @@ class HandoffResolver:
             if entry is not None and (entry.uid, entry.container) in self._served:
                 entry = M.match(self._pods.values(), self._served, resource, ids)  # taken meanwhile
             if entry is None:
-                return self._unrecorded(resource, ids, gpus)
+                self._unrecorded(resource, ids, gpus)  # serves as asked (None) or refuses
+                return None
             if resource == R.GPU_SLOTS and (why := M.share_conflict(gpus, self._whole_bypass())):
                 self.metrics.refused.labels(resource, "gpu-held-whole").inc()
                 raise AllocationRefused(f"kubegpu: share for {entry.pod_key} container {entry.container} "

@@ -80,8 +80,8 @@ def compare(pods: Mapping[str, PodView], served: Mapping[tuple[str, str], Ack],
     bypass: list[Bypass] = []
     # GPUs -> the amounts served there as some container's record (to tell a reorder from a divergence)
     given_on: dict[frozenset[str], set[tuple[int, int, int]]] = {}
-    for p in pods.values():
-        for _c, a in {**p.acks, **{c: a for (uid, c), a in served.items() if uid == p.uid}}.items():
+    for pv in pods.values():
+        for _c, a in {**pv.acks, **{c: a for (uid, c), a in served.items() if uid == pv.uid}}.items():
             given_on.setdefault(frozenset(served_gpus(a)), set()).update(
                 (g.core, g.memory_bytes, g.memory_ratio) for g in a.grants)
     for (pod_key, container), per in grouped.items():

@@ -3,7 +3,8 @@
 - :mod:`.base`: :class:`Policy`, :class:`ScoreContext` (the target workload, the random source, the
   tie order) and :class:`RowCache` (per-row values kept by row version);
 - :mod:`.paper`: the FGD paper's baselines (random, dotprod, clustering, packing, bestfit) and FGD;
-- :mod:`.kubegpu`: ``kubegpu`` (the default) and ``spread``.
+- :mod:`.kubegpu`: ``kubegpu`` (the default) and ``spread``;
+- :mod:`.dra`: ``dra``, the stock kube-scheduler placing DRA claims (to replay a trace as DRA would).
 
 The node level and the GPU level are chosen separately
 (``place(..., node_policy="fgd", gpu_policy="bestfit")``), the way the FGD
@@ -24,6 +25,7 @@ from kubegpu.placement.policies.base import (
     ScoreContext,
     bestfit_choice,
 )
+from kubegpu.placement.policies.dra import DraSchedulerPolicy
 from kubegpu.placement.policies.kubegpu import KubegpuPolicy, ReserveTerms, SpreadPolicy
 from kubegpu.placement.policies.paper import (
     BestFitPolicy,
@@ -45,6 +47,7 @@ _POLICIES: Final[dict[str, Callable[[], Policy]]] = {
         FgdPolicy,
         SpreadPolicy,
         KubegpuPolicy,
+        DraSchedulerPolicy,  # stock kube-scheduler with DRA claims (docs/dra.md)
     )
 }
 
