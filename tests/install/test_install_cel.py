@@ -11,6 +11,7 @@ optional field of the request and of the object: an error must never come out, o
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -302,3 +303,130 @@ def test_the_v1_36_refusal_is_caught() -> None:
     del request["subResource"]
     with pytest.raises(pytest.fail.Exception, match="subResource"):
         _check("unguarded", [], [("unguarded", unguarded, "bool")], request, "request.subResource")
+
+
+# --- what the webhook configurations send -------------------------------------------------------------------
+# The API server sends a request when a rule matches and every matchCondition is true (they are ANDed). The
+# conditions must never hide a request the webhook would act on (patch or refuse), and should keep away the
+# requests it only waves through (plain pods, status updates that leave kubegpu's records alone).
+
+def _plain_pod(**spec: Any) -> Obj:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "team-a"},
+            "spec": {"containers": [{"name": "app", "image": "busybox"}], **spec}}
+
+
+def _gpu_pod(records: dict[str, str]) -> Obj:
+    pod = _plain_pod(nodeName="node-a", containers=[_container("main")])
+    pod["metadata"]["annotations"] = dict(records)
+    return pod
+
+
+ALICE = "alice"
+NODE_SA = "system:serviceaccount:kubegpu-system:kubegpu-node"
+RECORDS = {"kubegpu.io/device-allocated": '{"main":["GPU-1"]}', "kubegpu.io/device-assigned": "true"}
+
+
+def _admission(resource: str, sub: str, operation: str, user: str, obj: Obj, old: Obj | None) -> Obj:
+    req = _request("pods", sub, operation, obj, old)
+    req["subResource"] = req["requestSubResource"] = sub
+    if not sub:  # the API server omits them on the main resource
+        del req["subResource"], req["requestSubResource"]
+    req["userInfo"] = {"username": user, "groups": ["system:authenticated"]}
+    return req
+
+
+def _sent(objs: list[Obj], kind: str, req: Obj) -> bool:
+    (conf,) = [o for o in objs if o["kind"] == kind]
+    (hook,) = conf["webhooks"]
+    target = ("pods", req.get("subResource", ""), req["operation"])
+    if target not in set(_rule_targets(hook["rules"])):
+        return False
+    activation = {"request": celpy.json_to_cel({k: v for k, v in req.items() if k not in ("object", "oldObject")}),
+                  "object": celpy.json_to_cel(req.get("object")), "oldObject": celpy.json_to_cel(req.get("oldObject"))}
+    results = [_evaluate(c["expression"], activation) for c in hook.get("matchConditions", [])]
+    assert not [r for r in results if isinstance(r, celpy.CELEvalError)], results
+    return all(bool(r) for r in results)
+
+
+def _verdict(req: Obj, *, mutate: bool) -> str:
+    from kubegpu.webhook.app import WebhookSettings, decide
+
+    body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req}).encode()
+    return decide(body, WebhookSettings(own_namespace="kubegpu-system", scheduler_name="kubegpu-scheduler"),
+                  mutate=mutate).verdict
+
+
+# (name, request, sent to the mutating webhook, sent to the validating one)
+SCOPE_CASES: list[tuple[str, Obj, bool, bool]] = [
+    ("plain pod", _admission("pods", "", "CREATE", ALICE, _plain_pod(), None), False, False),
+    ("plain pod created onto a node", _admission("pods", "", "CREATE", ALICE, _plain_pod(nodeName="node-a"), None),
+     True, True),
+    ("plain pod with a forged record",
+     _admission("pods", "", "CREATE", ALICE,
+                {**_plain_pod(), "metadata": {"name": "p", "annotations": {"kubegpu.io/device-allocated": "{}"}}},
+                None), False, True),
+    ("update setting a record", _admission("pods", "", "UPDATE", ALICE, _gpu_pod(RECORDS), _gpu_pod({})),
+     False, True),
+    ("update changing a record",
+     _admission("pods", "", "UPDATE", ALICE, _gpu_pod({**RECORDS, "kubegpu.io/device-assigned": "false"}),
+                _gpu_pod(RECORDS)), False, True),
+    ("status update removing a record",
+     _admission("pods", "status", "UPDATE", ALICE, _gpu_pod({"kubegpu.io/device-assigned": "true"}),
+                _gpu_pod(RECORDS)), False, True),
+    ("status update leaving the records", _admission("pods", "status", "UPDATE", "system:node:node-a",
+                                                     _gpu_pod(RECORDS), _gpu_pod(RECORDS)), False, False),
+    ("status update of a plain pod on a node",
+     _admission("pods", "status", "UPDATE", "system:node:node-a", _plain_pod(nodeName="node-a"),
+                _plain_pod(nodeName="node-a")), False, False),
+    ("label update of a GPU pod", _admission("pods", "", "UPDATE", ALICE, _gpu_pod(RECORDS), _gpu_pod(RECORDS)),
+     False, False),
+    ("the node daemon acknowledging",
+     _admission("pods", "", "UPDATE", NODE_SA, _gpu_pod(RECORDS),
+                _gpu_pod({"kubegpu.io/device-allocated": RECORDS["kubegpu.io/device-allocated"]})), False, True),
+]
+
+
+@pytest.mark.parametrize("release", ["default", "kube-1.28"])
+@pytest.mark.parametrize("case", SCOPE_CASES, ids=[c[0] for c in SCOPE_CASES])
+def test_match_conditions_send_what_the_webhook_acts_on(case: tuple[str, Obj, bool, bool], release: str) -> None:
+    name, req, to_mutating, to_validating = case
+    objs = render(RENDERS[release])
+    assert _sent(objs, "MutatingWebhookConfiguration", req) == to_mutating, name
+    assert _sent(objs, "ValidatingWebhookConfiguration", req) == to_validating, name
+    # Nothing the webhook would patch is kept from the mutating one, nothing it refuses from the validating one
+    # (which has the last word; the mutating one need not see a refusal too).
+    if _verdict(req, mutate=True) == "patched":
+        assert to_mutating, name
+    if _verdict(req, mutate=False) == "denied":
+        assert to_validating, name
+
+
+def test_the_scope_cases_exercise_refusals_and_patches() -> None:
+    """The property above could hold vacuously: the webhook does refuse and patch some of these requests."""
+    verdicts = {c[0]: (_verdict(c[1], mutate=True), _verdict(c[1], mutate=False)) for c in SCOPE_CASES}
+    assert verdicts["plain pod created onto a node"][0] == "patched"
+    assert verdicts["plain pod with a forged record"][1] == "denied"
+    assert verdicts["status update removing a record"][1] == "denied"
+    assert verdicts["the node daemon acknowledging"][1] == "allowed"
+    assert verdicts["plain pod"] == ("allowed", "allowed")
+
+
+def test_updates_are_reviewed_only_where_match_conditions_narrow_them() -> None:
+    def update_targets(v: Values) -> set[tuple[str, str, str]]:
+        (conf,) = [o for o in render(v) if o["kind"] == "ValidatingWebhookConfiguration"]
+        return {t for t in _rule_targets(conf["webhooks"][0]["rules"]) if t[2] == "UPDATE"}
+
+    assert update_targets(Values()) == {("pods", "", "UPDATE"), ("pods", "status", "UPDATE"),
+                                        ("pods", "ephemeralcontainers", "UPDATE")}
+    assert update_targets(values_from_dict({"kubeVersion": "1.27"})) == {("pods", "ephemeralcontainers", "UPDATE")}
+    assert ("pods", "status", "UPDATE") in update_targets(
+        values_from_dict({"kubeVersion": "1.27", "webhook": {"reviewUpdates": True}}))
+    assert update_targets(values_from_dict({"webhook": {"reviewUpdates": False}})) == {
+        ("pods", "ephemeralcontainers", "UPDATE")}
+    # The operator is told which case they are in.
+    from kubegpu.install.render import notes
+
+    assert any("reviewUpdates: false" in n for n in notes(values_from_dict({"kubeVersion": "1.27"})))
+    assert any("every pod update and status update" in n for n in notes(
+        values_from_dict({"kubeVersion": "1.27", "webhook": {"reviewUpdates": True}})))
+    assert not any("reviewUpdates" in n for n in notes(Values()))

@@ -287,7 +287,7 @@ def test_nvidia_pod_keys_reach_the_daemonset() -> None:
     pod = ds["spec"]["template"]
     assert ds["metadata"]["name"] == "gpu-plugin" and ds["metadata"]["namespace"] == "gpu-operator"
     assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
-    assert pod["metadata"]["annotations"] == {"a": "b"}
+    assert pod["metadata"]["annotations"]["a"] == "b"  # beside the scrape annotations
     assert pod["spec"]["containers"][0]["securityContext"] == {"privileged": True}
     assert ds["spec"]["updateStrategy"] == {"type": "OnDelete"}
     assert pod["spec"]["serviceAccountName"] == "gpu-plugin"

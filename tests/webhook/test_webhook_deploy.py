@@ -103,7 +103,8 @@ def test_match_conditions_send_every_pod_the_webhook_acts_on(kind: str) -> None:
         pod = case_pod(case)
         review = review_pod(pod)
         acts = bool(review.patch) or not review.allowed
-        activation = {"object": celpy.json_to_cel(pod), "request": celpy.json_to_cel({"subResource": ""})}
+        activation = {"object": celpy.json_to_cel(pod),
+                      "request": celpy.json_to_cel({"subResource": "", "operation": "CREATE"})}
         matched = bool(program.evaluate(activation))
         if acts:
             assert matched, case["id"]

@@ -14,6 +14,7 @@ import msgspec
 import yaml
 
 from kubegpu.install import security
+from kubegpu.install.network import network_policies
 from kubegpu.install.values import (
     Values,
     check_values,
@@ -24,6 +25,7 @@ from kubegpu.install.values import (
     has_match_conditions,
     kube_scheduler_image,
     node_fullname,
+    reviews_updates,
     scheduler_config_version,
     target_namespace,
     webhook_failure_policy,
@@ -177,6 +179,7 @@ def node_objects(v: Values) -> list[Obj]:
         v, "node", args, v.resources, env=env, volumeMounts=mounts,
         ports=[{"name": "metrics", "containerPort": v.metrics_port}],
         securityContext=v.security_context if v.security_context is not None else node_security_context(v),
+        **node_probes(),
     )
     pod_spec: Obj = {
         # Root (the image's default user is 65532): the kubelet's device-plugin directory and /var/run/cdi
@@ -196,9 +199,9 @@ def node_objects(v: Values) -> list[Obj]:
         pod_spec["runtimeClassName"] = v.runtime_class_name
     if v.image_pull_secrets:
         pod_spec["imagePullSecrets"] = v.image_pull_secrets
-    template_meta: Obj = {"labels": _selector("node")}
-    if v.pod_annotations:
-        template_meta["annotations"] = dict(v.pod_annotations)
+    # Prometheus' pod discovery convention; the values' podAnnotations win (NVIDIA's chart key).
+    template_meta: Obj = {"labels": _selector("node"),
+                          "annotations": {**scrape_annotations(v.metrics_port), **v.pod_annotations}}
     objs.append({
         "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": _meta(name, v, "node"),
         "spec": {
@@ -207,7 +210,42 @@ def node_objects(v: Values) -> list[Obj]:
             "template": {"metadata": template_meta, "spec": pod_spec},
         },
     })
+    objs.append(node_metrics_service(v, name))
     return objs
+
+
+def scrape_annotations(port: int) -> dict[str, str]:
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": "/metrics"}
+
+
+def node_probes() -> Obj:
+    """The node daemon's probes, on its metrics port (node/metrics.py serves both there).
+
+    ``/readyz`` fails until NVML found the GPUs and every resource is registered with the kubelet: asked
+    early and often, so a node shows ready seconds after it is. ``/healthz`` fails only when the lifecycle
+    or the NVML event loop died; before ``start()`` returns (NVML init, the first discovery) the lifecycle
+    loop does not exist yet, so liveness waits and tolerates two minutes of failures before restarting a
+    daemon that may be serving Allocate calls."""
+    return {
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"},
+                           "initialDelaySeconds": 2, "periodSeconds": 5, "timeoutSeconds": 3,
+                           "failureThreshold": 2},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"},
+                          "initialDelaySeconds": 10, "periodSeconds": 20, "timeoutSeconds": 5,
+                          "failureThreshold": 6},
+    }
+
+
+def node_metrics_service(v: Values, name: str) -> Obj:
+    """A headless Service over the node pods, for Prometheus' endpoints discovery (ServiceMonitors select it by
+    its labels). Not-ready pods stay listed: a node whose GPUs are not yet served is the one to look at."""
+    return {"apiVersion": "v1", "kind": "Service",
+            # No prometheus.io annotations here: the pods carry them, and a Prometheus that discovers both
+            # pods and service endpoints by annotation would scrape every node twice.
+            "metadata": _meta(f"{name}-metrics", v, "node"),
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": _selector("node"),
+                     "ports": [{"name": "metrics", "port": v.metrics_port, "targetPort": "metrics",
+                                "protocol": "TCP"}]}}
 
 
 def record_key_env(v: Values) -> list[Obj]:
@@ -294,7 +332,8 @@ def scheduler_objects(v: Values) -> list[Obj]:
                 c["image"] = kube_scheduler_image(v)
             elif c["name"] == "extender":
                 c["args"] = ["scheduler", "--listen", f"127.0.0.1:{sv.port}", "--metrics-listen", "0.0.0.0:9401",
-                             "--node-policy", sv.node_policy, "--gpu-policy", sv.gpu_policy]
+                             "--node-policy", sv.node_policy, "--gpu-policy", sv.gpu_policy,
+                             f"--max-gpu-containers={v.max_gpu_containers}"]
                 if sv.resources:
                     c["resources"] = sv.resources
                 c["env"] = c.get("env", []) + resources_env(v) + record_key_env(v)
@@ -350,6 +389,9 @@ def _base(role: str, v: Values) -> list[Obj]:
     return docs
 
 
+WEBHOOK_RENDERED_FLAGS = ("--record-writer", "--scheduler-name", "--max-gpu-containers")
+
+
 def webhook_objects(v: Values) -> list[Obj]:
     w = v.webhook
     objs = _base("webhook", v)
@@ -368,9 +410,12 @@ def webhook_objects(v: Values) -> list[Obj]:
                 c0["env"] = c0.get("env", []) + extra
             # The service accounts that write kubegpu's records, as this render names them (the same pair the
             # kubegpu-record-writers policy admits).
-            c0["args"] = [a for a in c0["args"] if not a.startswith("--record-writer")] + [
+            c0["args"] = [a for a in c0["args"] if not a.startswith(WEBHOOK_RENDERED_FLAGS)] + [
                 f"--record-writer=system:serviceaccount:{v.namespace}:{sa}"
-                for sa in (node_fullname(v), security.EXTENDER_SA)]
+                for sa in (node_fullname(v), security.EXTENDER_SA)] + [
+                # GPU pods left to the default scheduler go to kubegpu's profile; the extender's cap.
+                f"--scheduler-name={v.scheduler.scheduler_name}",
+                f"--max-gpu-containers={v.max_gpu_containers}"]
         if o["kind"] not in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
             continue
         if not w.cert_manager:
@@ -380,12 +425,26 @@ def webhook_objects(v: Values) -> list[Obj]:
             hook["timeoutSeconds"] = w.timeout_seconds
             if not has_match_conditions(v):
                 hook.pop("matchConditions", None)
+            if o["kind"] == "ValidatingWebhookConfiguration" and not reviews_updates(v):
+                hook["rules"] = _without_updates(hook["rules"])
             if w.ca_bundle:
                 hook["clientConfig"]["caBundle"] = w.ca_bundle
             for expr in hook["namespaceSelector"]["matchExpressions"]:
                 if expr["operator"] == "DoesNotExist":
                     expr["key"] = w.exclude_namespace_label
     return objs
+
+
+def _without_updates(rules: list[Obj]) -> list[Obj]:
+    """The validating rules less the pod and pod-status UPDATEs (kubectl debug's stays)."""
+    out = []
+    for rule in rules:
+        if rule["resources"] == ["pods/status"]:
+            continue
+        if rule["resources"] == ["pods"]:
+            rule = {**rule, "operations": [op for op in rule["operations"] if op != "UPDATE"]}
+        out.append(rule)
+    return out
 
 
 def policy_objects(v: Values) -> list[Obj]:
@@ -412,6 +471,13 @@ def notes(v: Values) -> list[str]:
                    f"once (kubectl -n {v.namespace} create secret generic {v.record_key_secret} "
                    "--from-literal=key=$(head -c 32 /dev/urandom | base64)) and restart the extender and the node "
                    "daemons; without it records are unsigned")
+    if v.mode == "full" and not reviews_updates(v):
+        out.append("the webhook reviews pod creations only (webhook.reviewUpdates: false, the default without "
+                   "matchConditions): record annotations written by a pod update are refused by the "
+                   "kubegpu-record-writers policy (1.30+) and by the node daemons' signature check only")
+    elif v.mode == "full" and not has_match_conditions(v):
+        out.append("webhook.reviewUpdates without matchConditions: every pod update and status update in the "
+                   "cluster is sent to the webhook")
     if not has_admission_policies(v):
         out.append("before Kubernetes 1.30 there are no ValidatingAdmissionPolicies: the node daemon's RBAC is not "
                    "narrowed to its own node, and the record annotations are guarded by the webhook alone")
@@ -425,7 +491,7 @@ def render(v: Values) -> list[Obj]:
     objs: list[Obj] = [namespace(v), device_crd(), *node_objects(v)]
     if v.mode == "full":
         objs += scheduler_objects(v) + webhook_objects(v)
-    return objs + policy_objects(v)
+    return objs + policy_objects(v) + network_policies(v)
 
 
 def to_yaml(objs: list[Obj]) -> str:

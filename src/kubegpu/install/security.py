@@ -24,7 +24,10 @@ from typing import Any, Final
 Obj = dict[str, Any]
 
 NODE_NAME_EXTRA: Final = "authentication.kubernetes.io/node-name"
+# The service accounts that write kubegpu's records (the node's is renamed by fullnameOverride); the webhook's
+# default record writers are these (webhook/app.py).
 EXTENDER_SA: Final = "kubegpu-scheduler-extender"
+NODE_SA: Final = "kubegpu-node"
 DEVICE_ALLOCATED: Final = "kubegpu.io/device-allocated"
 DEVICE_ASSIGNED: Final = "kubegpu.io/device-assigned"
 # Their HMACs (model/signing.py), written with them by the same writer.
@@ -86,7 +89,7 @@ def _only_changed(new: str, old: str, allowed: str) -> str:
             f"{old}.all(k, ({allowed}) || k in {new})")
 
 
-def node_restriction_policy(namespace: str, labels: dict[str, str], node_sa: str = "kubegpu-node") -> list[Obj]:
+def node_restriction_policy(namespace: str, labels: dict[str, str], node_sa: str = NODE_SA) -> list[Obj]:
     user = _sa(namespace, node_sa)
     label_ok = " || ".join(f"k.startsWith('{p}')" for p in NODE_LABEL_PREFIXES)
     spec: Obj = {
@@ -142,7 +145,7 @@ def node_restriction_policy(namespace: str, labels: dict[str, str], node_sa: str
     return _vap("kubegpu-node-restriction", labels, spec)
 
 
-def record_writers_policy(namespace: str, labels: dict[str, str], node_sa: str = "kubegpu-node") -> list[Obj]:
+def record_writers_policy(namespace: str, labels: dict[str, str], node_sa: str = NODE_SA) -> list[Obj]:
     extender, node = _sa(namespace, EXTENDER_SA), _sa(namespace, node_sa)
 
     def unchanged(key: str) -> str:

@@ -7,6 +7,7 @@ unchanged. Unknown keys and bad values are errors that name the key.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -16,6 +17,7 @@ import yaml
 
 from kubegpu import __version__
 from kubegpu.model import resources as R
+from kubegpu.model.limits import DEFAULT_MAX_GPU_CONTAINERS
 
 
 class ValuesError(ValueError):
@@ -97,8 +99,25 @@ class WebhookValues(_Struct):
     cert_manager: bool = True
     # CEL matchConditions send only pods that concern GPUs; None = where the release has them (1.28+).
     match_conditions: bool | None = None
+    # The validating webhook also reviews pod updates and status updates (refusing record annotations
+    # written by anyone but kubegpu). None = where matchConditions send it only the updates that change a
+    # record; without them it would be sent every pod update and status update in the cluster.
+    review_updates: bool | None = None
     ca_bundle: str = ""
     resources: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class NetworkPolicyValues(_Struct):
+    # Ingress NetworkPolicies for kubegpu's pods (install/network.py); off by default, see there why.
+    enabled: bool = False
+    # Who may scrape the metrics ports: pods in namespaces matching this (a LabelSelector; {} = every namespace),
+    # and, if given, matching metricsPodSelector.
+    metrics_namespace_selector: dict[str, Any] = msgspec.field(
+        default_factory=lambda: {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}})
+    metrics_pod_selector: dict[str, Any] = msgspec.field(default_factory=dict)
+    # The API server's source addresses (CIDRs) for the webhook's port; [] = any source (a control plane off
+    # the pod network, or behind SNAT, has no address a policy can name).
+    api_server_cidrs: list[str] = msgspec.field(default_factory=list, name="apiServerCIDRs")
 
 
 class Values(_Struct):
@@ -143,11 +162,15 @@ class Values(_Struct):
     metrics_port: int = 9400
     scheduler: SchedulerValues = msgspec.field(default_factory=SchedulerValues)
     webhook: WebhookValues = msgspec.field(default_factory=WebhookValues)
+    network_policy: NetworkPolicyValues = msgspec.field(default_factory=NetworkPolicyValues)
     # Full mode: the Secret (key `key`, 16+ bytes) holding the HMAC key the extender signs records with and the
     # node daemons verify them with (model/signing.py). Not rendered (a key must not live in a values file or
     # in a re-rendered manifest): create it once, see `kubegpu manifests --help`. Until it exists, records are
     # unsigned and the node daemons say so.
     record_key_secret: str = "kubegpu-record-key"
+    # Full mode: pods with more GPU containers are refused, by the webhook at admission and by the extender
+    # (each GPU container needs its own exact fit per node); one key, so both say the same.
+    max_gpu_containers: int = DEFAULT_MAX_GPU_CONTAINERS
     # MIG profiles beyond kubegpu's table (model/resources.py), e.g. "1g.30gb" for a GPU newer than it.
     mig_profiles: list[str] = msgspec.field(default_factory=list)
     # GPU resource names the nodes serve beyond those config.map declares (renames in ConfigMaps given by
@@ -181,6 +204,13 @@ def has_match_conditions(v: Values) -> bool:
     return kube_version(v) >= (1, 28)
 
 
+def reviews_updates(v: Values) -> bool:
+    """The validating webhook's UPDATE rules (pods, pods/status): by default only with matchConditions."""
+    if v.webhook.review_updates is not None:
+        return v.webhook.review_updates
+    return has_match_conditions(v)
+
+
 def has_admission_policies(v: Values) -> bool:
     """ValidatingAdmissionPolicy v1 and the node name in service-account tokens: 1.30+."""
     return kube_version(v) >= (1, 30)
@@ -209,7 +239,9 @@ def target_namespace(v: Values) -> str:
 
 
 def node_fullname(v: Values) -> str:
-    return v.fullname_override or "kubegpu-node"
+    from kubegpu.install.security import NODE_SA
+
+    return v.fullname_override or NODE_SA
 
 
 def default_config_entry(v: Values) -> str:
@@ -271,6 +303,16 @@ def check_values(v: Values) -> None:
         raise ValuesError("webhook.caBundle: without cert-manager (webhook.certManager: false) the API server "
                           "needs the CA that signed the webhook's certificate; run `kubegpu webhook-certs` and "
                           "set webhook.caBundle, or install cert-manager")
+    for cidr in v.network_policy.api_server_cidrs:
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError:
+            raise ValuesError(f"networkPolicy.apiServerCIDRs: {cidr!r} is not a CIDR such as 10.0.0.0/24") from None
+    if v.max_gpu_containers < 1:
+        raise ValuesError(f"maxGpuContainers: {v.max_gpu_containers} would refuse every GPU pod; give 1 or more")
+    if not 1 <= v.metrics_port <= 65535:
+        raise ValuesError(f"metricsPort: {v.metrics_port} is not a TCP port (1-65535); the node daemon's probes "
+                          "and Prometheus read it")
     for p in v.mig_profiles:
         if not R.MIG_PROFILE_RE.match(p):
             raise ValuesError(f"migProfiles: {p!r} is not a MIG profile name such as 1g.10gb or 1g.10gb+me")

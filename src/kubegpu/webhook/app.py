@@ -23,6 +23,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from kubegpu.httpserve import BodyError, ServeLimits, read_body
+from kubegpu.install.security import EXTENDER_SA, NODE_SA
 from kubegpu.model import annotations as A
 from kubegpu.model.limits import DEFAULT_MAX_GPU_CONTAINERS, count_gpu_containers, too_many_gpu_containers
 from kubegpu.model.normalise import DEVICE_ENV_VARS, AdmissionPolicy, review_ephemeral, review_pod
@@ -33,12 +34,12 @@ _JSON = "application/json"
 
 
 RECORD_ANNOTATIONS = (A.DEVICE_ALLOCATED, A.DEVICE_ASSIGNED)
-# kubegpu's own service accounts in its namespace, per record (as install/security.py's policy): the
-# extender writes device-allocated (through the Binding, which pod webhooks never see; the older account
-# names are accepted too), the node daemon device-assigned.
+# kubegpu's own service accounts in its namespace, per record (install/security.py's names, as its policy):
+# the extender writes device-allocated (through the Binding, which pod webhooks never see), the node daemon
+# device-assigned.
 RECORD_WRITER_ACCOUNTS: dict[str, tuple[str, ...]] = {
-    A.DEVICE_ALLOCATED: ("kubegpu-scheduler-extender", "kubegpu-extender", "kubegpu-scheduler"),
-    A.DEVICE_ASSIGNED: ("kubegpu-node",),
+    A.DEVICE_ALLOCATED: (EXTENDER_SA,),
+    A.DEVICE_ASSIGNED: (NODE_SA,),
 }
 DEFAULT_SCHEDULERS = frozenset({"", "default-scheduler"})
 

@@ -176,6 +176,8 @@ def apply_dra(objs: list[Obj], v: Values, *, extended_resource: bool = False, al
     DraSettings.parse_shared(shared_gpus)  # refuse a bad value here, not in every node's log
     out: list[Obj] = []
     for o in objs:
+        if all_nodes and o.get("kind") == "Service" and o["metadata"]["name"] == f"{APP}-node-metrics":
+            continue  # it would select no pod
         if o.get("kind") == "DaemonSet" and o["metadata"]["name"] == f"{APP}-node":
             if all_nodes:
                 continue
