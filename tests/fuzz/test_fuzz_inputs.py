@@ -89,7 +89,7 @@ def test_admission_review_reader_raises_only_bad_review(body: bytes) -> None:
 def test_bodies_with_invalid_utf8_strings_are_clear_errors(body: bytes) -> None:
     """msgspec raises UnicodeDecodeError (not DecodeError) for such strings; the random fuzz finds it only
     sometimes, so the shapes that reach it are pinned here."""
-    with pytest.raises(WireError, match="UTF-8|Expected"):
+    with pytest.raises(WireError, match=r"UTF-8|Expected"):
         decode_args(body)
     with pytest.raises(WireError):  # unknown fields are skipped unread: a missing field is the error then
         decode_binding(body)
