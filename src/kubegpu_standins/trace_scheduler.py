@@ -157,6 +157,10 @@ def start_replay_cluster(nodes: TraceNodes, workdir: Path, policy: str = "kubegp
         api.put_object(device_object(inv))
     kc = api.write_kubeconfig(workdir / "kubeconfig")
     ext = ServiceThread(kc, node_policy=policy, gpu_policy=policy).start(timeout_s=120)
+    # No node daemon serves these records, so none is ever acknowledged: the one-pod-per-shape handoff
+    # wait (docs/handoff.md) would hold every node after its first pod of a shape. Off, as where the
+    # kubelets acknowledge at once.
+    ext.call(lambda: setattr(ext.service.view.ledger, "handoff_wait", False))
     return api, ext
 
 

@@ -39,7 +39,7 @@ from kubegpu.model.request import PodRequest, RequestKind, parse_pod
 from kubegpu.placement import MILLI, Demand, fit, request_demand
 from kubegpu.scheduler.nodes import all_linked, for_node
 from kubegpu.scheduler.reasons import insufficient
-from kubegpu.scheduler.requests import requires_nvlink, simple_demand
+from kubegpu.scheduler.requests import pod_demand, requires_nvlink, simple_demand
 from kubegpu.scheduler.state import ClusterView, FilterOutcome
 
 
@@ -238,6 +238,7 @@ async def _exact(view: ClusterView, pod: Mapping[str, Any], request: PodRequest,
     # Exact fits node by node, in the order given, in slices, until enough nodes pass or time is up.
     nvlink = requires_nvlink(pod)
     candidates = [names_known[i] for i in np.flatnonzero(ok)]
+    need = pod_demand(request, pod)
     slice_end = clock() + limits.slice_s
     for done, n in enumerate(candidates):
         now = clock()
@@ -259,7 +260,9 @@ async def _exact(view: ClusterView, pod: Mapping[str, Any], request: PodRequest,
             failed[n] = "no GPUs known (no kubegpu Device object; is `kubegpu node` running?)"
             reasons["no-device-object"] += 1
             continue
-        result = fit(rec.state, for_node(request, rec), gpu_policy=gpu_policy)
+        # As bind chooses (verbs.Verbs.choose): the pod's CPU and memory, the policy object, the learned context.
+        result = fit(rec.state, for_node(request, rec), need.cpu_milli, need.memory_bytes,
+                     gpu_policy=view.scoring.policy(gpu_policy), ctx=view.scoring.context())
         if result.ok and nvlink and result.choice is not None and not all_linked(rec, result.choice):
             failed[n] = "no free set of GPUs is fully NVLink-connected for this pod"
             reasons["nvlink"] += 1

@@ -8,6 +8,7 @@ GPU(s)"). :func:`readable` enforces both on every reason the extender sends, who
 
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
@@ -73,6 +74,7 @@ _PERCENT = re.compile(r"\s*%")
 _PLURAL = re.compile(r"\b(GPU|device|container)\(s\)")
 
 
+@functools.lru_cache(maxsize=4096)  # nodes in the same situation share a text: a filter rewords few
 def readable(reason: str) -> str:
     """A reason as kube-scheduler's Event shows it well: no ``%`` (it is a format string there), no ``(s)``
     plurals, and a leading word (the Event puts a node count in front)."""

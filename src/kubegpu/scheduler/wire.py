@@ -74,6 +74,8 @@ def decode_args(body: bytes) -> ExtenderArgs:
         raise WireError(f"not an ExtenderArgs JSON object: {str(e)[:200]}") from None
     except RecursionError:
         raise WireError("not an ExtenderArgs JSON object: nested too deeply") from None
+    except UnicodeDecodeError:  # msgspec decodes strings as UTF-8 and raises this, not DecodeError
+        raise WireError("not an ExtenderArgs JSON object: a string is not valid UTF-8") from None
     if args.Pod is None:
         raise WireError("ExtenderArgs without a Pod")
     if args.NodeNames is None and args.Nodes is None:
@@ -102,6 +104,8 @@ def decode_binding(body: bytes) -> ExtenderBindingArgs:
         raise WireError(f"not an ExtenderBindingArgs JSON object: {str(e)[:200]}") from None
     except RecursionError:
         raise WireError("not an ExtenderBindingArgs JSON object: nested too deeply") from None
+    except UnicodeDecodeError:  # msgspec decodes strings as UTF-8 and raises this, not DecodeError
+        raise WireError("not an ExtenderBindingArgs JSON object: a string is not valid UTF-8") from None
     missing = [k for k in ("PodName", "PodNamespace", "Node") if not getattr(args, k)]
     if missing:
         raise WireError(f"ExtenderBindingArgs without {', '.join(missing)}")

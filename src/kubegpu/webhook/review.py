@@ -55,6 +55,8 @@ def read_review(body: bytes) -> AdmissionRequest:
         raise BadReview(f"body is not JSON: {str(exc)[:200]}") from None
     except RecursionError:
         raise BadReview("body is JSON nested too deeply") from None
+    except UnicodeDecodeError:  # msgspec decodes strings as UTF-8 and raises this, not DecodeError
+        raise BadReview("body is not JSON: a string is not valid UTF-8") from None
     if not isinstance(data, dict):
         raise BadReview("body is not a JSON object")
     if data.get("apiVersion") != API_VERSION or data.get("kind") != KIND:
