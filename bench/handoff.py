@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr)
                 if os.environ.get("KUBEGPU_BENCH_DEBUG"):
                     print("DEBUG errors", c.schedule_errors[-3:], file=sys.stderr)
-                if os.environ.get("KUBEGPU_BENCH_DEBUG") and c.ext is not None:
+                if os.environ.get("KUBEGPU_BENCH_DEBUG") and c.ext is not None and c.ext.service is not None:
                     v = c.ext.service.view
                     print("DEBUG pending", c.ext.call(lambda v=v: {n: dict(p) for n, p in v.pending.items()}),
                           file=sys.stderr)
