@@ -118,8 +118,10 @@ def test_bursts_with_lag_swaps_and_restarts_never_diverge() -> None:
         b3 += [pod(f"q{i}", REPLICA) for i in range(4)] + [pod("qd", REPLICA, scheduler=None)]
         restart = threading.Thread(target=c.restart_extender)
         kubelets = [threading.Thread(target=c.nodes[n].restart_kubelet) for n in ("node-a", "node-c")]
+        late = {"n8", "n9", "q3", "qd"}  # created while the kubelets restart
         for i, p in enumerate(b3):
-            c.create(p)
+            if p["metadata"]["name"] not in late:
+                c.create(p)
             if i == 5:
                 restart.start()
         # The kubelets restart once some of the burst is admitted on their nodes, the rest bound or binding.
@@ -128,6 +130,9 @@ def test_bursts_with_lag_swaps_and_restarts_never_diverge() -> None:
             assert admitted_within(c, n, n3, k, timeout_s=20), f"{n}: burst 3 not admitted"
         for t in kubelets:
             t.start()
+        for p in b3:
+            if p["metadata"]["name"] in late:
+                c.create(p)
         for t in [restart, *kubelets]:
             t.join(30)
         for n in ("node-a", "node-c"):
@@ -141,6 +146,10 @@ def test_bursts_with_lag_swaps_and_restarts_never_diverge() -> None:
             assert {p: d for p, d in c.nodes[n].held().items() if p in before} == before
             assert c.nodes[n].offered_after_restart() == []
         assert "default/r0" in c.nodes["node-c"].held_at_restart
+        for n in ("node-a", "node-c"):  # and the re-registered plugins served pods after the restart
+            k = c.nodes[n].kubelet
+            assert any(r.rpc.endswith("/Allocate") and r.error is None
+                       for r in list(k.calls)[c.nodes[n].calls_at_restart:]), n
         assert sum(p.split("/")[1] in n3 for p in c.nodes["node-a"].held_at_restart) >= 3
         refused = [k for k in checks if k.outcome != "served"]
         # Pods the kubelets admit after their restart and before the plugins registered again fail the
