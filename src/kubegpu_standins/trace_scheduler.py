@@ -160,7 +160,9 @@ def start_replay_cluster(nodes: TraceNodes, workdir: Path, policy: str = "kubegp
     # No node daemon serves these records, so none is ever acknowledged: the one-pod-per-shape handoff
     # wait (docs/handoff.md) would hold every node after its first pod of a shape. Off, as where the
     # kubelets acknowledge at once.
-    ext.call(lambda: setattr(ext.service.view.ledger, "handoff_wait", False))
+    service = ext.service
+    assert service is not None  # started above
+    ext.call(lambda: setattr(service.view.ledger, "handoff_wait", False))
     return api, ext
 
 

@@ -26,6 +26,7 @@ from kubegpu.model import annotations as A
 from kubegpu.model.allocation import decode
 from kubegpu.model.inventory import NodeInventory
 from kubegpu.scheduler import limits as L
+from kubegpu.scheduler import verbs
 from kubegpu.scheduler.app import Extender
 from kubegpu.scheduler.limits import Limits, bounded_filter, too_many_gpu_containers
 from kubegpu.scheduler.mirror import MAX_MODEL_MASKS
@@ -82,8 +83,8 @@ def test_cap_counts_raw_containers_of_any_shape() -> None:
 def test_aggregate_prefilter_rules_nodes_out_before_any_fit(monkeypatch: pytest.MonkeyPatch) -> None:
     view = view_of(4)  # 8 GPUs a node: 800 % of compute
     calls = count()
-    real_fit = L.fit
-    monkeypatch.setattr(L, "fit", lambda *a, **k: (next(calls), real_fit(*a, **k))[1])
+    real_fit = verbs.fit  # the one exact test (Verbs.exact_fit) the bounded filter calls
+    monkeypatch.setattr(verbs, "fit", lambda *a, **k: (next(calls), real_fit(*a, **k))[1])
     # Each container fits alone anywhere; together (9 x 100 % shares) no node can hold them.
     too_big = pod([{"kubegpu.io/gpu-core": "100", "kubegpu.io/gpu-memory-ratio": "50"}] * 9)
     out = asyncio.run(bounded_filter(view, too_big, ["n0", "n1", "n2", "n3"], "kubegpu", Limits()))
@@ -202,8 +203,8 @@ def test_an_expensive_filter_steps_aside_while_a_cheap_request_is_in_flight(monk
     view = view_of(50)
     view.exact_fit_enough = 10**6
     fits = count()
-    real_fit = L.fit
-    monkeypatch.setattr(L, "fit", lambda *a, **k: (next(fits), real_fit(*a, **k))[1])
+    real_fit = verbs.fit
+    monkeypatch.setattr(verbs, "fit", lambda *a, **k: (next(fits), real_fit(*a, **k))[1])
     share = L.LoopShare(max_wait_s=60)
     big = pod([{"kubegpu.io/gpu": "1"}] * 4, uid="big")
     seen: list[int] = []

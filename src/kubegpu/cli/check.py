@@ -146,7 +146,7 @@ def check(
         None, "--values", "-f", metavar="FILE",
         help="The install's values file: the resource names its nodes serve (renames, MIG profiles) are "
              "GPU resources, as they are to the webhook."),
-    scheduler_name: str = typer.Option("kubegpu-scheduler", "--scheduler-name",
+    scheduler_name: str = typer.Option("kubegpu-scheduler", "--scheduler-name", metavar="NAME",
                                        help="kubegpu's scheduler profile: GPU pods without it get a warning "
                                             "('' for node-only mode)."),
 ) -> None:

@@ -11,11 +11,13 @@ from kubegpu.cli.main import app
 
 @app.command("manifests")
 def manifests(
-    values: Path | None = typer.Option(None, "--values", "-f", help="YAML values file (keys mirror NVIDIA's "
+    values: Path | None = typer.Option(None, "--values", "-f", metavar="FILE",
+                                       help="YAML values file (keys mirror NVIDIA's "
                                        "device-plugin chart where they overlap: migStrategy, config.map, ...)."),
-    mode: str | None = typer.Option(None, help="Override the values' mode: node-only (drop-in for NVIDIA's "
+    mode: str | None = typer.Option(None, metavar="MODE",
+                                    help="Override the values' mode: node-only (drop-in for NVIDIA's "
                                     "device plugin) or full (node + scheduler extender + webhook)."),
-    output: Path | None = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),
+    output: Path | None = typer.Option(None, "--output", "-o", metavar="FILE", help="Write here instead of stdout."),
     kube_version: str | None = typer.Option(
         None, "--kube-version", metavar="1.X",
         help="The cluster's Kubernetes release, 1.24 to the newest (default: the newest, or the values' "
@@ -28,7 +30,8 @@ def manifests(
                                                help="With --dra: serve nvidia.com/gpu requests through DRA too."),
     dra_all_nodes: bool = typer.Option(False, "--dra-all-nodes", help="With --dra: every GPU node uses DRA "
                                        "(no device-plugin DaemonSet)."),
-    dra_shared_gpus: str = typer.Option("none", "--dra-shared-gpus", help="With --dra: GPUs published as shares "
+    dra_shared_gpus: str = typer.Option("none", "--dra-shared-gpus", metavar="GPUS",
+                                        help="With --dra: GPUs published as shares "
                                         "(all, none or indexes like 0,2-3)."),
 ) -> None:
     """Render the install manifests (namespace, CRD, RBAC, DaemonSet, scheduler, webhook, ...) as multi-doc YAML.

@@ -92,6 +92,7 @@ def simulate(
         str,
         typer.Option(
             "--load",
+            metavar="FACTOR|auto",
             help="With --replay-time: compress the time between arrivals by this factor (pods keep their "
             "durations), or 'auto' (default): the factor that brings the peak concurrent GPU request to 95 % "
             "of capacity, so policies meet contention. 1 replays the recorded times.",

@@ -36,8 +36,7 @@ import numpy as np
 
 from kubegpu.model.limits import DEFAULT_MAX_GPU_CONTAINERS, count_gpu_containers, too_many_gpu_containers
 from kubegpu.model.request import PodRequest, RequestKind, parse_pod
-from kubegpu.placement import MILLI, Demand, fit, request_demand
-from kubegpu.scheduler.nodes import all_linked, for_node
+from kubegpu.placement import MILLI, Demand, request_demand
 from kubegpu.scheduler.reasons import insufficient
 from kubegpu.scheduler.requests import pod_demand, requires_nvlink, simple_demand
 from kubegpu.scheduler.state import ClusterView, FilterOutcome
@@ -238,7 +237,7 @@ async def _exact(view: ClusterView, pod: Mapping[str, Any], request: PodRequest,
     # Exact fits node by node, in the order given, in slices, until enough nodes pass or time is up.
     nvlink = requires_nvlink(pod)
     candidates = [names_known[i] for i in np.flatnonzero(ok)]
-    need = pod_demand(request, pod)
+    demand = pod_demand(request, pod)
     slice_end = clock() + limits.slice_s
     for done, n in enumerate(candidates):
         now = clock()
@@ -255,22 +254,12 @@ async def _exact(view: ClusterView, pod: Mapping[str, Any], request: PodRequest,
         if now >= slice_end:
             await share.pause()  # let other requests and watch events in
             slice_end = clock() + limits.slice_s
-        rec = view.nodes.get(n)
-        if rec is None or rec.state is None:  # went away while the loop was given back
-            failed[n] = "no GPUs known (no kubegpu Device object; is `kubegpu node` running?)"
-            reasons["no-device-object"] += 1
-            continue
-        # As bind chooses (verbs.Verbs.choose): the pod's CPU and memory, the policy object, the learned context.
-        result = fit(rec.state, for_node(request, rec), need.cpu_milli, need.memory_bytes,
-                     gpu_policy=view.scoring.policy(gpu_policy), ctx=view.scoring.context())
-        if result.ok and nvlink and result.choice is not None and not all_linked(rec, result.choice):
-            failed[n] = "no free set of GPUs is fully NVLink-connected for this pod"
-            reasons["nvlink"] += 1
-        elif result.ok:
+        miss = view.exact_fit(n, request, demand, gpu_policy, nvlink)
+        if miss is None:
             passed.append(n)
         else:
-            failed[n] = result.reason
-            reasons["insufficient-gpu"] += 1
+            failed[n] = miss[1]
+            reasons[miss[0]] += 1
     return FilterOutcome(passed, failed, {}, reasons)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from kubegpu.model.allocation import ContainerAllocation, PodAllocation
-from kubegpu.model.request import RequestKind, parse_pod
+from kubegpu.model.request import PodRequest, RequestKind, parse_pod
 from kubegpu.placement import Demand, choose_gpus, fit, pick_best, request_demand
 from kubegpu.placement.node import grants_on
 from kubegpu.scheduler.accounting import Ledger
@@ -167,8 +167,7 @@ class Verbs:
             reasons["insufficient-gpu"] += int(short.sum())
             ok = ok & ~short
         candidates = np.flatnonzero(ok)
-        ctx = self.scoring.context()
-        policy = self.scoring.policy(gpu_policy)
+        need = pod_demand(request, pod)
         for done, i in enumerate(candidates):
             n = names_known[i]
             if len(passed) >= self.exact_fit_enough:
@@ -177,18 +176,29 @@ class Verbs:
                                               "(pods with several GPU containers are fitted node by node)")
                 reasons["not-examined"] += len(candidates) - done
                 break
-            rec = self.nodes[n]
-            assert rec.state is not None
-            result = fit(rec.state, for_node(request, rec), gpu_policy=policy, ctx=ctx)
-            if result.ok and nvlink and result.choice is not None and not all_linked(rec, result.choice):
-                failed[n] = "no free set of GPUs is fully NVLink-connected for this pod"
-                reasons["nvlink"] += 1
-            elif result.ok:
+            miss = self.exact_fit(n, request, need, gpu_policy, nvlink)
+            if miss is None:
                 passed.append(n)
             else:
-                failed[n] = result.reason
-                reasons["insufficient-gpu"] += 1
+                failed[n] = miss[1]
+                reasons[miss[0]] += 1
         return FilterOutcome(passed, failed, unresolvable, reasons)
+
+    def exact_fit(self, node: str, request: PodRequest, need: Demand, gpu_policy: str,
+                  nvlink: bool) -> tuple[str, str] | None:
+        """Whether a pod with several GPU containers (or MIG, replicas, NVLink) fits ``node`` as bind
+        would place it: the pod's CPU and memory, the policy object, the learned context. None when it
+        fits, else (reason key, reason). The one exact test of the filter, bounded or not."""
+        rec = self.nodes.get(node)
+        if rec is None or rec.state is None:  # went away (the bounded filter gives the loop back)
+            return "no-device-object", "no GPUs known (no kubegpu Device object; is `kubegpu node` running?)"
+        result = fit(rec.state, for_node(request, rec), need.cpu_milli, need.memory_bytes,
+                     gpu_policy=self.scoring.policy(gpu_policy), ctx=self.scoring.context())
+        if result.ok and nvlink and result.choice is not None and not all_linked(rec, result.choice):
+            return "nvlink", "no free set of GPUs is fully NVLink-connected for this pod"
+        if not result.ok:
+            return "insufficient-gpu", result.reason
+        return None
 
     # ---- prioritize ------------------------------------------------------------------------------
     def prioritize(self, pod: Mapping[str, Any], names: Sequence[str], node_policy: str) -> list[int]:
