@@ -163,8 +163,6 @@ def test_bursts_with_lag_swaps_and_restarts_never_diverge() -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, reason="product bug: the Device object does not say which GPUs a node serves as "
-                   "time-slicing replicas, so the extender records whole GPUs on them and the node refuses the pod")
 def test_partly_time_sliced_node_gets_no_record_on_a_replicated_gpu() -> None:
     """GPUs 0 and 1 time-sliced (nvidia.com/gpu.shared), 2 and 3 whole: whole-GPU pods must be recorded on
     2 and 3, and run."""

@@ -46,12 +46,13 @@ def test_standalone_sighup_reload_and_sigterm_stop(kubelet: StandinKubelet, sock
         assert kubelet.wait_registered(GPU, timeout_s=15), log.read_text()
         assert kubelet.capacity(GPU) == 4
         port = int(_wait_log(log, r"metrics on http://127\.0\.0\.1:(\d+)/metrics").group(1))
-        # The kubelet can stream before the daemon's Register call has returned and been counted: poll.
+        # The kubelet can stream before the daemon's Register call has returned and been counted, and the
+        # health gauges are set after the registrations: poll for both.
         wanted = 'kubegpu_node_registrations_total{resource="nvidia.com/gpu"} 1.0'
         deadline = time.monotonic() + 10
         while True:
             text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-            if wanted in text or time.monotonic() > deadline:
+            if (wanted in text and text.count("kubegpu_node_gpu_healthy{") == 4) or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
         assert wanted in text

@@ -51,9 +51,17 @@ class Gpu:
     mig_devices: tuple[MigDevice, ...] = ()
     core: int = 100
     mig_capable: bool = False  # the GPU supports MIG (whether or not it is enabled now)
+    # Offered to the kubelet only as time-slicing / MPS replicas: the kubelet cannot give it whole or to a
+    # share, so no whole-GPU or share record may name it (the node daemon marks it, the Device object says it).
+    replicated: bool = False
 
     def with_health(self, healthy: bool) -> Gpu:
         return replace(self, healthy=healthy)
+
+    @property
+    def placeable(self) -> bool:
+        """Whether placement may put whole GPUs or shares on it: healthy, not split by MIG, not replicated."""
+        return self.healthy and not self.mig_enabled and not self.replicated
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kubegpu.inventory.base import InventoryBackend, InventoryError
@@ -321,7 +321,12 @@ class NodeDaemon:
             return
         health = self.state.snapshot()
         inv = self.inventory
-        gpus = tuple(g.with_health(health.get(g.uuid, g.healthy)) for g in inv.gpus)
+        # GPUs the kubelet sees only as replicas (time-slicing / MPS) are marked, so the extender never
+        # records a whole GPU or a share on one (the kubelet could not give it).
+        replicated = {d.uuid for srv in self.servers if srv.plan.sharing in ("time-slicing", "mps")
+                      for d in srv.plan.devices}
+        gpus = tuple(replace(g, healthy=health.get(g.uuid, g.healthy), replicated=g.uuid in replicated)
+                     for g in inv.gpus)
         try:
             current = NodeInventory(inv.name, gpus, inv.cpu_milli, inv.memory_bytes, inv.labels,
                                     inv.driver_version, inv.cuda_version)

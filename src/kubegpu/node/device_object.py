@@ -79,6 +79,8 @@ def gpu_entry(g: Gpu, peers: Mapping[str, int] | None = None) -> dict[str, Any]:
     if g.mig_capable or g.mig_enabled or g.mig_devices:
         entry["mig"] = {"capable": g.mig_capable, "enabled": g.mig_enabled,
                         "devices": [_mig_to_dict(m) for m in g.mig_devices]}
+    if g.replicated:  # only when set: objects of nodes without replicas keep the seed's shape
+        entry["replicated"] = True
     return entry
 
 
@@ -232,6 +234,7 @@ def _parse_gpu(v: Any, path: str, position: int) -> Gpu:
         mig_devices=tuple(_parse_mig(m, f"{path}.mig.devices[{k}]", uuid) for k, m in enumerate(raw_migs)),
         core=core,
         mig_capable=F.boolean(mig.get("capable", False), f"{path}.mig.capable"),
+        replicated=F.boolean(d.get("replicated", False), f"{path}.replicated"),
     )
 
 

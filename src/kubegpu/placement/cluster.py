@@ -244,7 +244,7 @@ class ClusterState:
             st.node_model[i] = st._model_index.get(node.model, -1) if node.gpus else -1
             gpus = sorted(node.gpus, key=lambda x: x.index)[:g]
             for j, gpu in enumerate(gpus):
-                usable = gpu.healthy and not gpu.mig_enabled
+                usable = gpu.placeable
                 st.gpu_ok[i, j] = usable
                 st.gmem_cap[i, j] = gpu.memory_bytes
                 st.gmem_free[i, j] = gpu.memory_bytes if usable else 0

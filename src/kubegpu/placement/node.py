@@ -306,6 +306,7 @@ def _fit_container(
     if req.kind is RequestKind.MIG:
         return _fit_mig(state, req, allowed)
     if req.kind is RequestKind.REPLICA:
+        # Replicas live on replicated GPUs: healthy and not split by MIG is all they need.
         usable = [g for g, ok in zip(state.gpus, allowed, strict=True) if ok and g.healthy and not g.mig_enabled]
         if not usable:
             return None, "no healthy GPU for replicas"

@@ -194,7 +194,7 @@ class ClusterView(Verbs):
             if rec.state is None:
                 continue
             for gpu in rec.state.gpus:
-                if not gpu.healthy or gpu.mig_enabled or gpu.memory_bytes <= 0:
+                if not gpu.placeable or gpu.memory_bytes <= 0:
                     continue
                 yield (name, gpu.minor, 1 - rec.state.core_free(gpu.uuid) / 100,
                        1 - rec.state.memory_free(gpu.uuid) / gpu.memory_bytes)

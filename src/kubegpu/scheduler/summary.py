@@ -19,7 +19,7 @@ def node_summary(state: NodeState, held: Mapping[str, PodAllocation]) -> dict[st
     detail: dict[str, dict[str, dict[str, str]]] = {"total": {}, "free": {}, "used": {}}
     sums = {k: [0, 0, 0] for k in detail}
     for gpu in state.gpus:
-        usable = gpu.healthy and not gpu.mig_enabled
+        usable = gpu.placeable
         cap = (100, gpu.memory_bytes) if gpu.healthy else (0, 0)
         free = (state.core_free(gpu.uuid), state.memory_free(gpu.uuid)) if usable else cap
         used = (cap[0] - free[0], cap[1] - free[1])
