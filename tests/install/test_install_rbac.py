@@ -302,5 +302,6 @@ def test_the_record_key_reaches_the_signers_in_full_mode_only() -> None:
 
     full = key_env("full")
     assert set(full) == {"node", "extender"}
-    assert all(ref == {"name": "kubegpu-record-key", "key": "key", "optional": True} for ref in full.values())
+    # Required: a full install never runs with unsigned records (the pods wait for the Secret instead).
+    assert all(ref == {"name": "kubegpu-record-key", "key": "key", "optional": False} for ref in full.values())
     assert key_env("node-only") == {}

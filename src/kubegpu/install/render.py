@@ -249,12 +249,13 @@ def node_metrics_service(v: Values, name: str) -> Obj:
 
 
 def record_key_env(v: Values) -> list[Obj]:
-    """The record-signing key for the extender and the node daemons (full mode), from the Secret when it exists:
-    optional, so an install without it starts (unsigned, said at start) instead of failing on a missing file."""
+    """The record-signing key for the extender and the node daemons (full mode), from the Secret. Required:
+    without it a node could not tell the extender's records from forged ones, so the pods wait for the Secret
+    (the kubelet says "secret ... not found") rather than run unsigned."""
     if v.mode != "full":
         return []
     return [{"name": "KUBEGPU_RECORD_KEY", "valueFrom": {"secretKeyRef": {
-        "name": v.record_key_secret, "key": "key", "optional": True}}}]
+        "name": v.record_key_secret, "key": "key", "optional": False}}}]
 
 
 def resources_env(v: Values) -> list[Obj]:
@@ -469,8 +470,8 @@ def notes(v: Values) -> list[str]:
     if v.mode == "full":
         out.append(f"records are signed with the key in the Secret {v.namespace}/{v.record_key_secret}; create it "
                    f"once (kubectl -n {v.namespace} create secret generic {v.record_key_secret} "
-                   "--from-literal=key=$(head -c 32 /dev/urandom | base64)) and restart the extender and the node "
-                   "daemons; without it records are unsigned")
+                   "--from-literal=key=$(head -c 32 /dev/urandom | base64)); the extender and the node daemons "
+                   "wait for it to start")
     if v.mode == "full" and not reviews_updates(v):
         out.append("the webhook reviews pod creations only (webhook.reviewUpdates: false, the default without "
                    "matchConditions): record annotations written by a pod update are refused by the "
