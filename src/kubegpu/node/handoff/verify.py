@@ -99,17 +99,16 @@ def compare(pods: Mapping[str, PodView], served: Mapping[tuple[str, str], Ack],
                 continue
             ack = served.get((p.uid, container)) or p.acks.get(container)
             held = ",".join(short(i) for i in ids)
+            own = {(g.core, g.memory_bytes, g.memory_ratio) for g in entry.grants}  # a swap gives these elsewhere
             if ack is not None:
                 got = served_gpus(ack)
                 if got != set(kgpus):
-                    own = {(g.core, g.memory_bytes, g.memory_ratio) for g in entry.grants}
                     divergent.append(Divergence(
                         pod_key, p.uid, container, resource, tuple(ids),
                         f"container {container}: the kubelet holds {resource} {held}, but it was served "
                         f"GPU(s) {','.join(sorted(short(g) for g in got))}",
                         swap=given_on.get(frozenset(kgpus)) == own))
             elif not fits(entry, kgpus):
-                own = {(g.core, g.memory_bytes, g.memory_ratio) for g in entry.grants}
                 divergent.append(Divergence(
                     pod_key, p.uid, container, resource, tuple(ids),
                     f"container {container}: the kubelet holds {resource} {held}, but its record names "
