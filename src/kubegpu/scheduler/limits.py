@@ -29,7 +29,6 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -194,21 +193,7 @@ async def _exact(view: ClusterView, pod: Mapping[str, Any], request: PodRequest,
     failed: dict[str, str] = {}
     reasons: Counter[str] = Counter()
     cluster = view.cluster
-    all_rows = view.rows_of(names)
-    known = all_rows >= 0
-    for i in np.flatnonzero(~known).tolist():
-        rec = view.nodes.get(names[i])
-        failed[names[i]] = (f"its Device object is unreadable: {rec.device_error}" if rec and rec.device_error
-                            else "no GPUs known (no kubegpu Device object; is `kubegpu node` running?)")
-        reasons["no-device-object"] += 1
-    names_known = list(compress(names, known.tolist()))
-    rows = all_rows[known]
-    ok = view.model_mask(request.allowed_models)[rows] if len(rows) else np.zeros(0, bool)
-    for j in np.flatnonzero(~ok).tolist():
-        n = names_known[j]
-        present = ", ".join(sorted(view.nodes[n].models)) or "none"
-        failed[n] = f"GPU model {present} not in the allowed {', '.join(sorted(request.allowed_models or ()))}"
-        reasons["gpu-model"] += 1
+    names_known, rows, ok = view.known_and_allowed(names, view.rows_of(names), request, failed, reasons)
     # Each distinct container demand alone (a pod of identical containers costs one pass).
     seen: dict[Demand, str] = {}
     for c in request.gpu_containers:

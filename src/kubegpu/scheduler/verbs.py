@@ -98,25 +98,10 @@ class Verbs:
                                   strict=True))
                 reasons["insufficient-cpu-memory"] += len(bad)
             return FilterOutcome(passed, failed, unresolvable, reasons)
-        for i in np.flatnonzero(~known):
-            n = names[int(i)]
-            rec = self.nodes.get(n)
-            if rec is not None and rec.device_error:
-                failed[n] = f"its Device object is unreadable: {rec.device_error}"
-            else:
-                failed[n] = "no GPUs known (no kubegpu Device object; is `kubegpu node` running?)"
-            reasons["no-device-object"] += 1
         if not known.any():
+            self.known_and_allowed(names, all_rows, request, failed, reasons)
             return FilterOutcome(passed, failed, unresolvable, reasons)
-        names_known = [names[int(i)] for i in np.flatnonzero(known)] if not known.all() else list(names)
-        rows = all_rows[known]
-        models = request.allowed_models
-        ok = self.mirror.model_mask(models)[rows]
-        for i in np.flatnonzero(~ok):
-            n = names_known[i]
-            present = ", ".join(sorted(self.nodes[n].models)) or "none"
-            failed[n] = f"GPU model {present} not in the allowed {', '.join(sorted(models or ()))}"
-            reasons["gpu-model"] += 1
+        names_known, rows, ok = self.known_and_allowed(names, all_rows, request, failed, reasons)
         pod_demand_ = pod_demand(request, pod)
         roomy = (cluster.cpu_free[rows] >= pod_demand_.cpu_milli) & (cluster.mem_free[rows] >= pod_demand_.memory_bytes)
         short = ok & ~roomy
@@ -183,6 +168,29 @@ class Verbs:
                 failed[n] = miss[1]
                 reasons[miss[0]] += 1
         return FilterOutcome(passed, failed, unresolvable, reasons)
+
+    def known_and_allowed(self, names: Sequence[str], all_rows: np.ndarray, request: PodRequest,
+                          failed: dict[str, str], reasons: Counter[str],
+                          ) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """The filter's first cut, for the plain and the bounded filter alike: nodes without a readable
+        Device object, then nodes whose GPU model the pod does not allow, each failed with its reason.
+        Returns the known names, their rows and which of them allow the pod's models."""
+        known = all_rows >= 0
+        for i in np.flatnonzero(~known).tolist():
+            rec = self.nodes.get(names[i])
+            failed[names[i]] = (f"its Device object is unreadable: {rec.device_error}" if rec and rec.device_error
+                                else "no GPUs known (no kubegpu Device object; is `kubegpu node` running?)")
+            reasons["no-device-object"] += 1
+        names_known = list(names) if known.all() else list(compress(names, known.tolist()))
+        rows = all_rows[known]
+        models = request.allowed_models
+        ok = self.mirror.model_mask(models)[rows] if len(rows) else np.zeros(0, bool)
+        for j in np.flatnonzero(~ok).tolist():
+            n = names_known[j]
+            present = ", ".join(sorted(self.nodes[n].models)) or "none"
+            failed[n] = f"GPU model {present} not in the allowed {', '.join(sorted(models or ()))}"
+            reasons["gpu-model"] += 1
+        return names_known, rows, ok
 
     def exact_fit(self, node: str, request: PodRequest, need: Demand, gpu_policy: str,
                   nvlink: bool) -> tuple[str, str] | None:
