@@ -89,6 +89,11 @@ class Ledger:
         # node -> pod -> (resource, count, amounts) of its containers bound but not yet served by the node:
         # another pod asking the same (resource, count) there waits (docs/handoff.md).
         self.pending: dict[str, dict[str, frozenset[Shape]]] = {}
+        # The same, indexed by what the kubelet's calls look like: (resource, count) -> node -> how many
+        # of that node's waiting pods have a container of that kind. Filter reads only the nodes listed
+        # under the pod's own kinds, never every waiting pod (tens of thousands after a restart).
+        # Written only by _set_pending and _drop_pending, with self.pending.
+        self.pending_kinds: dict[tuple[str, int], dict[str, int]] = {}
         # Off only where no kubegpu node serves the records (simulations, extender-only tests): there a
         # bound pod is never acknowledged and would hold its shape forever.
         self.handoff_wait = os.environ.get(HANDOFF_WAIT_ENV, "1") not in ("0", "false", "no")
@@ -112,7 +117,7 @@ class Ledger:
         handoff until the watch shows them acknowledged. The GPUs held follow Kubernetes' init-container
         rule (:meth:`PodAllocation.held`)."""
         if assumed and pod is not None:
-            self.pending.setdefault(node, {})[key] = request_shapes(parse_pod(pod))
+            self._set_pending(node, key, request_shapes(parse_pod(pod)))
             log.debug("pod %s bound to %s: waiting for the node's handoff", key, node)
         f = facts if facts is not None else PodFacts.of(pod)
         old = self.held.get(key)
@@ -152,8 +157,7 @@ class Ledger:
         del self.held[key]
         self._assumed.discard(key)
         self.collisions.pop(key, None)
-        if (waiting := self.pending.get(h.node)) is not None:
-            waiting.pop(key, None)
+        self._drop_pending(h.node, key)
         self.by_node.get(h.node, set()).discard(key)
         rec = self.nodes.get(h.node)
         if rec is not None and rec.state is not None:
@@ -255,23 +259,64 @@ class Ledger:
         assert records is not None
         waiting = request_shapes(parse_pod(pod), records.acks) if records.record is not None else frozenset()
         if waiting:
-            self.pending.setdefault(node, {})[key] = waiting
-        elif (per := self.pending.get(node)) is not None and per.pop(key, None) is not None:
+            self._set_pending(node, key, waiting)
+        elif self._drop_pending(node, key):
             log.debug("pod %s on %s: served by the node; its shapes no longer wait", key, node)
+
+    # ---- the handoff wait ------------------------------------------------------------------------
+    def _set_pending(self, node: str, key: str, shapes: frozenset[Shape]) -> None:
+        """``key`` on ``node`` waits for the node's handoff with these shapes (replacing what it waited with)."""
+        per = self.pending.setdefault(node, {})
+        old = per.get(key)
+        if old == shapes:
+            return
+        if old is not None:
+            self._index(node, old, -1)
+        if shapes:
+            per[key] = shapes
+            self._index(node, shapes, +1)
+        else:
+            per.pop(key, None)
+
+    def _drop_pending(self, node: str, key: str) -> bool:
+        """``key`` no longer waits on ``node`` (served, released or gone). Whether it was waiting."""
+        per = self.pending.get(node)
+        old = per.pop(key, None) if per is not None else None
+        if old is None:
+            return False
+        self._index(node, old, -1)
+        return True
+
+    def _index(self, node: str, shapes: frozenset[Shape], step: int) -> None:
+        for kind in {(res, count) for res, count, _ in shapes}:
+            nodes = self.pending_kinds.setdefault(kind, {})
+            n = nodes.get(node, 0) + step
+            if n > 0:
+                nodes[node] = n
+            else:
+                nodes.pop(node, None)
+                if not nodes:
+                    del self.pending_kinds[kind]
 
     def handoff_blocked(self, pod: Mapping[str, Any], request: PodRequest) -> dict[str, str]:
         """Nodes where another pod is bound, not yet served by the node, and asks the same (resource,
         device count): the kubelet's calls carry no pod identity, so with two such pods waiting the
         node could steer one onto the other's record. One at a time per shape and node keeps every
-        Allocate unambiguous (docs/handoff.md)."""
-        if not self.pending or not self.handoff_wait:
+        Allocate unambiguous (docs/handoff.md). Costs the waiting pods of the nodes indexed under the
+        pod's own (resource, count) kinds, not every waiting pod."""
+        if not self.pending_kinds or not self.handoff_wait:
+            return {}
+        shapes = request_shapes(request)
+        kinds = {(res, count) for res, count, _ in shapes}
+        lists = [nodes for kind in kinds if (nodes := self.pending_kinds.get(kind))]
+        if not lists:
             return {}
         meta = pod.get("metadata") or {}
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-        shapes = request_shapes(request)
+        candidates = lists[0] if len(lists) == 1 else dict.fromkeys(n for nodes in lists for n in nodes)
         out: dict[str, str] = {}
-        for node, per in self.pending.items():
-            for other, waiting in per.items():
+        for node in candidates:
+            for other, waiting in self.pending[node].items():
                 same = ambiguous(waiting, shapes) if other != key else None
                 if same is not None:
                     res, count, _ = same
