@@ -2,18 +2,25 @@
 
 A stand-in API server (its own process) holds N nodes x 8 GPUs with their Device objects and a
 trace-like mix of pods already bound and filling the GPUs to about 70 %, plus the pending pods to
-place. ``kubegpu scheduler`` (its own process, as deployed) watches it. This process then plays
+place. Running pods carry the extender's record and, as in a live cluster, the node's acknowledgement
+(``kubegpu.io/device-assigned``), except a share ``--unserved`` of them (1 % by default: pods bound a
+moment ago whose kubelet handoff is still in flight), which the extender's handoff wait holds against
+pods of the same kind on their nodes; the bench's own binds are never served either, so they add to
+it. ``kubegpu scheduler`` (its own process, as deployed: the learned target workload on, the handoff
+wait on, whatever this shell's environment says) watches it. This process then plays
 kube-scheduler: for each pending pod, sequentially, ``filter`` with every node name, ``prioritize``
 with the nodes that passed, ``bind`` to the best one. Prints one JSON object as its last line:
 ``nodes``, ``filter_p50_ms``, ``filter_p99_ms``, ``prioritize_p99_ms``, ``bind_p99_ms``,
 ``pods_per_s``, ``rss_mb`` (the extender's resident memory after the run; ``rss_peak_mb`` too), plus
 ``<verb>_server_mean_ms`` and ``pods_per_s_extender`` measured inside the extender (its latency
-histograms), which leave out this harness's own client work.
+histograms), which leave out this harness's own client work, ``handoff_blocked_nodes_mean`` (nodes
+per filter left out by the handoff wait) and ``learned_workload`` (the extender's debug API after
+the run: live GPU pods, generation, rebuilds during the run).
 
 Targets (2-core machine): filter p99 and prioritize p99 <= 15 ms at 5,000 nodes, >= 100 pods/s,
 RSS <= 1 GiB.
 
-    .venv/bin/python bench/extender.py [--nodes 5000] [--pods 300] [--fill 0.7] [--seed 1]
+    .venv/bin/python bench/extender.py [--nodes 5000] [--pods 300] [--fill 0.7] [--unserved 0.01] [--seed 1]
 """
 
 from __future__ import annotations
@@ -78,7 +85,7 @@ def limits(shape: tuple[str, int, int]) -> dict[str, str]:
 
 
 def pod_object(name: str, shape: tuple[str, int, int], node: str = "", annotation: str = "",
-               uid: str = "") -> dict[str, Any]:
+               uid: str = "", ack: str = "") -> dict[str, Any]:
     lim = limits(shape)
     pod: dict[str, Any] = {
         "apiVersion": "v1", "kind": "Pod",
@@ -93,12 +100,17 @@ def pod_object(name: str, shape: tuple[str, int, int], node: str = "", annotatio
         pod["spec"]["nodeName"] = node
     if annotation:
         pod["metadata"]["annotations"] = {"kubegpu.io/device-allocated": annotation}
+        if ack:
+            pod["metadata"]["annotations"]["kubegpu.io/device-assigned"] = ack
     return pod
 
 
-def fill_node(rng: random.Random, node: str, uuids: list[str], target: float) -> list[dict[str, Any]]:
-    """Pods already running on one node, first-fit on its GPUs, until about ``target`` of its compute is used."""
+def fill_node(rng: random.Random, node: str, uuids: list[str], target: float,
+              unserved: float = 0.0) -> list[dict[str, Any]]:
+    """Pods already running on one node, first-fit on its GPUs, until about ``target`` of its compute is used;
+    each served by the node (acknowledged) except a share ``unserved`` of them."""
     from kubegpu.model.allocation import ContainerAllocation, DeviceGrant, PodAllocation, encode
+    from kubegpu.model.records import Ack, encode_acks
 
     free = [100] * len(uuids)
     pods = []
@@ -117,11 +129,16 @@ def fill_node(rng: random.Random, node: str, uuids: list[str], target: float) ->
             free[j] -= need
             grants.append(DeviceGrant(j, uuids[j], need, GPU_MEMORY * need // 100, need))
         value = encode(PodAllocation((ContainerAllocation("main", tuple(grants)),)))
-        pods.append(pod_object(f"run-{node}-{len(pods)}", shape, node, value))
+        ack = ""
+        if rng.random() >= unserved:
+            resource = "nvidia.com/gpu" if kind == "whole" else "kubegpu.io/gpu.shared"
+            devices = tuple(g.uuid if kind == "whole" else f"{g.uuid}::{len(pods)}" for g in grants)
+            ack = encode_acks({"main": Ack(resource, devices, tuple(grants))})
+        pods.append(pod_object(f"run-{node}-{len(pods)}", shape, node, value, ack=ack))
     return pods
 
 
-def serve_apiserver(nodes: int, pending: int, fill: float, seed: int, kubeconfig: str) -> None:
+def serve_apiserver(nodes: int, pending: int, fill: float, seed: int, kubeconfig: str, unserved: float) -> None:
     """Child process: seed the stand-in API server with the cluster and serve it until stdin closes."""
     from kubegpu.model.inventory import Gpu, NodeInventory
     from kubegpu.node.device_object import device_object
@@ -129,7 +146,7 @@ def serve_apiserver(nodes: int, pending: int, fill: float, seed: int, kubeconfig
 
     rng = random.Random(seed)
     api = ApiServer(history=50_000)
-    running = 0
+    running = unacked = 0
     for i in range(nodes):
         name = f"node-{i:05d}"
         uuids = [f"GPU-{i:05d}-{j}-bench-0000-000000000000" for j in range(GPUS_PER_NODE)]
@@ -141,14 +158,15 @@ def serve_apiserver(nodes: int, pending: int, fill: float, seed: int, kubeconfig
                         "status": {"capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": "8"}}})
         api.put_object(device_object(inv))
         target = min(1.0, max(0.0, rng.gauss(fill, 0.2)))
-        for p in fill_node(rng, name, uuids, target):
+        for p in fill_node(rng, name, uuids, target, unserved):
             api.put_object(p)
             running += 1
+            unacked += "kubegpu.io/device-assigned" not in p["metadata"]["annotations"]
     for k in range(pending):
         api.put_object(pod_object(f"pending-{k:05d}", draw(rng)))
     api.start()
     api.write_kubeconfig(kubeconfig)
-    print(json.dumps({"url": api.url, "running": running}), flush=True)
+    print(json.dumps({"url": api.url, "running": running, "unserved": unacked}), flush=True)
     sys.stdin.read()  # until the parent closes the pipe
     api.stop()
 
@@ -181,6 +199,12 @@ def server_means(metrics: str) -> dict[str, float]:
     return {v: round(1000 * sums[v] / counts[v], 3) for v in sums if counts.get(v)}
 
 
+def rejections(metrics: str, reason: str) -> float:
+    """Nodes the extender's filter has rejected for ``reason`` so far (its counter)."""
+    prefix = f'kubegpu_node_rejections_total{{reason="{reason}"}} '
+    return sum(float(line[len(prefix):]) for line in metrics.splitlines() if line.startswith(prefix))
+
+
 def pct(values: list[float], q: float) -> float:
     return round(float(np.percentile(np.asarray(values) * 1000, q)), 3) if values else 0.0
 
@@ -194,8 +218,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     api = subprocess.Popen([python, __file__, "--serve-apiserver", "--nodes", str(args.nodes), "--pods",
                             str(args.pods), "--fill", str(args.fill), "--seed", str(args.seed),
-                            "--kubeconfig", str(kubeconfig)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                           text=True, env=env)
+                            "--unserved", str(args.unserved), "--kubeconfig", str(kubeconfig)],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     ext = None
     try:
         assert api.stdout is not None
@@ -218,6 +242,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 raise RuntimeError("the extender did not become ready")
             time.sleep(0.2)
         synced_s = time.perf_counter() - t0 - seeded_s
+        workload_url = "/apis/v1/plugins/DeviceShare/workload"
+        learned_before = http.get(workload_url).json()
+        blocked_before = rejections(http.get("/metrics").text, "handoff-pending")
+        spy = None
+        if args.py_spy:  # a sampling profile of the extender during the timed loop only
+            spy = subprocess.Popen([str(Path(python).parent / "py-spy"), "record", "--pid", str(ext.pid), "--rate",
+                                    "500", "--format", "raw", "--output", args.py_spy, "--nonblocking"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1.0)
         names = [f"node-{i:05d}" for i in range(args.nodes)]
         pending = httpx.get(f"{info['url']}/api/v1/namespaces/{NAMESPACE}/pods",
                             params={"fieldSelector": "spec.nodeName="}, timeout=120).json()["items"]
@@ -270,17 +303,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             else:
                 placed += 1
         elapsed = time.perf_counter() - start
+        if spy is not None:
+            spy.send_signal(2)
+            spy.wait(30)
         rss, peak = rss_mb(ext.pid)
-        server = server_means(http.get("/metrics").text)
+        metrics = http.get("/metrics").text
+        server = server_means(metrics)
+        learned = http.get(workload_url).json()
+        filters = max(1, len(lat["filter"]))
         return {
             "nodes": args.nodes,
             "gpus": args.nodes * GPUS_PER_NODE,
             "running_pods": info["running"],
+            "unserved_running_pods": info["unserved"],
             "pods": len(pending),
             "placed": placed,
             "unschedulable": unschedulable,
             "bind_errors": bind_errors,
             "filter_feasible_nodes_mean": round(float(np.mean(fit_nodes)), 1) if fit_nodes else 0,
+            "handoff_wait": os.environ.get("KUBEGPU_HANDOFF_WAIT", "1") not in ("0", "false", "no"),
+            "handoff_blocked_nodes_mean": round((rejections(metrics, "handoff-pending") - blocked_before) / filters, 1),
+            "learned_workload": {"live_gpu_pods": learned["live_gpu_pods"], "generation": learned["generation"],
+                                 "shapes": len(learned["shapes"]),
+                                 "rebuilds_during_run": learned["generation"] - learned_before["generation"]},
             "filter_p50_ms": pct(lat["filter"], 50),
             "filter_p99_ms": pct(lat["filter"], 99),
             "prioritize_p50_ms": pct(lat["prioritize"], 50),
@@ -318,12 +363,15 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--pods", type=int, default=300, help="pending pods to place")
     parser.add_argument("--fill", type=float, default=0.7, help="average share of GPU compute already used")
+    parser.add_argument("--unserved", type=float, default=0.01,
+                        help="share of running pods still being handed to their kubelet (not acknowledged)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--py-spy", default="", help="write a py-spy raw profile of the extender's timed loop here")
     parser.add_argument("--serve-apiserver", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--kubeconfig", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_apiserver:
-        serve_apiserver(args.nodes, args.pods, args.fill, args.seed, args.kubeconfig)
+        serve_apiserver(args.nodes, args.pods, args.fill, args.seed, args.kubeconfig, args.unserved)
         return
     print(json.dumps(run(args)))
 

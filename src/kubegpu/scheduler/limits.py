@@ -174,16 +174,8 @@ async def bounded_filter(view: ClusterView, pod: Mapping[str, Any], names: Seque
     if not request.ok or not request.wants_gpu or (simple_demand(request) is not None and not requires_nvlink(pod)):
         return view.filter(pod, names, gpu_policy)
     share = share or LoopShare()
-    # The handoff wait (docs/handoff.md) holds for this path too: nodes handing a pod of the same shape
-    # to their kubelet are left out, with the reason.
-    blocked = view.ledger.handoff_blocked(pod, request)
     with share.expensive_work():
-        out = await _exact(view, pod, request, [n for n in names if n not in blocked] if blocked else names,
-                           gpu_policy, limits, clock, share)
-    if blocked:
-        out.failed.update(blocked)
-        out.reasons["handoff-pending"] += len(blocked)
-    return out
+        return await _exact(view, pod, request, names, gpu_policy, limits, clock, share)
 
 
 async def _exact(view: ClusterView, pod: Mapping[str, Any], request: PodRequest, names: Sequence[str],
@@ -193,7 +185,10 @@ async def _exact(view: ClusterView, pod: Mapping[str, Any], request: PodRequest,
     failed: dict[str, str] = {}
     reasons: Counter[str] = Counter()
     cluster = view.cluster
-    names_known, rows, ok = view.known_and_allowed(names, view.rows_of(names), request, failed, reasons)
+    # The handoff wait (docs/handoff.md) holds for this path too: nodes handing a pod of the same kind to
+    # their kubelet are left out, with the reason.
+    names, all_rows = view.without_handoff_blocked(pod, request, names, view.rows_of(names), failed, reasons)
+    names_known, rows, ok = view.known_and_allowed(names, all_rows, request, failed, reasons)
     # Each distinct container demand alone (a pod of identical containers costs one pass).
     seen: dict[Demand, str] = {}
     for c in request.gpu_containers:
