@@ -186,6 +186,12 @@ def rss_mb(pid: int) -> tuple[float, float]:
     return kb("VmRSS") / 1024, kb("VmHWM") / 1024
 
 
+def cpu_s(pid: int) -> np.ndarray:
+    """(user, system) CPU seconds a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return np.array([int(fields[11]), int(fields[12])], np.float64) / os.sysconf("SC_CLK_TCK")
+
+
 def server_means(metrics: str) -> dict[str, float]:
     """Mean time inside the extender's handlers per verb (from its latency histogram)."""
     sums: dict[str, float] = {}
@@ -272,6 +278,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         lat: dict[str, list[float]] = {"filter": [], "prioritize": [], "bind": []}
         placed = unschedulable = bind_errors = 0
         fit_nodes: list[int] = []
+        cpu_before = cpu_s(ext.pid), cpu_s(api.pid)
         start = time.perf_counter()
         for k, pod in enumerate(pending):
             offset = (k * 997) % len(names)  # kube-scheduler starts each cycle at a rotating node
@@ -303,6 +310,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             else:
                 placed += 1
         elapsed = time.perf_counter() - start
+        cpu_ext, cpu_api = cpu_s(ext.pid) - cpu_before[0], cpu_s(api.pid) - cpu_before[1]
         if spy is not None:
             spy.send_signal(2)
             spy.wait(30)
@@ -338,6 +346,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             **{f"{verb}_server_mean_ms": ms for verb, ms in server.items()},
             # The same three verbs counted inside the extender only (without this harness's own HTTP and JSON).
             "pods_per_s_extender": round(1000 / sum(server.values()), 1) if len(server) == 3 else 0.0,
+            # CPU the extender (and the stand-in API server) used per pod: what the 2 cores were busy with,
+            # whatever else was running.
+            "extender_cpu_ms_per_pod": round(1000 * float(cpu_ext.sum()) / len(pending), 3),
+            "extender_sys_ms_per_pod": round(1000 * float(cpu_ext[1]) / len(pending), 3),
+            "apiserver_cpu_ms_per_pod": round(1000 * float(cpu_api.sum()) / len(pending), 3),
             "rss_mb": round(rss, 1),
             "rss_peak_mb": round(peak, 1),
             "seed_s": round(seeded_s, 1),

@@ -72,13 +72,13 @@ def reference_blocked(ledger: Ledger, pod: Mapping[str, Any], request: PodReques
     return out
 
 
-def reindexed(ledger: Ledger) -> dict[tuple[str, int], dict[str, int]]:
-    out: dict[tuple[str, int], dict[str, int]] = {}
+def reindexed(ledger: Ledger) -> dict[tuple[str, int], dict[str, str]]:
+    """kind -> node -> the first pod waiting there with that kind, from the waiting pods themselves."""
+    out: dict[tuple[str, int], dict[str, str]] = {}
     for node, per in ledger.pending.items():
-        for waiting in per.values():
+        for key, waiting in per.items():
             for kind in {(res, count) for res, count, _ in waiting}:
-                out.setdefault(kind, {})
-                out[kind][node] = out[kind].get(node, 0) + 1
+                out.setdefault(kind, {}).setdefault(node, key)
     return out
 
 
@@ -205,7 +205,8 @@ def test_index_answers_as_the_full_scan_through_every_change(seed: int) -> None:
         in_order.observe_pod(live[name])
     check(in_order)
     assert [set(b) for b in blocked_map(fresh)] == [set(b) for b in blocked_map(in_order)]
-    assert fresh.ledger.pending_kinds == in_order.ledger.pending_kinds  # counts per node (dict order aside)
+    assert {k: set(v) for k, v in fresh.ledger.pending_kinds.items()} == \
+        {k: set(v) for k, v in in_order.ledger.pending_kinds.items()}  # the same nodes wait (who first: order)
 
 
 def test_served_deleted_and_restarted() -> None:
@@ -216,7 +217,7 @@ def test_served_deleted_and_restarted() -> None:
     view.observe_pod(waiting)
     probe = PROBES[0]
     assert set(view.ledger.handoff_blocked(probe, parse_pod(probe))) == {"n1"}
-    assert view.ledger.pending_kinds == {(R.NVIDIA_GPU, 1): {"n1": 1}}
+    assert view.ledger.pending_kinds == {(R.NVIDIA_GPU, 1): {"n1": "d/w"}}
     # Another count and a share are not blocked.
     for p in PROBES[1:3]:
         assert view.ledger.handoff_blocked(p, parse_pod(p)) == {}
@@ -233,7 +234,7 @@ def test_served_deleted_and_restarted() -> None:
     two = [WHOLE1, SHARE1]
     alloc3 = allocation(view, "n3", two, rng)
     view.observe_pod(make_pod("m", two, "n3", alloc3, ("c0",)))
-    assert view.ledger.pending_kinds == {(R.GPU_SLOTS, 1): {"n3": 1}}
+    assert view.ledger.pending_kinds == {(R.GPU_SLOTS, 1): {"n3": "d/m"}}
     assert view.ledger.handoff_blocked(probe, parse_pod(probe)) == {}
     assert set(view.ledger.handoff_blocked(PROBES[2], parse_pod(PROBES[2]))) == {"n3"}
     # Restart: the same answer from the live pods alone.
@@ -249,7 +250,7 @@ def test_bind_waits_then_release_clears() -> None:
     p = make_pod("b", [WHOLE2])
     alloc = allocation(view, "n0", [WHOLE2], rng)
     view.hold("d/b", "b", "n0", alloc, assumed=True, pod=p)
-    assert view.ledger.pending_kinds == {(R.NVIDIA_GPU, 2): {"n0": 1}}
+    assert view.ledger.pending_kinds == {(R.NVIDIA_GPU, 2): {"n0": "d/b"}}
     assert set(view.ledger.handoff_blocked(PROBES[1], parse_pod(PROBES[1]))) == {"n0"}
     assert view.ledger.handoff_blocked(p, parse_pod(p)) == {}  # never waits on itself
     view.release("d/b")

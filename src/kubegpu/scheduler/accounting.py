@@ -89,11 +89,11 @@ class Ledger:
         # node -> pod -> (resource, count, amounts) of its containers bound but not yet served by the node:
         # another pod asking the same (resource, count) there waits (docs/handoff.md).
         self.pending: dict[str, dict[str, frozenset[Shape]]] = {}
-        # The same, indexed by what the kubelet's calls look like: (resource, count) -> node -> how many
-        # of that node's waiting pods have a container of that kind. Filter reads only the nodes listed
-        # under the pod's own kinds, never every waiting pod (tens of thousands after a restart).
-        # Written only by _set_pending and _drop_pending, with self.pending.
-        self.pending_kinds: dict[tuple[str, int], dict[str, int]] = {}
+        # The same, indexed by what the kubelet's calls look like: (resource, count) -> node -> the first
+        # pod (in the node's waiting order) with a container of that kind waiting there. Filter reads only
+        # the nodes listed under the pod's own kinds, never every waiting pod (tens of thousands after a
+        # restart). Written only by _set_pending and _drop_pending, with self.pending.
+        self.pending_kinds: dict[tuple[str, int], dict[str, str]] = {}
         # Off only where no kubegpu node serves the records (simulations, extender-only tests): there a
         # bound pod is never acknowledged and would hold its shape forever.
         self.handoff_wait = os.environ.get(HANDOFF_WAIT_ENV, "1") not in ("0", "false", "no")
@@ -265,18 +265,14 @@ class Ledger:
 
     # ---- the handoff wait ------------------------------------------------------------------------
     def _set_pending(self, node: str, key: str, shapes: frozenset[Shape]) -> None:
-        """``key`` on ``node`` waits for the node's handoff with these shapes (replacing what it waited with)."""
+        """``key`` on ``node`` waits for the node's handoff with these shapes (replacing what it waited with;
+        an empty set keeps its place in the node's order and blocks nothing)."""
         per = self.pending.setdefault(node, {})
         old = per.get(key)
         if old == shapes:
             return
-        if old is not None:
-            self._index(node, old, -1)
-        if shapes:
-            per[key] = shapes
-            self._index(node, shapes, +1)
-        else:
-            per.pop(key, None)
+        per[key] = shapes
+        self._reindex(node, shapes if old is None else old | shapes)
 
     def _drop_pending(self, node: str, key: str) -> bool:
         """``key`` no longer waits on ``node`` (served, released or gone). Whether it was waiting."""
@@ -284,16 +280,20 @@ class Ledger:
         old = per.pop(key, None) if per is not None else None
         if old is None:
             return False
-        self._index(node, old, -1)
+        self._reindex(node, old)
         return True
 
-    def _index(self, node: str, shapes: frozenset[Shape], step: int) -> None:
+    def _reindex(self, node: str, shapes: frozenset[Shape]) -> None:
+        """Who waits first on ``node`` for each kind of ``shapes``, after a change of the node's waiting pods."""
+        per = self.pending.get(node, {})
         for kind in {(res, count) for res, count, _ in shapes}:
-            nodes = self.pending_kinds.setdefault(kind, {})
-            n = nodes.get(node, 0) + step
-            if n > 0:
-                nodes[node] = n
-            else:
+            first = next((k for k, waiting in per.items() if any(w[:2] == kind for w in waiting)), None)
+            nodes = self.pending_kinds.get(kind)
+            if first is not None:
+                if nodes is None:
+                    nodes = self.pending_kinds[kind] = {}
+                nodes[node] = first
+            elif nodes is not None:
                 nodes.pop(node, None)
                 if not nodes:
                     del self.pending_kinds[kind]
@@ -308,19 +308,38 @@ class Ledger:
             return {}
         shapes = request_shapes(request)
         kinds = {(res, count) for res, count, _ in shapes}
-        lists = [nodes for kind in kinds if (nodes := self.pending_kinds.get(kind))]
+        lists = [(kind, nodes) for kind in kinds if (nodes := self.pending_kinds.get(kind))]
         if not lists:
             return {}
         meta = pod.get("metadata") or {}
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-        candidates = lists[0] if len(lists) == 1 else dict.fromkeys(n for nodes in lists for n in nodes)
         out: dict[str, str] = {}
-        for node in candidates:
-            for other, waiting in self.pending[node].items():
-                same = ambiguous(waiting, shapes) if other != key else None
-                if same is not None:
-                    res, count, _ = same
-                    out[node] = (f"pod {other} is being handed to the kubelet with {count} {res}; the "
-                                 "kubelet's calls carry no pod, so one such pod at a time per node")
-                    break
+        if len(lists) == 1:
+            # One kind waits anywhere (always so for a pod with one GPU container): the index names who
+            # waits first on each node, and any waiting pod that matches the pod matches on that kind.
+            ((res, count), firsts), = lists
+            for node, other in firsts.items():
+                if other != key:
+                    out[node] = _handoff_reason(other, count, res)
+                elif (reason := self._blocked_on(node, key, shapes)) is not None:  # the pod itself waits first
+                    out[node] = reason
+            return out
+        for node in dict.fromkeys(n for _, nodes in lists for n in nodes):
+            if (reason := self._blocked_on(node, key, shapes)) is not None:
+                out[node] = reason
         return out
+
+    def _blocked_on(self, node: str, key: str, shapes: frozenset[Shape]) -> str | None:
+        """Why a pod ``key`` asking ``shapes`` waits on ``node``: the first other waiting pod there whose
+        kubelet calls would look the same, or None."""
+        for other, waiting in self.pending[node].items():
+            same = ambiguous(waiting, shapes) if other != key else None
+            if same is not None:
+                res, count, _ = same
+                return _handoff_reason(other, count, res)
+        return None
+
+
+def _handoff_reason(other: str, count: int, resource: str) -> str:
+    return (f"pod {other} is being handed to the kubelet with {count} {resource}; the kubelet's calls carry "
+            "no pod, so one such pod at a time per node")

@@ -282,7 +282,7 @@ class Extender:
     async def healthz(self, request: Request) -> Response:
         if self._ready():
             return Response("ok", media_type="text/plain")
-        return Response("informers not synced yet", status_code=503, media_type="text/plain")
+        return Response("informers not synced (or view not warmed up) yet", status_code=503, media_type="text/plain")
 
 
 def _recorded(pod: Any) -> PodAllocation | None:

@@ -2,7 +2,10 @@
 
 Everything runs in one asyncio loop, so watch events and HTTP verbs never
 interleave inside a verb. The extender answers ``/healthz`` with 503 until the
-three informers have listed once: before that its accounting is incomplete.
+three informers have listed once (before that its accounting is incomplete) and
+the view is warmed up (the learned workload built, long-lived objects moved out
+of the garbage collector's sight: a full collection over tens of thousands of
+pods would otherwise stall the first verbs for a good part of a second).
 """
 
 from __future__ import annotations
@@ -90,6 +93,7 @@ class ExtenderService:
 
     def __post_init__(self) -> None:
         self.view = ClusterView()
+        self.settled = asyncio.Event()  # the first lists are in and the view is warmed up (_settle_memory)
         self.informers = [
             Informer(self.client, Node, node_handler(self.view), resync_s=self.resync_s, name="nodes"),
             Informer(self.client, Device, device_handler(self.view), resync_s=self.resync_s, name="devices"),
@@ -98,12 +102,16 @@ class ExtenderService:
                      resync_s=self.resync_s, name="pods"),
         ]
         self.extender = Extender(self.view, self.client, node_policy=self.node_policy,
-                                 gpu_policy=self.gpu_policy, ready=self.synced, limits=self.limits,
+                                 gpu_policy=self.gpu_policy, ready=self.ready, limits=self.limits,
                                  max_body_bytes=self.serve_limits.max_body_bytes,
                                  body_timeout_s=self.serve_limits.body_timeout_s)
 
     def synced(self) -> bool:
         return all(i.synced.is_set() for i in self.informers)
+
+    def ready(self) -> bool:
+        """Synced and warmed up: what ``/healthz`` answers 200 for."""
+        return self.synced() and self.settled.is_set()
 
     async def wait_synced(self, timeout_s: float = 30.0) -> None:
         await asyncio.wait_for(asyncio.gather(*(i.synced.wait() for i in self.informers)), timeout_s)
@@ -117,6 +125,7 @@ class ExtenderService:
         self.view.warm_up()
         gc.collect()
         gc.freeze()
+        self.settled.set()
 
     async def serve(self, host: str, port: int, *, tls_cert: str | Path | None = None,
                     tls_key: str | Path | None = None, started: asyncio.Event | None = None,
@@ -195,6 +204,7 @@ class ServiceThread:
                 ready.set()
                 return
             await self.service.wait_synced()
+            await asyncio.wait_for(self.service.settled.wait(), timeout_s)
             self.port = self.service.port
             ready.set()
             with contextlib.suppress(asyncio.CancelledError):
