@@ -120,6 +120,14 @@ PROBES = [make_pod("probe-a", [WHOLE1]), make_pod("probe-b", [WHOLE2]), make_pod
 def check(view: ClusterView, extra_probes: list[dict[str, Any]] = ()) -> None:  # type: ignore[assignment]
     ledger = view.ledger
     assert ledger.pending_kinds == reindexed(ledger)
+    # The kept reasons and who-waits-where follow the index (private, but stale copies are the risk here).
+    assert {kind: set(nodes) for kind, nodes in ledger._kind_reasons.items()} == \
+        {kind: set(nodes) for kind, nodes in ledger.pending_kinds.items()}
+    waits_on: dict[str, set[str]] = {}
+    for node, per in ledger.pending.items():
+        for key in per:
+            waits_on.setdefault(key, set()).add(node)
+    assert ledger._waits_on == waits_on
     for probe in [*PROBES, *extra_probes]:
         request = parse_pod(probe)
         assert ledger.handoff_blocked(probe, request) == reference_blocked(ledger, probe, request)

@@ -94,6 +94,10 @@ class Ledger:
         # the nodes listed under the pod's own kinds, never every waiting pod (tens of thousands after a
         # restart). Written only by _set_pending and _drop_pending, with self.pending.
         self.pending_kinds: dict[tuple[str, int], dict[str, str]] = {}
+        # Beside it: the reason filter gives on each such node (kind -> node -> text, built once per change),
+        # and the nodes each pod waits on (to find the rare pod that would otherwise wait on itself).
+        self._kind_reasons: dict[tuple[str, int], dict[str, str]] = {}
+        self._waits_on: dict[str, set[str]] = {}
         # Off only where no kubegpu node serves the records (simulations, extender-only tests): there a
         # bound pod is never acknowledged and would hold its shape forever.
         self.handoff_wait = os.environ.get(HANDOFF_WAIT_ENV, "1") not in ("0", "false", "no")
@@ -272,6 +276,7 @@ class Ledger:
         if old == shapes:
             return
         per[key] = shapes
+        self._waits_on.setdefault(key, set()).add(node)
         self._reindex(node, shapes if old is None else old | shapes)
 
     def _drop_pending(self, node: str, key: str) -> bool:
@@ -280,6 +285,10 @@ class Ledger:
         old = per.pop(key, None) if per is not None else None
         if old is None:
             return False
+        if (nodes := self._waits_on.get(key)) is not None:
+            nodes.discard(node)
+            if not nodes:
+                del self._waits_on[key]
         self._reindex(node, old)
         return True
 
@@ -292,11 +301,15 @@ class Ledger:
             if first is not None:
                 if nodes is None:
                     nodes = self.pending_kinds[kind] = {}
-                nodes[node] = first
+                    self._kind_reasons[kind] = {}
+                if nodes.get(node) != first:
+                    nodes[node] = first
+                    self._kind_reasons[kind][node] = _handoff_reason(first, kind[1], kind[0])
             elif nodes is not None:
                 nodes.pop(node, None)
+                self._kind_reasons[kind].pop(node, None)
                 if not nodes:
-                    del self.pending_kinds[kind]
+                    del self.pending_kinds[kind], self._kind_reasons[kind]
 
     def handoff_blocked(self, pod: Mapping[str, Any], request: PodRequest) -> dict[str, str]:
         """Nodes where another pod is bound, not yet served by the node, and asks the same (resource,
@@ -317,12 +330,13 @@ class Ledger:
         if len(lists) == 1:
             # One kind waits anywhere (always so for a pod with one GPU container): the index names who
             # waits first on each node, and any waiting pod that matches the pod matches on that kind.
-            ((res, count), firsts), = lists
-            for node, other in firsts.items():
-                if other != key:
-                    out[node] = _handoff_reason(other, count, res)
-                elif (reason := self._blocked_on(node, key, shapes)) is not None:  # the pod itself waits first
-                    out[node] = reason
+            (kind, firsts), = lists
+            out = dict(self._kind_reasons[kind])
+            for node in self._waits_on.get(key, ()):  # where the pod itself waits (a recreated name): skip it
+                if firsts.get(node) == key:
+                    del out[node]
+                    if (reason := self._blocked_on(node, key, shapes)) is not None:
+                        out[node] = reason
             return out
         for node in dict.fromkeys(n for _, nodes in lists for n in nodes):
             if (reason := self._blocked_on(node, key, shapes)) is not None:

@@ -78,6 +78,8 @@ _PLURAL = re.compile(r"\b(GPU|device|container)\(s\)")
 def readable(reason: str) -> str:
     """A reason as kube-scheduler's Event shows it well: no ``%`` (it is a format string there), no ``(s)``
     plurals, and a leading word (the Event puts a node count in front)."""
+    if "%" not in reason and "(s)" not in reason and not reason[:1].isdigit():
+        return reason  # already readable (most are): no regex, whatever the cache holds
     text = _PERCENT.sub(" percent", reason)
     text = _PLURAL.sub(r"\1s", text)
     if text[:1].isdigit():

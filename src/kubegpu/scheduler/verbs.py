@@ -184,12 +184,11 @@ class Verbs:
         if (rows < 0).any():  # a node whose GPUs are gone still has a pod waiting: match it by name
             gone = {n for n, r in zip(blocked, rows.tolist(), strict=True) if r < 0}
             hit |= np.fromiter((n in gone for n in names), bool, len(names))
-        idx = np.flatnonzero(hit)
-        if not len(idx):
+        if not hit.any():
             return names, all_rows
-        for i in idx.tolist():
-            failed[names[i]] = blocked[names[i]]
-        reasons["handoff-pending"] += len(idx)
+        held_back = list(compress(names, hit.tolist()))
+        failed.update(zip(held_back, map(blocked.__getitem__, held_back), strict=True))
+        reasons["handoff-pending"] += len(held_back)
         keep = ~hit
         return list(compress(names, keep.tolist())), all_rows[keep]
 
