@@ -36,7 +36,6 @@ import numpy as np
 from kubegpu.model.limits import DEFAULT_MAX_GPU_CONTAINERS, count_gpu_containers, too_many_gpu_containers
 from kubegpu.model.request import PodRequest, RequestKind, parse_pod
 from kubegpu.placement import MILLI, Demand, request_demand
-from kubegpu.scheduler.reasons import insufficient
 from kubegpu.scheduler.requests import pod_demand, requires_nvlink, simple_demand
 from kubegpu.scheduler.state import ClusterView, FilterOutcome
 
@@ -199,10 +198,12 @@ async def _exact(view: ClusterView, pod: Mapping[str, Any], request: PodRequest,
         if d in seen or not ok.any():
             continue
         seen[d] = c.name
-        short = ok & (cluster.gpu_candidates(d)[rows].sum(axis=1) < d.count)
+        d_cand = view.mirror.candidates(d)
+        short = ok & (d_cand[rows].sum(axis=1) < d.count)
         bad = np.flatnonzero(short)
         if len(bad):
-            for j, text in zip(bad.tolist(), insufficient(cluster, rows[bad], d), strict=True):
+            for j, text in zip(bad.tolist(), view.mirror.reasons.insufficient(cluster, rows[bad], d, d_cand),
+                               strict=True):
                 failed[names_known[j]] = f"container {c.name!r}: {text}"
             reasons["insufficient-gpu"] += len(bad)
             ok &= ~short

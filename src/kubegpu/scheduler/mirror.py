@@ -15,8 +15,9 @@ from itertools import repeat
 
 import numpy as np
 
-from kubegpu.placement import ClusterState
+from kubegpu.placement import ClusterState, Demand
 from kubegpu.scheduler.nodes import NodeRecord
+from kubegpu.scheduler.reasons import ReasonCache
 
 MAX_MODEL_MASKS = 256  # distinct allowed-model lists whose node masks are kept (N bytes each)
 
@@ -32,6 +33,11 @@ class ArrayMirror:
         # The last node list, its rows and each name's position (see rows_of).
         self._rows_memo: tuple[list[str], np.ndarray, dict[str, int]] | None = None
         self.passed_memo: tuple[list[str], np.ndarray] | None = None  # the last filter's passing nodes
+        # gpu_candidates per demand while no row changes ((layout, epoch) as of computing them): a pod's
+        # filter, the texts of the nodes it fails and its prioritize share one computation.
+        self._candidates: dict[Demand, np.ndarray] = {}
+        self._candidates_at = (-1, -1)
+        self.reasons = ReasonCache()  # the filter's per-node texts, kept by row version
         self.on_rebuild: Callable[[], None] = lambda: None
 
     # ---- arrays ----------------------------------------------------------------------------------
@@ -59,6 +65,8 @@ class ArrayMirror:
     def invalidate(self) -> None:
         self._cluster = None
         self._model_masks.clear()
+        self._candidates.clear()
+        self.reasons.clear()  # keyed by layout: the next arrays have a new one
         self._rows_memo = None
         self.passed_memo = None
 
@@ -130,6 +138,21 @@ class ArrayMirror:
         if remember:  # only filter's full lists: prioritize's would evict them for nothing
             self._rows_memo = (names, rows, {n: i for i, n in enumerate(names)})
         return rows
+
+    def candidates(self, demand: Demand) -> np.ndarray:
+        """``cluster.gpu_candidates(demand)`` (read-only), computed once while no row changes."""
+        cluster = self.cluster
+        at = (cluster.layout, cluster.epoch)
+        if at != self._candidates_at:
+            self._candidates.clear()
+            self._candidates_at = at
+        cand = self._candidates.get(demand)
+        if cand is None:
+            if len(self._candidates) >= MAX_MODEL_MASKS:  # pods choose the demands: keep it bounded
+                self._candidates.clear()
+            cand = self._candidates[demand] = cluster.gpu_candidates(demand)
+            cand.flags.writeable = False
+        return cand
 
     def model_mask(self, models: frozenset[str] | None) -> np.ndarray:
         """(N,) bool over the rows: nodes whose GPU model (or product label) is allowed (GFD and trace

@@ -10,21 +10,26 @@ from __future__ import annotations
 
 import functools
 import re
+from collections import OrderedDict
 
 import numpy as np
 
 from kubegpu.placement import ClusterState, Demand
 
 
-def insufficient(cluster: ClusterState, rows: np.ndarray, demand: Demand) -> list[str]:
+def insufficient(cluster: ClusterState, rows: np.ndarray, demand: Demand,
+                 candidates: np.ndarray | None = None) -> list[str]:
     """Readable reasons for nodes that cannot take ``demand``, from the arrays. Nodes in the same
     situation get the same text (kube-scheduler's event then counts them together), so each distinct
-    situation is worded once: rows are reduced to an integer code, and only unique codes are formatted."""
+    situation is worded once: rows are reduced to an integer code, and only unique codes are formatted.
+    A row's text depends on that row's arrays and the demand alone. ``candidates``: the cluster's
+    ``gpu_candidates(demand)`` when the caller has it."""
     n = len(rows)
     idx = np.arange(n)
     ok = cluster.gpu_ok[rows]
     core = np.where(ok, cluster.core_free[rows], -1).astype(np.int64)
-    n_cand = cluster.gpu_candidates(demand)[rows].sum(axis=1).astype(np.int64)
+    cand = cluster.gpu_candidates(demand) if candidates is None else candidates
+    n_cand = cand[rows].sum(axis=1).astype(np.int64)
     n_ok = ok.sum(axis=1).astype(np.int64)
     best = core.argmax(axis=1)
     best_pct = np.maximum(core[idx, best], 0) // 10
@@ -68,6 +73,41 @@ def insufficient(cluster: ClusterState, rows: np.ndarray, demand: Demand) -> lis
                          f"{mem_need[k] / 10:.1f} GiB requested")
     assert len(texts) == len(uniq)
     return np.asarray(texts, dtype=object)[inverse.reshape(-1)].tolist()
+
+
+class ReasonCache:
+    """Per-row :func:`insufficient` texts per demand, kept with the row version they were worded at
+    (``ClusterState.version``, under the cluster's layout generation): a filter pays only for the rows
+    changed since the last filter with the same demand, not for thousands of nodes. At most ``limit``
+    demands are kept, least recently used dropped."""
+
+    def __init__(self, limit: int = 64) -> None:
+        self.limit = limit
+        self._entries: OrderedDict[tuple[Demand, int], tuple[np.ndarray, np.ndarray]] = OrderedDict()
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def insufficient(self, cluster: ClusterState, rows: np.ndarray, demand: Demand,
+                     candidates: np.ndarray | None = None) -> list[str]:
+        """:func:`insufficient` of ``rows`` (same texts), worded only where a row changed."""
+        key = (demand, cluster.layout)
+        entry = self._entries.get(key)
+        if entry is None:
+            while len(self._entries) >= self.limit:
+                self._entries.popitem(last=False)
+            entry = self._entries[key] = (np.empty(cluster.n_nodes, object),
+                                          np.full(cluster.n_nodes, -1, np.int64))
+        else:
+            self._entries.move_to_end(key)
+        texts, version = entry
+        stale = rows[version[rows] != cluster.version[rows]]
+        if len(stale):
+            stale = np.unique(stale)
+            texts[stale] = insufficient(cluster, stale, demand, candidates)
+            version[stale] = cluster.version[stale]
+        out: list[str] = texts[rows].tolist()
+        return out
 
 
 _PERCENT = re.compile(r"\s*%")

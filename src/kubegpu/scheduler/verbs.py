@@ -28,7 +28,6 @@ from kubegpu.placement.node import grants_on
 from kubegpu.scheduler.accounting import Ledger
 from kubegpu.scheduler.mirror import ArrayMirror
 from kubegpu.scheduler.nodes import NodeRecord, all_linked, for_node
-from kubegpu.scheduler.reasons import insufficient
 from kubegpu.scheduler.requests import pod_demand, requires_nvlink, simple_demand, with_resources
 from kubegpu.scheduler.scoring import Scoring
 
@@ -112,14 +111,14 @@ class Verbs:
         nvlink = requires_nvlink(pod)
         if simple is not None and not nvlink:
             demand = simple
-            cand = cluster.gpu_candidates(demand)[rows]
-            enough = cand.sum(axis=1) >= demand.count
+            all_cand = self.mirror.candidates(demand)
+            enough = all_cand[rows].sum(axis=1) >= demand.count
             good = ok & enough
             passed.extend(compress(names_known, good.tolist()))
             self.mirror.passed_memo = (list(passed), rows[good])
             short = ok & ~enough
             if short.any():
-                texts = insufficient(cluster, rows[short], demand)
+                texts = self.mirror.reasons.insufficient(cluster, rows[short], demand, all_cand)
                 failed.update(zip(compress(names_known, short.tolist()), texts, strict=True))
                 reasons["insufficient-gpu"] += len(texts)
             return FilterOutcome(passed, failed, unresolvable, reasons)
@@ -133,10 +132,11 @@ class Verbs:
             if req is None or req.kind not in (RequestKind.WHOLE, RequestKind.SHARE):
                 continue
             d = request_demand(req, None)
-            short = ok & (cluster.gpu_candidates(d)[rows].sum(axis=1) < d.count)
+            d_cand = self.mirror.candidates(d)
+            short = ok & (d_cand[rows].sum(axis=1) < d.count)
             bad = np.flatnonzero(short)
             if len(bad):
-                for i, text in zip(bad, insufficient(cluster, rows[bad], d), strict=True):
+                for i, text in zip(bad, self.mirror.reasons.insufficient(cluster, rows[bad], d, d_cand), strict=True):
                     failed[names_known[i]] = f"container {c.name!r}: {text}"
                 reasons["insufficient-gpu"] += len(bad)
                 ok = ok & ~short
@@ -251,7 +251,7 @@ class Verbs:
         scores = np.full(len(names), 0 if request.wants_gpu else MAX_PRIORITY, np.int64)
         if len(known):
             rows = all_rows[known]
-            cand = cluster.gpu_candidates(demand)[rows]
+            cand = self.mirror.candidates(demand)[rows]
             feasible = ((cluster.cpu_free[rows] >= demand.cpu_milli) & (cluster.mem_free[rows] >= demand.memory_bytes)
                         & self.mirror.model_mask(demand.models if demand.count else None)[rows]
                         & (cand.sum(axis=1) >= demand.count))

@@ -1,0 +1,71 @@
+"""The filter's kept per-node work: the reasons a node cannot take a demand (``ReasonCache``, by row
+version) and the GPU candidates shared by a pod's verbs (``ArrayMirror.candidates``, by layout and
+epoch) answer exactly what computing them afresh answers, through holds, releases, new and removed
+nodes."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from kubegpu.inventory.fake import FakeBackend
+from kubegpu.model.allocation import ContainerAllocation, DeviceGrant, PodAllocation
+from kubegpu.placement import Demand, PlacementConflict
+from kubegpu.scheduler.reasons import insufficient
+from kubegpu.scheduler.state import ClusterView
+
+DEMANDS = [Demand.whole(1), Demand.whole(2), Demand.whole(4), Demand.share(500), Demand.share(250),
+           Demand.share(250, count=2), Demand.share(900)]
+
+
+def check(view: ClusterView, rng: random.Random) -> None:
+    cluster = view.cluster
+    for d in DEMANDS:
+        fresh = cluster.gpu_candidates(d)
+        kept = view.mirror.candidates(d)
+        assert np.array_equal(kept, fresh) and not kept.flags.writeable
+        rows = np.array(rng.sample(range(cluster.n_nodes), rng.randint(1, cluster.n_nodes)), np.int64)
+        assert view.mirror.reasons.insufficient(cluster, rows, d, kept) == insufficient(cluster, rows, d)
+        assert view.mirror.reasons.insufficient(cluster, rows, d) == insufficient(cluster, rows, d)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_kept_reasons_and_candidates_follow_every_change(seed: int) -> None:
+    rng = random.Random(seed)
+    view = ClusterView()
+    nodes = [f"n{i}" for i in range(6)]
+    for n in nodes:
+        view.set_inventory(n, FakeBackend(rng.choice(["t4x4", "dgx-a100"]), node_name=n).discover())
+    held: list[str] = []
+    for step in range(120):
+        check(view, rng)
+        op = rng.random()
+        if op < 0.6:  # a pod takes a share or whole GPUs on some node
+            node = rng.choice(nodes)
+            rec = view.nodes[node]
+            if rec.inventory is None:
+                continue
+            gpus = rng.sample(list(rec.inventory.gpus), rng.randint(1, 2))
+            core = rng.choice([10, 25, 50, 100])
+            grants = tuple(DeviceGrant(g.minor, g.uuid, core, g.memory_bytes * core // 100, core) for g in gpus)
+            key = f"d/p{step}"
+            try:
+                view.hold(key, key, node, PodAllocation((ContainerAllocation("c", grants),)))
+            except PlacementConflict:
+                continue
+            held.append(key)
+        elif op < 0.9 and held:  # one leaves
+            view.release(held.pop(rng.randrange(len(held))))
+        elif op < 0.95:  # a node's Device object goes away, or comes back: new arrays, new layout
+            node = rng.choice(nodes)
+            if view.nodes[node].inventory is None:
+                view.set_inventory(node, FakeBackend("t4x4", node_name=node).discover())
+            else:
+                view.set_inventory(node, None)
+        else:  # a new node joins
+            node = f"n{len(nodes)}"
+            nodes.append(node)
+            view.set_inventory(node, FakeBackend("dgx-a100", node_name=node).discover())
+    check(view, rng)
