@@ -31,25 +31,8 @@ from typing import Any
 
 import numpy as np
 
-PAPER_LISTS: tuple[str, ...] = (
-    "default",
-    "cpu050",
-    "cpu100",
-    "cpu200",
-    "cpu250",
-    "gpushare40",
-    "gpushare60",
-    "gpushare80",
-    "gpushare100",
-    "gpuspec10",
-    "gpuspec20",
-    "gpuspec25",
-    "gpuspec33",
-    "multigpu20",
-    "multigpu30",
-    "multigpu40",
-    "multigpu50",
-)
+from kubegpu.sim.study import PAPER_LISTS
+
 CHECKS: tuple[int, ...] = (80, 90, 95, 100)
 
 
