@@ -47,9 +47,9 @@ def test_only_maximal_patterns_are_enumerated() -> None:
 
 
 def test_sizes_outside_one_gpu_are_refused() -> None:
-    with pytest.raises(ValueError, match="1..1000"):
+    with pytest.raises(ValueError, match=r"1\.\.1000"):
         share_packing_floor({1200: 1})
-    with pytest.raises(ValueError, match="1..1000"):
+    with pytest.raises(ValueError, match=r"1\.\.1000"):
         share_packing_floor({-5: 1})
 
 
