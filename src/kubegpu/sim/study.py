@@ -18,6 +18,28 @@ import numpy as np
 from kubegpu.sim.replay import CHECKPOINTS, ReplayResult, replay, target_workload
 from kubegpu.sim.trace import TraceNodes, TracePod
 
+# The openb pod lists the FGD paper evaluates on (ATC '23, section 6): the default list and the
+# lists that vary CPU per GPU, shared-GPU pods, model-constrained pods and multi-GPU pods.
+PAPER_LISTS: tuple[str, ...] = (
+    "default",
+    "cpu050",
+    "cpu100",
+    "cpu200",
+    "cpu250",
+    "gpushare40",
+    "gpushare60",
+    "gpushare80",
+    "gpushare100",
+    "gpuspec10",
+    "gpuspec20",
+    "gpuspec25",
+    "gpuspec33",
+    "multigpu20",
+    "multigpu30",
+    "multigpu40",
+    "multigpu50",
+)
+
 # The FGD paper's unallocated GPU % at arrived = 100 % on the default trace (ATC '23, fig. 9a).
 PAPER_AT_100: dict[str, float] = {
     "random": 13.70,
