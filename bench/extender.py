@@ -340,10 +340,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                  "rebuilds_during_run": learned["generation"] - learned_before["generation"]},
             "filter_p50_ms": pct(lat["filter"], 50),
             "filter_p99_ms": pct(lat["filter"], 99),
+            "filter_max_ms": pct(lat["filter"], 100),
             "prioritize_p50_ms": pct(lat["prioritize"], 50),
             "prioritize_p99_ms": pct(lat["prioritize"], 99),
+            "prioritize_max_ms": pct(lat["prioritize"], 100),
             "bind_p50_ms": pct(lat["bind"], 50),
             "bind_p99_ms": pct(lat["bind"], 99),
+            "bind_max_ms": pct(lat["bind"], 100),
             "pods_per_s": round(len(pending) / elapsed, 1),
             # What this harness spent per pod outside the three calls (building and reading bodies).
             "harness_ms_per_pod": round(1000 * (elapsed - sum(map(sum, lat.values()))) / len(pending), 3),
