@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from kubegpu.placement import ClusterState, Demand, ScoreContext, Workload, place
-from kubegpu.placement.fill import cpu_floor, fill_delta_per_gpu, fill_value
+from kubegpu.placement.fill import cpu_floor, cpu_per_milli, cpu_pressure, fill_delta_per_gpu, fill_value
 from kubegpu.placement.policies import KubegpuPolicy, ReserveTerms
 
 GIB = 2**30
@@ -120,6 +120,35 @@ def test_a_gap_on_a_node_without_cpu_counts_whole():
     assert not np.isfinite(fill_delta_per_gpu(cl, np.arange(2), share, np.zeros_like(cand), value, floor)).any()
 
 
+def test_cpu_pressure_compares_the_workloads_cpu_per_gpu_with_the_clusters():
+    cl = ClusterState.from_arrays(["a", "b"], ["T4", "T4"], [8, 8], [64_000, 64_000], [256 * GIB] * 2)  # 8 cores/GPU
+    light = Workload.from_demands([one_gpu(4000)] * 10)
+    assert cpu_per_milli(light) == 4.0
+    assert np.isclose(cpu_pressure(cl, light), 0.5)
+    # CPU-only pods share the GPU nodes: their CPU counts, their GPU does not.
+    heavy = Workload.from_demands([one_gpu(4000)] * 10 + [Demand(cpu_milli=16_000)] * 10)
+    assert cpu_per_milli(heavy) == 4.0
+    assert np.isclose(cpu_pressure(cl, heavy), 2.5)
+    assert cpu_pressure(cl, Workload.from_demands([Demand(cpu_milli=1000)])) == 0.0  # no GPU asked
+
+
+def test_compute_the_cpu_cannot_feed_counts_as_stranded():
+    # Two idle GPUs each; "b" has CPU for only 1250 milli of GPU work at 8 cores per GPU.
+    cl = ClusterState.from_arrays(["a", "b"], ["T4", "T4"], [2, 2], [64_000, 10_000], [256 * GIB] * 2)
+    share = Demand(1, 470, 0, 0, False, 4000, GIB, None)
+    wl = fill_workload()
+    value, floor = fill_value(wl), cpu_floor(wl)
+    cand = cl.gpu_candidates(share)
+    plain = fill_delta_per_gpu(cl, np.arange(2), share, cand, value, floor)
+    fed = fill_delta_per_gpu(cl, np.arange(2), share, cand, value, floor, feed=8.0, feed_weight=0.5)
+    assert np.allclose(fed[0], plain[0])  # "a" can feed all its GPUs before and after
+    # "b": 2000 expected in use against 1250 fed (750 hungry); after the share, 1530 - value[530] in use
+    # against 750 fed.
+    hungry_after = 1530 - value[530] - 750
+    assert np.isclose(fed[1, 0], plain[1, 0] + 0.5 * (hungry_after - 750))
+    assert np.allclose(fill_delta_per_gpu(cl, np.arange(2), share, cand, value, floor, feed=0.0), plain)
+
+
 def test_share_goes_to_the_gpu_it_fills_closest_to_full():
     cl = ClusterState.from_arrays(["a"], ["T4"], [2], [64_000], [256 * GIB])
     share = Demand(1, 810, 0, 0, False, 2000, GIB, None)
@@ -181,3 +210,10 @@ def test_kept_scores_follow_every_change_of_rows_and_workload():
         if placed and rng.random() < 0.3:
             p, d = placed.pop(int(rng.integers(len(placed))))
             cl.give_back(p.node, p.gpus, d)
+
+
+def test_stranding_behind_cpu_counts_only_under_cpu_pressure():
+    cl = ClusterState.from_arrays(["a", "b"], ["T4", "T4"], [8, 8], [64_000, 64_000], [256 * GIB] * 2)
+    assert ScoreContext(workload=Workload.from_demands([one_gpu(4000)] * 10)).cpu_feed(cl) == 0.0
+    heavy = Workload.from_demands([one_gpu(4000)] * 10 + [Demand(cpu_milli=16_000)] * 10)
+    assert ScoreContext(workload=heavy).cpu_feed(cl) == 4.0

@@ -19,6 +19,12 @@ A gap is also stranded when its node has no CPU left for any share that fits
 it (``cpu_floor``), so the per-node change of the expected stranded compute
 (:func:`fill_delta_per_gpu`) counts every GPU of the node, before and after a
 share and its CPU go in.
+
+When the workload's CPU would run out before the cluster's GPUs
+(:func:`cpu_pressure` >= 1: the openb lists whose CPU-only pods ask 2.5 times
+the default's CPU), whole GPUs end up stranded behind exhausted CPU as well:
+then a node's compute that the fill model expects to be used beyond what its
+free CPU can feed (at the workload's CPU per GPU) counts as stranded too.
 """
 
 from __future__ import annotations
@@ -74,6 +80,31 @@ def cpu_floor(workload: Workload) -> np.ndarray:
     return floor
 
 
+def cpu_pressure(cluster: ClusterState, workload: Workload) -> float:
+    """CPU the workload asks per GPU it asks, over what the GPU nodes offer per GPU: above 1 their CPU
+    runs out before their GPUs (CPU-only pods of the workload included, as they share the nodes)."""
+    cpu = gpu = 0.0
+    for shape, freq in zip(workload.every, workload.every_freq, strict=True):
+        cpu += float(freq) * shape.cpu_milli
+        gpu += float(freq) * shape.count * shape.milli
+    gpus = cluster.gpu_ok.sum(axis=1)
+    offer_gpu = float(gpus.sum()) * MILLI
+    offer_cpu = float(cluster.cpu_cap[gpus > 0].sum())
+    if gpu <= 0 or offer_gpu <= 0 or offer_cpu <= 0:
+        return 0.0
+    return (cpu / gpu) / (offer_cpu / offer_gpu)
+
+
+def cpu_per_milli(workload: Workload) -> float:
+    """CPU (millicores) the workload's GPU pods ask per milli of GPU compute, by frequency."""
+    cpu = gpu = 0.0
+    for shape, freq in zip(workload.every, workload.every_freq, strict=True):
+        if shape.count > 0 and shape.milli > 0:
+            cpu += float(freq) * shape.cpu_milli
+            gpu += float(freq) * shape.count * shape.milli
+    return cpu / gpu if gpu > 0 else 0.0
+
+
 def fill_delta_per_gpu(
     cluster: ClusterState,
     rows: np.ndarray,
@@ -81,11 +112,16 @@ def fill_delta_per_gpu(
     candidates: np.ndarray,
     value: np.ndarray,
     floor: np.ndarray,
+    feed: float = 0.0,
+    feed_weight: float = 1.0,
 ) -> np.ndarray:
     """(n, G) change of the expected stranded compute of node rows[i] if the one-GPU share went on GPU g.
 
     A GPU counts ``value[f]``, or all of ``f`` when its node's CPU is below
-    ``floor[f]``. Entries where ``candidates`` is False are ``+inf``.
+    ``floor[f]``. With ``feed`` (CPU millicores a milli of GPU compute needs,
+    0 = off), of the compute the model expects to be used on a node only what
+    its free CPU can feed is; the rest counts as stranded too, ``feed_weight``
+    times. Entries where ``candidates`` is False are ``+inf``.
     """
     ok = cluster.gpu_ok[rows]
     free = cluster.usable_free(rows)
@@ -95,7 +131,19 @@ def fill_delta_per_gpu(
     def stranded(f: np.ndarray, cpu: np.ndarray) -> np.ndarray:
         return np.where(ok, np.where(cpu < floor[f], f, value[f]), 0.0)
 
-    before = stranded(free, cpu_before).sum(axis=1)
+    before_g = stranded(free, cpu_before)
+    before = before_g.sum(axis=1)
     others = stranded(free, cpu_after)
-    after = (others.sum(axis=1)[:, None] - others) + stranded(np.clip(free - demand.milli, 0, MILLI), cpu_after)
+    left = np.clip(free - demand.milli, 0, MILLI)
+    mine = stranded(left, cpu_after)
+    after = (others.sum(axis=1)[:, None] - others) + mine
+    if feed > 0:
+        # Compute the fill model expects to be used beyond what the node's CPU can feed, before and after.
+        usable = np.where(ok, free, 0)
+        hungry_before = (usable - before_g).sum(axis=1) - cpu_before[:, 0] / feed
+        used_others = usable - others
+        hungry_after = (
+            (used_others.sum(axis=1)[:, None] - used_others) + np.where(ok, left, 0) - mine - cpu_after / feed
+        )
+        after = after + feed_weight * (np.maximum(hungry_after, 0.0) - np.maximum(hungry_before, 0.0)[:, None])
     return np.where(candidates, after - before[:, None], np.inf)

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Final
 import numpy as np
 
 from kubegpu.placement.cluster import ClusterState, Demand
-from kubegpu.placement.fill import cpu_floor, fill_value
+from kubegpu.placement.fill import cpu_floor, cpu_per_milli, cpu_pressure, fill_value
 from kubegpu.placement.frag import FragCache, FragTerms
 from kubegpu.placement.workload import Workload
 
@@ -99,6 +99,15 @@ class ScoreContext:
         """The workload's (``fill_value``, ``cpu_floor``) tables (see :mod:`kubegpu.placement.fill`)."""
         wl = self._need_workload()
         return self.derived("fill", None, lambda: (fill_value(wl), cpu_floor(wl)))
+
+    def cpu_feed(self, cluster: ClusterState) -> float:
+        """CPU per milli of GPU to count GPUs stranded behind CPU with: the workload's GPU pods' ratio when
+        its CPU would run out before the cluster's GPUs (:func:`~kubegpu.placement.fill.cpu_pressure` >= 1),
+        else 0 (off)."""
+        wl = self._need_workload()
+        return self.derived(
+            "feed", cluster, lambda: cpu_per_milli(wl) if cpu_pressure(cluster, wl) >= 1.0 else 0.0
+        )
 
 
 class RowCache:
