@@ -17,7 +17,8 @@ BLOCKER = """
 import importlib.abc, sys
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in ('matplotlib', 'jsonpatch', 'kubegpu_standins') or name.startswith('kubegpu.demo'):
+        extras = ('matplotlib', 'scipy', 'jsonpatch', 'kubegpu_standins')
+        if name.split('.')[0] in extras or name.startswith('kubegpu.demo'):
             raise ImportError(f'{name} is not in the runtime image')
         return None
 sys.meta_path.insert(0, Block())
@@ -51,8 +52,9 @@ def test_constraints_pin_every_dependency_and_the_runtime_has_no_extras() -> Non
     extras = project["optional-dependencies"]
     for name in runtime + [_requirement_name(r) for r in extras["sim"] + extras["demo"]]:
         assert name in pins, name
-    assert "matplotlib" not in runtime and "jsonpatch" not in runtime
-    assert extras["sim"] == ["matplotlib>=3.8"] and extras["demo"] == ["jsonpatch>=1.33", "cel-python>=0.5"]
+    assert "matplotlib" not in runtime and "scipy" not in runtime and "jsonpatch" not in runtime
+    assert extras["sim"] == ["matplotlib>=3.8", "scipy>=1.11"]
+    assert extras["demo"] == ["jsonpatch>=1.33", "cel-python>=0.5"]
     assert "kubegpu[sim,demo]" in extras["dev"]
 
 
