@@ -2,7 +2,7 @@
 #
 # - The base is pinned to an exact release (override PYTHON_IMAGE with a digest, python@sha256:…, to pin
 #   the bytes); every Python dependency to the exact version in constraints.txt, the file CI installs with.
-# - Only the runtime dependencies are installed: no matplotlib (`kubegpu[sim]`), no jsonpatch
+# - Only the runtime dependencies are installed: no matplotlib or scipy (`kubegpu[sim]`), no jsonpatch
 #   (`kubegpu[demo]`), and the demo and the test stand-ins are removed from the installed package.
 # - It runs as the unprivileged user 65532; the node DaemonSet alone runs as root (it serves sockets in the
 #   kubelet's root-owned device-plugin directory and writes CDI specs to /var/run/cdi), set in its manifest.
