@@ -217,3 +217,21 @@ def test_stranding_behind_cpu_counts_only_under_cpu_pressure():
     assert ScoreContext(workload=Workload.from_demands([one_gpu(4000)] * 10)).cpu_feed(cl) == 0.0
     heavy = Workload.from_demands([one_gpu(4000)] * 10 + [Demand(cpu_milli=16_000)] * 10)
     assert ScoreContext(workload=heavy).cpu_feed(cl) == 4.0
+
+
+def test_under_cpu_pressure_a_share_does_not_open_the_only_big_host():
+    cl = cluster()
+    share = Demand(1, 470, 0, 0, False, 4000, GIB, None)
+    rank = np.arange(cl.n_nodes)  # ties go to "big" first
+    # CPU-only pods asking 64 cores each: the workload's CPU would run out before the GPUs.
+    heavy = [one_gpu()] * 60 + [share] * 39 + [big_pod()] + [Demand(cpu_milli=64_000)] * 100
+    ctx = ScoreContext(workload=Workload.from_demands(heavy), node_rank=rank)
+    assert ctx.cpu_feed(cl) > 0
+    p = place(cl, share, KubegpuPolicy(), None, ctx)
+    assert p is not None and p.node != 0
+    # Without CPU pressure shares do not reserve: every node is idle and the tie goes to the big host.
+    light = Workload.from_demands(heavy[:100])
+    calm = ScoreContext(workload=light, node_rank=rank)
+    assert calm.cpu_feed(cl) == 0
+    q = place(cl, share, KubegpuPolicy(), None, calm)
+    assert q is not None and q.node == 0
