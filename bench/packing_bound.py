@@ -17,26 +17,18 @@ Prints one line per list, then ONE JSON object as the last line:
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from quality import parse_seeds, study_arguments  # bench/ is on the path when run as a script
+
 from kubegpu.placement.cluster import MILLI
 from kubegpu.sim.bound import share_packing_floor
 from kubegpu.sim.replay import arrival_order
-from kubegpu.sim.study import PAPER_LISTS
 from kubegpu.sim.trace import load_nodes, load_pods
-
-
-def _seeds(text: str) -> list[int]:
-    out: list[int] = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        out.extend(range(int(lo), int(hi or lo) + 1))
-    return out
 
 
 def arrived_shares(pods: list[Any], capacity: int, seed: int) -> Counter[int]:
@@ -54,18 +46,10 @@ def arrived_shares(pods: list[Any], capacity: int, seed: int) -> Counter[int]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seeds", default="100-109", help="seeds, e.g. 100-109 or 1,2,3 (default: 100-109)")
-    ap.add_argument("--lists", default=",".join(PAPER_LISTS), help="pod lists (default: the paper's 17)")
-    ap.add_argument(
-        "--traces",
-        type=Path,
-        default=Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb",
-        help="folder of the openb pod lists (default: ../shared/traces/openb beside the checkout)",
-    )
+    ap = study_arguments(__doc__.split("\n\n")[0])
     ap.add_argument("--cache", type=Path, help="bench/quality.py's JSON-lines results, shown beside the floor")
     args = ap.parse_args(argv)
-    seeds, lists = _seeds(args.seeds), args.lists.split(",")
+    seeds, lists = parse_seeds(args.seeds), args.lists.split(",")
     measured: dict[tuple[str, str], list[float]] = {}
     if args.cache and args.cache.exists():
         for line in args.cache.read_text().splitlines():

@@ -36,7 +36,22 @@ from kubegpu.sim.study import PAPER_LISTS
 CHECKS: tuple[int, ...] = (80, 90, 95, 100)
 
 
-def _seeds(text: str) -> list[int]:
+def study_arguments(description: str) -> argparse.ArgumentParser:
+    """The options every study over openb lists and seeds takes (``packing_bound.py`` uses them too)."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--seeds", default="100-109", help="seeds, e.g. 100-109 or 1,2,3 (default: 100-109)")
+    ap.add_argument("--lists", default=",".join(PAPER_LISTS), help="pod lists (default: the paper's 17)")
+    ap.add_argument(
+        "--traces",
+        type=Path,
+        default=Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb",
+        help="folder of the openb pod lists (default: ../shared/traces/openb beside the checkout)",
+    )
+    return ap
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``100-109`` or ``1,2,5-7`` as a list of seeds."""
     out: list[int] = []
     for part in text.split(","):
         lo, _, hi = part.partition("-")
@@ -73,20 +88,12 @@ def _mean(values: list[float | int | None]) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seeds", default="100-109", help="seeds, e.g. 100-109 or 1,2,3 (default: 100-109)")
-    ap.add_argument("--lists", default=",".join(PAPER_LISTS), help="pod lists (default: the paper's 17)")
+    ap = study_arguments(__doc__.split("\n\n")[0])
     ap.add_argument("--policies", default="fgd,kubegpu", help="policies (default: fgd,kubegpu)")
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
-    ap.add_argument(
-        "--traces",
-        type=Path,
-        default=Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb",
-        help="folder of the openb pod lists (default: ../shared/traces/openb beside the checkout)",
-    )
     ap.add_argument("--cache", type=Path, help="JSON-lines file of finished replays, reused and extended")
     args = ap.parse_args(argv)
-    seeds, lists, policies = _seeds(args.seeds), args.lists.split(","), args.policies.split(",")
+    seeds, lists, policies = parse_seeds(args.seeds), args.lists.split(","), args.policies.split(",")
     done: dict[tuple[str, int, str], dict[str, Any]] = {}
     if args.cache and args.cache.exists():
         for line in args.cache.read_text().splitlines():
