@@ -6,7 +6,7 @@ import numpy as np
 
 from kubegpu.placement import ClusterState, Demand, ScoreContext, Workload, place
 from kubegpu.placement.fill import cpu_floor, cpu_per_milli, cpu_pressure, fill_delta_per_gpu, fill_value
-from kubegpu.placement.policies import KubegpuPolicy, ReserveTerms
+from kubegpu.placement.policies import KubegpuPolicy, ReserveTerms, get_policy
 
 GIB = 2**30
 
@@ -235,3 +235,15 @@ def test_under_cpu_pressure_a_share_does_not_open_the_only_big_host():
     assert calm.cpu_feed(cl) == 0
     q = place(cl, share, KubegpuPolicy(), None, calm)
     assert q is not None and q.node == 0
+
+
+def test_a_multi_gpu_pod_pays_for_a_lost_host_beyond_fgds_ties():
+    cl = cluster()
+    four = Demand.whole(4, 40_000, 64 * GIB)
+    wl = Workload.from_demands([one_gpu()] * 90 + [Demand.whole(4, 60_000, 64 * GIB)] * 8 + [big_pod()] * 2)
+    rows, cand = np.arange(cl.n_nodes), cl.gpu_candidates(four)
+    fgd = get_policy("fgd").node_scores(cl, four, rows, cand, ScoreContext(workload=wl))
+    assert fgd[0] > fgd[1:].max()  # FGD prefers the big host outright: no tie for the tie-breaks to settle
+    kg = KubegpuPolicy().node_scores(cl, four, rows, cand, ScoreContext(workload=wl))
+    assert kg[0] == fgd[0] - 1.0  # one point: it would take the only host of the 120-core shape
+    assert np.array_equal(kg[1:], fgd[1:])
