@@ -80,13 +80,21 @@ def cpu_floor(workload: Workload) -> np.ndarray:
     return floor
 
 
+def _asked(workload: Workload, gpu_pods_only: bool) -> tuple[float, float]:
+    """(CPU millicores, GPU milli) the workload's pods ask on average, by frequency."""
+    cpu = gpu = 0.0
+    for shape, freq in zip(workload.every, workload.every_freq, strict=True):
+        if gpu_pods_only and not (shape.count > 0 and shape.milli > 0):
+            continue
+        cpu += float(freq) * shape.cpu_milli
+        gpu += float(freq) * shape.count * shape.milli
+    return cpu, gpu
+
+
 def cpu_pressure(cluster: ClusterState, workload: Workload) -> float:
     """CPU the workload asks per GPU it asks, over what the GPU nodes offer per GPU: above 1 their CPU
     runs out before their GPUs (CPU-only pods of the workload included, as they share the nodes)."""
-    cpu = gpu = 0.0
-    for shape, freq in zip(workload.every, workload.every_freq, strict=True):
-        cpu += float(freq) * shape.cpu_milli
-        gpu += float(freq) * shape.count * shape.milli
+    cpu, gpu = _asked(workload, gpu_pods_only=False)
     gpus = cluster.gpu_ok.sum(axis=1)
     offer_gpu = float(gpus.sum()) * MILLI
     offer_cpu = float(cluster.cpu_cap[gpus > 0].sum())
@@ -97,11 +105,7 @@ def cpu_pressure(cluster: ClusterState, workload: Workload) -> float:
 
 def cpu_per_milli(workload: Workload) -> float:
     """CPU (millicores) the workload's GPU pods ask per milli of GPU compute, by frequency."""
-    cpu = gpu = 0.0
-    for shape, freq in zip(workload.every, workload.every_freq, strict=True):
-        if shape.count > 0 and shape.milli > 0:
-            cpu += float(freq) * shape.cpu_milli
-            gpu += float(freq) * shape.count * shape.milli
+    cpu, gpu = _asked(workload, gpu_pods_only=True)
     return cpu / gpu if gpu > 0 else 0.0
 
 

@@ -52,9 +52,9 @@ def packing_patterns(counts: Mapping[int, int], size: int = MILLI) -> np.ndarray
     A pattern is maximal when no share still available would fit beside it;
     only those can be needed for a least-GPU packing of all shares.
     """
-    sizes = sorted((s for s, n in counts.items() if n > 0 and 0 < s <= size), reverse=True)
     if any(s <= 0 or s > size for s, n in counts.items() if n > 0):
         raise ValueError(f"share sizes must lie in 1..{size} milli")
+    sizes = sorted((s for s, n in counts.items() if n > 0), reverse=True)
     out: list[list[int]] = []
 
     def extend(i: int, left: int, taken: list[int]) -> None:

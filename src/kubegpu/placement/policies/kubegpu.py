@@ -322,18 +322,22 @@ class KubegpuPolicy(FgdPolicy):
         primary = self._node_primary(cluster, demand, rows, candidates, ctx)
         if self.row_local(demand) or len(rows) < 2:
             return primary
-        if self.reserve_points > 0 and demand.count >= 2 and len(self._reserve(cluster, ctx).cpu):
-            primary = primary - self.reserve_points * np.minimum(
-                self.reserve_loss(cluster, ctx, demand, rows, candidates), 1.0
-            )
+        # A multi-GPU pod pays for a lost host on every node (reserve_points); its losses are then known for
+        # the tie-break too.
+        every_loss: np.ndarray | None = None
+        if self.reserve_points > 0 and demand.count >= 2:
+            every_loss = np.minimum(self.reserve_loss(cluster, ctx, demand, rows, candidates), 1.0)
+            primary = primary - self.reserve_points * every_loss
         top = np.flatnonzero(primary == primary.max())
         if len(top) < 2:
             return primary
         sub, cand = rows[top], candidates[top]
         out = primary.astype(np.float64).copy()
         if self.reserve_weight > 0:
-            loss = self.reserve_loss(cluster, ctx, demand, sub, cand)
-            out[top] += self.reserve_weight * (1.0 - np.minimum(loss, 1.0))
+            loss = every_loss[top] if every_loss is not None else np.minimum(
+                self.reserve_loss(cluster, ctx, demand, sub, cand), 1.0
+            )
+            out[top] += self.reserve_weight * (1.0 - loss)
         if demand.count > 0 and demand.models is None:
             # A pod that may run anywhere leaves the GPU models that constrained pods need to them.
             scarce = self._scarcity(cluster, ctx)[sub]
