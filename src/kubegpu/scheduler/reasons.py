@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import functools
 import re
-from collections import OrderedDict
 
 import numpy as np
 
 from kubegpu.placement import ClusterState, Demand
+from kubegpu.placement.policies import RowCache
 
 
 def insufficient(cluster: ClusterState, rows: np.ndarray, demand: Demand,
@@ -77,36 +77,24 @@ def insufficient(cluster: ClusterState, rows: np.ndarray, demand: Demand,
 
 class ReasonCache:
     """Per-row :func:`insufficient` texts per demand, kept with the row version they were worded at
-    (``ClusterState.version``, under the cluster's layout generation): a filter pays only for the rows
-    changed since the last filter with the same demand, not for thousands of nodes. At most ``limit``
-    demands are kept, least recently used dropped."""
+    (a :class:`~kubegpu.placement.policies.RowCache` of texts): a filter pays only for the rows changed
+    since the last filter with the same demand, not for thousands of nodes. At most ``limit`` demands are
+    kept, least recently used dropped."""
 
     def __init__(self, limit: int = 64) -> None:
-        self.limit = limit
-        self._entries: OrderedDict[tuple[Demand, int], tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._rows = RowCache(limit, dtype=object)
 
     def clear(self) -> None:
-        self._entries.clear()
+        self._rows.clear()
 
     def insufficient(self, cluster: ClusterState, rows: np.ndarray, demand: Demand,
                      candidates: np.ndarray | None = None) -> list[str]:
         """:func:`insufficient` of ``rows`` (same texts), worded only where a row changed."""
-        key = (demand, cluster.layout)
-        entry = self._entries.get(key)
-        if entry is None:
-            while len(self._entries) >= self.limit:
-                self._entries.popitem(last=False)
-            entry = self._entries[key] = (np.empty(cluster.n_nodes, object),
-                                          np.full(cluster.n_nodes, -1, np.int64))
-        else:
-            self._entries.move_to_end(key)
-        texts, version = entry
-        stale = rows[version[rows] != cluster.version[rows]]
-        if len(stale):
-            stale = np.unique(stale)
-            texts[stale] = insufficient(cluster, stale, demand, candidates)
-            version[stale] = cluster.version[stale]
-        out: list[str] = texts[rows].tolist()
+
+        def word(pos: np.ndarray) -> np.ndarray:
+            return np.asarray(insufficient(cluster, rows[pos], demand, candidates), dtype=object)
+
+        out: list[str] = self._rows.get(demand, cluster, rows, word).tolist()
         return out
 
 

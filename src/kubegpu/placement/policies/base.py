@@ -120,8 +120,9 @@ class RowCache:
     here. At most ``limit`` keys are kept, least recently used dropped.
     """
 
-    def __init__(self, limit: int = 256) -> None:
+    def __init__(self, limit: int = 256, dtype: type | np.dtype[Any] = np.float64) -> None:
         self.limit = limit
+        self.dtype = dtype  # of the kept values (``object`` for texts)
         self._entries: OrderedDict[Hashable, tuple[np.ndarray, np.ndarray]] = OrderedDict()
 
     def clear(self) -> None:
@@ -141,7 +142,7 @@ class RowCache:
             while len(self._entries) >= self.limit:
                 self._entries.popitem(last=False)
             entry = self._entries[full] = (
-                np.zeros((cluster.n_nodes, *width), np.float64),
+                np.zeros((cluster.n_nodes, *width), self.dtype),
                 np.full(cluster.n_nodes, -1, np.int64),
             )
         else:
