@@ -53,6 +53,11 @@ def test_sizes_outside_one_gpu_are_refused() -> None:
         share_packing_floor({-5: 1})
 
 
+def test_too_many_small_sizes_are_refused_not_enumerated_forever() -> None:
+    with pytest.raises(ValueError, match="too many small share sizes"):
+        share_packing_floor({s: 50 for s in range(10, 200, 10)})
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.sampled_from([50, 110, 160, 230, 320, 470, 550, 650, 810]), min_size=1, max_size=6))
 def test_floor_equals_brute_force(items: list[int]) -> None:

@@ -23,8 +23,10 @@ import numpy as np
 
 from kubegpu.placement.cluster import MILLI
 
-# Enumerating packing patterns is exponential in the number of small sizes; refuse rather than hang.
+# Enumerating packing patterns is exponential in the number of small sizes; refuse rather than hang. The
+# paper's openb lists need about 10,000 steps and 2,000 patterns.
 MAX_PATTERNS = 200_000
+MAX_STEPS = 2_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +58,15 @@ def packing_patterns(counts: Mapping[int, int], size: int = MILLI) -> np.ndarray
         raise ValueError(f"share sizes must lie in 1..{size} milli")
     sizes = sorted((s for s, n in counts.items() if n > 0), reverse=True)
     out: list[list[int]] = []
+    steps = 0
 
     def extend(i: int, left: int, taken: list[int]) -> None:
-        if len(out) > MAX_PATTERNS:
-            raise ValueError(f"more than {MAX_PATTERNS} packing patterns: too many small share sizes")
+        nonlocal steps
+        steps += 1
+        if len(out) > MAX_PATTERNS or steps > MAX_STEPS:
+            raise ValueError(
+                f"more than {MAX_PATTERNS} packing patterns or {MAX_STEPS} steps: too many small share sizes"
+            )
         if i == len(sizes):
             # Maximal: no size with shares left over (beyond what this pattern took) would still fit.
             if any(taken) and not any(sizes[j] <= left and taken[j] < counts[sizes[j]] for j in range(len(sizes))):
