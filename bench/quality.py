@@ -9,7 +9,7 @@ seeds are compared with ``fgd`` (the paper's FGD, which kubegpu reproduces pod
 for pod).
 
 Usage: ``python bench/quality.py [--seeds 100-109] [--lists default,cpu250] [--traces DIR]
-[--policies fgd,kubegpu] [--jobs 2] [--cache FILE]``. Seeds 100-109 are the
+[--policies fgd,kubegpu] [--jobs 2] [--cache FILE] [--learned]``. Seeds 100-109 are the
 measuring seeds: no constant of any policy was chosen on them (see
 ``docs/placement.md``). ``--cache`` keeps finished replays in a JSON-lines
 file so an interrupted study resumes.
@@ -59,15 +59,23 @@ def parse_seeds(text: str) -> list[int]:
     return out
 
 
-def one(job: tuple[str, int, str, str]) -> dict[str, Any]:
-    """Replay one (list, seed, policy) and measure it at the checkpoints."""
+def one(job: tuple[str, int, str, str] | tuple[str, int, str, str, bool]) -> dict[str, Any]:
+    """Replay one (list, seed, policy[, learned]) and measure it at the checkpoints.
+
+    ``learned``: score with the workload learned online from the pods placed so far (what a running
+    extender has) instead of the pod list's (the paper's protocol).
+    """
     from kubegpu.sim.replay import replay, target_workload
     from kubegpu.sim.trace import load_nodes, load_pods
 
-    name, seed, policy, trace_dir = job
+    name, seed, policy, trace_dir = job[:4]
+    learned = bool(job[4]) if len(job) > 4 else False
     nodes = load_nodes().gpu_only()
     pods = load_pods(Path(trace_dir) / f"openb_pod_list_{name}.csv")
-    r = replay(nodes, pods, policy, seed, workload=target_workload(pods), record=True)
+    if learned:
+        r = replay(nodes, pods, policy, seed, learned=True, record=True)
+    else:
+        r = replay(nodes, pods, policy, seed, workload=target_workload(pods), record=True)
     turned_away = [
         w is None and pods[i].demand.exclusive and pods[i].demand.count > 1
         for i, w in zip(r.order, r.placements, strict=True)
@@ -79,7 +87,8 @@ def one(job: tuple[str, int, str, str]) -> dict[str, Any]:
         k = int(np.searchsorted(r.arrived_pct, pct - 1e-9))
         unalloc[str(pct)] = None if k >= len(r.arrived_pct) else round(float(100.0 - r.allocated_pct[k]), 4)
         turned[str(pct)] = None if k >= len(r.arrived_pct) else int(large[k])
-    return {"list": name, "seed": seed, "policy": policy, "unalloc": unalloc, "large": turned, "seconds": r.seconds}
+    return {"list": name, "seed": seed, "policy": policy, "workload": "learned" if learned else "trace",
+            "unalloc": unalloc, "large": turned, "seconds": r.seconds}
 
 
 def _mean(values: list[float | int | None]) -> float | None:
@@ -92,17 +101,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--policies", default="fgd,kubegpu", help="policies (default: fgd,kubegpu)")
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     ap.add_argument("--cache", type=Path, help="JSON-lines file of finished replays, reused and extended")
+    ap.add_argument(
+        "--learned",
+        action="store_true",
+        help="every policy scores with the workload learned online from the pods placed so far, as a running "
+        "extender does (default: the pod list's workload, the paper's protocol)",
+    )
     args = ap.parse_args(argv)
+    mode = "learned" if args.learned else "trace"
     seeds, lists, policies = parse_seeds(args.seeds), args.lists.split(","), args.policies.split(",")
     done: dict[tuple[str, int, str], dict[str, Any]] = {}
     if args.cache and args.cache.exists():
         for line in args.cache.read_text().splitlines():
             rec = json.loads(line)
-            done[(rec["list"], rec["seed"], rec["policy"])] = rec
+            if rec.get("workload", "trace") == mode:
+                done[(rec["list"], rec["seed"], rec["policy"])] = rec
     missing = [n for n in lists if not (args.traces / f"openb_pod_list_{n}.csv").is_file()]
     if missing:
         ap.error(f"no pod list {', '.join(missing)} under {args.traces} (--traces)")
-    todo = [(n, s, p, str(args.traces)) for n in lists for s in seeds for p in policies if (n, s, p) not in done]
+    todo = [
+        (n, s, p, str(args.traces), args.learned)
+        for n in lists
+        for s in seeds
+        for p in policies
+        if (n, s, p) not in done
+    ]
     with ProcessPoolExecutor(max(1, args.jobs)) as pool:
         for i, rec in enumerate(pool.map(one, todo), 1):
             done[(rec["list"], rec["seed"], rec["policy"])] = rec
@@ -114,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 file=sys.stderr,
                 flush=True,
             )
-    out: dict[str, Any] = {"seeds": seeds, "lists": {}}
+    out: dict[str, Any] = {"seeds": seeds, "workload": mode, "lists": {}}
     below: dict[str, bool] = {}
     before: dict[str, bool] = {}
     large_ok: dict[str, bool] = {}

@@ -571,7 +571,10 @@ class StandinKubelet:
         try:
             aresp = self._unary(resource, "Allocate", stub.Allocate, areq, timeout_s)
         except grpc.RpcError as exc:
-            raise AllocationFailed(f"Allocate failed: {exc.details()}") from None  # type: ignore[attr-defined]
+            # The kubelet fails admission with grpc-go's error text (code names in Go's spelling).
+            code = exc.code()  # type: ignore[attr-defined]
+            go = "Canceled" if code is grpc.StatusCode.CANCELLED else code.name.title().replace("_", "")
+            raise AllocationFailed(f"rpc error: code = {go} desc = {exc.details()}") from None  # type: ignore[attr-defined]
         if not aresp.container_responses:
             raise AllocationFailed(f"Allocate for {resource} returned no container response")
         if reserve:

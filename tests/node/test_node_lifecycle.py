@@ -4,8 +4,11 @@ and on a dropped stream, stale sockets, failOnInitError, and the recorded v1.24 
 from __future__ import annotations
 
 import json
+import re
 import socket
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +18,8 @@ import pytest
 from kubegpu.node.daemon import DaemonInitError
 from kubegpu.node.proto import deviceplugin_pb2 as pb
 from kubegpu.node.proto import deviceplugin_pb2_grpc as pb_grpc
-from kubegpu_standins.kubelet import StandinKubelet
+from kubegpu.node.server import STOP_GRACE_S
+from kubegpu_standins.kubelet import AllocationFailed, StandinKubelet
 
 GPU = "nvidia.com/gpu"
 # Recorded from a real kubelet v1.24, shipped with the tests.
@@ -112,6 +116,59 @@ def test_stop_removes_sockets(kubelet: StandinKubelet, make_daemon: Any, sockdir
     d.stop()
     assert not any(p.exists() for p in socks)
     assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 0, 3)  # stream ended: all unhealthy
+
+
+def _stop_during_allocate(kubelet: StandinKubelet, d: Any, stop: Callable[[], None]) -> list[object]:
+    """Run an Allocate that is held inside the plugin while ``stop`` runs, released 1 s after the stop began;
+    returns what the kubelet got (its response or its AllocationFailed)."""
+    server = next(s for s in d.servers if s.resource == GPU)
+    entered, release = threading.Event(), threading.Event()
+    original = server.allocate
+
+    def held(request: pb.AllocateRequest) -> pb.AllocateResponse:
+        entered.set()
+        release.wait(10)
+        return original(request)
+
+    server.allocate = held
+    got: list[object] = []
+
+    def run() -> None:
+        try:
+            got.append(kubelet.allocate(GPU, 1))
+        except AllocationFailed as exc:
+            got.append(exc)
+
+    caller = threading.Thread(target=run)
+    caller.start()
+    assert entered.wait(5)
+    stopper = threading.Thread(target=stop)
+    stopper.start()
+    time.sleep(1.0)  # past the old 0.5 s grace
+    release.set()
+    caller.join(10)
+    stopper.join(10)
+    return got
+
+
+def test_stop_lets_an_allocate_in_flight_finish(kubelet: StandinKubelet, make_daemon: Any) -> None:
+    # A daemon restart (rollout) while the kubelet admits a pod: cut off, the kubelet would fail the pod's
+    # admission with the RPC error; the server's grace lets the Allocate answer first.
+    d, _ = make_daemon("t4x4")
+    assert kubelet.wait_registered(GPU, timeout_s=5)
+    got = _stop_during_allocate(kubelet, d, d.stop)
+    assert len(got) == 1 and not isinstance(got[0], AllocationFailed), got
+    assert STOP_GRACE_S >= 2.0
+
+
+def test_allocate_cut_off_fails_admission_with_the_rpc_error(kubelet: StandinKubelet, make_daemon: Any) -> None:
+    # No grace (a crash): the kubelet fails the pod with grpc-go's text, as the real one does.
+    d, _ = make_daemon("t4x4")
+    assert kubelet.wait_registered(GPU, timeout_s=5)
+    server = next(s for s in d.servers if s.resource == GPU)
+    got = _stop_during_allocate(kubelet, d, lambda: server.stop(grace_s=0))
+    assert len(got) == 1 and isinstance(got[0], AllocationFailed), got
+    assert re.match(r"rpc error: code = (Canceled|Unavailable) desc = ", str(got[0])), got[0]
 
 
 def test_fail_on_init_error(make_daemon: Any) -> None:

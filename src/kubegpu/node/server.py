@@ -87,6 +87,12 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         return pb.PreStartContainerResponse()
 
 
+# A daemon that stops (rollout, restart) lets an Allocate in flight finish: cut off, the kubelet fails that
+# pod's admission with the RPC error. Allocate never waits on the API server; its slowest step is the
+# PodResources check (1 s timeout), so this bounds it with room on a loaded node. Streams end at once.
+STOP_GRACE_S = 5.0
+
+
 class PluginServer:
     """The gRPC server for one :class:`ResourcePlan`."""
 
@@ -164,8 +170,8 @@ class PluginServer:
             self.serving_inode = None
         log.info("serving %s on %s (%d devices)", self.resource, self.socket_path, len(self.plan.devices))
 
-    def stop(self, grace_s: float | None = 0.5) -> None:
-        """Stop serving: streams end, the socket is removed."""
+    def stop(self, grace_s: float | None = STOP_GRACE_S) -> None:
+        """Stop serving: streams end at once, RPCs in flight get ``grace_s`` to finish, the socket is removed."""
         self._stopping.set()
         self.state.wake()
         server, self._server = self._server, None
