@@ -43,11 +43,12 @@ def test_reserve_loss_counts_only_nodes_that_lose_a_rare_host():
     cl = cluster()
     wl = Workload.from_demands([one_gpu()] * 99 + [big_pod()])
     terms = ReserveTerms.build(cl, wl)
-    assert len(terms.cpu) == 1  # only the 120-core shape has fewer hosts than half the nodes
+    # Only the 120-core shape (and the big node's whole-node request) have fewer hosts than half the nodes.
+    assert list(terms.cpu) == [120_000, 128_000]
     rows = np.arange(cl.n_nodes)
     loss = KubegpuPolicy().reserve_loss(cl, ScoreContext(workload=wl), one_gpu(), rows,
                                         cl.gpu_candidates(one_gpu())[rows])
-    assert loss[0] == 1 and (loss[1:] == 0).all()
+    assert loss[0] == 2 and (loss[1:] == 0).all()
 
 
 def test_no_reservation_for_a_shape_expected_less_than_once():
@@ -58,6 +59,33 @@ def test_no_reservation_for_a_shape_expected_less_than_once():
     loss = KubegpuPolicy().reserve_loss(cl, ScoreContext(workload=wl), one_gpu(), rows,
                                         cl.gpu_candidates(one_gpu())[rows])
     assert (loss == 0).all()
+
+
+def test_a_rare_node_class_is_kept_before_its_large_shape_is_seen():
+    # A workload learned from live pods that has not yet shown the 120-core 8-GPU pod: the big node's
+    # whole-node request stands in for it, and small pods tied between it and the small nodes go elsewhere.
+    cl = cluster()
+    wl = Workload.from_demands([one_gpu()] * 90 + [one_gpu(4000)] * 10)
+    terms = ReserveTerms.build(cl, wl)
+    assert len(terms.cpu) == 1 and terms.cpu[0] == 128_000 and terms.count[0] == 8
+    assert np.isclose(terms.freq[0], 0.1)  # as rare as the rarest shape shown
+    ctx = ScoreContext(workload=wl, node_rank=np.arange(cl.n_nodes))  # ties go to "big" first
+    k = cl.copy()
+    for _ in range(12):
+        p = place(k, one_gpu(), KubegpuPolicy(), None, ctx)
+        assert p is not None and p.node != 0
+        k.take(p.node, p.gpus, one_gpu())
+    p = place(k, big_pod(), KubegpuPolicy(), None, ctx)
+    assert p is not None and p.node == 0
+
+
+def test_whole_node_shapes_skip_common_classes_and_shapes_already_shown():
+    cl = cluster()
+    shown = Workload.from_demands([one_gpu()] * 9 + [Demand.whole(8, 128_000, 768 * GIB)])
+    terms = ReserveTerms.build(cl, shown)
+    assert len(terms.cpu) == 1 and np.isclose(terms.freq[0], 0.1)  # the shown shape, not a second copy
+    even = ClusterState.from_arrays(["a", "b"], ["A100"] * 2, [8, 8], [96_000] * 2, [384 * GIB] * 2)
+    assert len(ReserveTerms.build(even, Workload.from_demands([one_gpu()] * 10)).cpu) == 0
 
 
 def test_small_pods_leave_the_only_big_host_free():

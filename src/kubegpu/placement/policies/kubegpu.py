@@ -25,7 +25,8 @@ from kubegpu.placement.workload import Workload, WorkloadShape
 
 @dataclass(frozen=True, slots=True)
 class ReserveTerms:
-    """The shapes of a workload (rare ones included) that fewer than half of a cluster's nodes could ever host.
+    """The shapes of a workload (rare ones included, and each node class's whole-node request it has not
+    shown: :func:`whole_node_shapes`) that fewer than half of a cluster's nodes could ever host.
 
     An 8-GPU pod asking for 120 cores fits only the largest nodes. A pod that
     would take a node's room for such a shape loses
@@ -54,7 +55,7 @@ class ReserveTerms:
         mean_gpu = float(sum(f * s.count * s.milli for s, f in zip(workload.every, workload.every_freq, strict=True)))
         # A shape expected less than once even on an empty cluster never runs short of hosts: skipped.
         at_most = float(gpus.sum()) * MILLI / max(mean_gpu, 1.0)
-        for s, f in zip(workload.every, workload.every_freq, strict=True):
+        for s, f in (*zip(workload.every, workload.every_freq, strict=True), *whole_node_shapes(cluster, workload)):
             access = cluster.model_mask(s.models) if s.models is not None else np.ones(cluster.n_nodes, bool)
             hosts = access & (cluster.cpu_cap >= s.cpu_milli) & (cluster.mem_cap >= s.memory_bytes) & (gpus >= s.count)
             if 0 < hosts.sum() < host_share * cluster.n_nodes and f * at_most >= 1.0:
@@ -88,6 +89,30 @@ class ReserveTerms:
             & (mem[None, :] >= self.memory[shapes, None])
             & (gpus[self.need[shapes]] >= self.count[shapes, None])
         )
+
+
+def whole_node_shapes(cluster: ClusterState, workload: Workload) -> list[tuple[WorkloadShape, float]]:
+    """Each node class's whole-node request (all its GPUs, CPU and memory) the workload has not shown, as
+    rare as the rarest shape it has.
+
+    A workload learned from live pods knows a rare large shape only once one
+    runs. Before that, the tie-breaks that pack pods by CPU send them to the
+    nodes with the most CPU, which are the only hosts of such shapes, and the
+    first 8-GPU, 120-core pod then finds all of them broken (openb, learned
+    workload: all 39 G3 nodes by arrived 10 %). Counting every node class's
+    full size as a possible request keeps the rare classes whole while other
+    nodes tie with them (CPU-only pods included, which a shown GPU shape's
+    test lets through), and weighs little once the class is common.
+    """
+    if not len(workload.every_freq):
+        return []
+    rarest = float(workload.every_freq.min())
+    gpus = cluster.gpu_ok.sum(axis=1)
+    classes = sorted({(int(g), int(c), int(m)) for g, c, m in zip(gpus, cluster.cpu_cap, cluster.mem_cap, strict=True)
+                      if g > 0})
+    seen = set(workload.every)
+    shapes = (WorkloadShape(cpu, MILLI, g, None, mem) for g, cpu, mem in classes)
+    return [(s, rarest) for s in shapes if s not in seen]
 
 
 class SpreadPolicy(_RowLocal):
