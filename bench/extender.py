@@ -16,7 +16,7 @@ with the nodes that passed, ``bind`` to the best one. Prints one JSON object as 
 histograms), which leave out this harness's own client work, ``extender_cpu_ms_per_pod`` (user +
 system CPU of the extender process over the timed loop, per pod: what other work on the machine
 changes least), ``handoff_blocked_nodes_mean`` (nodes per filter left out by the handoff wait) and
-``learned_workload`` (the extender's debug API after the run: live GPU pods, generation, rebuilds
+``learned_workload`` (the extender's debug API after the run: live pods, generation, rebuilds
 during the run). ``--py-spy FILE`` writes a sampling profile of the extender over the timed loop
 (``py-spy`` installed in the venv).
 
@@ -335,7 +335,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "filter_feasible_nodes_mean": round(float(np.mean(fit_nodes)), 1) if fit_nodes else 0,
             "handoff_wait": True,
             "handoff_blocked_nodes_mean": round((rejections(metrics, "handoff-pending") - blocked_before) / filters, 1),
-            "learned_workload": {"live_gpu_pods": learned["live_gpu_pods"], "generation": learned["generation"],
+            "learned_workload": {"live_pods": learned["live_pods"], "generation": learned["generation"],
                                  "shapes": len(learned["shapes"]),
                                  "rebuilds_during_run": learned["generation"] - learned_before["generation"]},
             "filter_p50_ms": pct(lat["filter"], 50),

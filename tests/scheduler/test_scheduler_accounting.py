@@ -326,3 +326,30 @@ def test_policies_declared_row_local_really_score_each_node_on_its_own() -> None
             assert np.allclose(together, alone), (name, limits)
     assert checked == set(POLICY_NAMES) - {"random"}
     assert get_policy("kubegpu").refines == "fgd"
+
+
+def test_learned_workload_counts_cpu_pods_on_gpu_nodes_but_not_daemonset_or_static_pods() -> None:
+    from kubegpu.placement.workload import LearnedWorkload
+
+    view = ClusterView(learner=LearnedWorkload(refresh_min=1, min_pods=1))
+    inv = FakeBackend("t4x4", node_name="n").discover()
+    view.set_inventory("n", inv)
+
+    def cpu_pod(name: str, **meta: object) -> dict:
+        return {"metadata": {"name": name, "namespace": "default", "uid": f"u-{name}", **meta},
+                "spec": {"nodeName": "n", "containers": [{"name": "c", "resources": {"requests": {"cpu": "6"}}}]},
+                "status": {"phase": "Running"}}
+
+    free = int(view.cluster.cpu_free[view.rows_of(["n"], remember=False)[0]])
+    view.observe_pod(cpu_pod("batch"))
+    ds = {"ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "uid": "d",
+                               "controller": True}]}
+    view.observe_pod(cpu_pod("agent-x", **ds))
+    view.observe_pod(cpu_pod("static", annotations={"kubernetes.io/config.mirror": "abc"}))
+    learner = view.scoring.learner
+    assert learner.live == 1  # the CPU-only pod, not the DaemonSet's or the static pod
+    assert [(s.cpu_milli, s.count) for s in learner.current.every] == [(6000, 0)]
+    # All three hold their CPU on the node.
+    assert free - int(view.cluster.cpu_free[view.rows_of(["n"], remember=False)[0]]) == 18_000
+    view.observe_pod(cpu_pod("batch"), deleted=True)
+    assert learner.live == 0

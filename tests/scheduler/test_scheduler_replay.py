@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kubegpu.placement.workload import LearnedWorkload
 from kubegpu.sim.replay import arrival_order, replay
 from kubegpu.sim.trace import TraceNodes, load_nodes, load_pods
 from kubegpu_standins.trace_scheduler import TraceScheduler, agreement, start_replay_cluster
@@ -45,9 +46,9 @@ def test_extender_over_http_places_every_pod_where_the_simulator_does(tmp_path: 
     assert node_pct == gpu_pct == 100.0
     dropped = sum(p is None for p in out.placements)
     assert 0 < dropped < len(order)  # the cluster ran full: the comparison covers contention
-    assert learned["generation"] > 3 and learned["live_gpu_pods"] > 0  # the workload was learned as pods came
+    assert learned["generation"] > 3 and learned["live_pods"] > 0  # the workload was learned as pods came
     assert abs(sum(s["frequency"] for s in learned["shapes"]) - 1.0) < 1e-4
-    assert f'kubegpu_learned_workload{{what="live_gpu_pods"}} {float(learned["live_gpu_pods"])}' in metrics
+    assert f'kubegpu_learned_workload{{what="live_pods"}} {float(learned["live_pods"])}' in metrics
 
 
 def test_a_restarted_extender_rebuilds_the_same_accounting_and_learned_workload(tmp_path: Path) -> None:
@@ -83,5 +84,5 @@ def test_a_restarted_extender_rebuilds_the_same_accounting_and_learned_workload(
     finally:
         api.stop()
     assert after == before
-    assert summary["live_gpu_pods"] == sum(p is not None and pods[order[k]].demand.count > 0
-                                           for k, p in enumerate(out.placements))
+    assert summary["live_pods"] == sum(p is not None and LearnedWorkload.shape_of(pods[order[k]].demand) is not None
+                                       for k, p in enumerate(out.placements))

@@ -5,7 +5,7 @@ fragment when the requests that usually arrive cannot use it. Following the
 FGD paper, the target workload is the set of most frequent request shapes
 (CPU, per-GPU compute, GPU count, GPU model constraint) that together cover a
 share of all pods (95 % by default), with their normalised frequencies.
-:class:`LearnedWorkload` learns it online from the live GPU pods, the same
+:class:`LearnedWorkload` learns it online from the live pods, the same
 way in the extender and in the simulator.
 """
 
@@ -117,9 +117,10 @@ PRIOR_SHAPES: tuple[Demand, ...] = (
 
 
 class LearnedWorkload:
-    """The target workload learned online from the GPU pods a scheduler holds, identically everywhere.
+    """The target workload learned online from the pods a scheduler holds on GPU nodes, identically everywhere.
 
-    The window is the set of live GPU pods: what the cluster hosts now is the
+    The window is the set of live pods (GPU pods, and CPU-only pods bound to
+    GPU nodes; :meth:`shape_of`): what the cluster hosts now is the
     demand it must keep room for, departed pods no longer claim capacity, and
     it is exactly what an extender can rebuild after a restart (the
     annotations of live pods; departed pods are gone from the API). Below
@@ -154,8 +155,9 @@ class LearnedWorkload:
 
     @staticmethod
     def shape_of(d: Demand) -> Demand | None:
-        """What is learned of a demand: GPU pods only (None for CPU-only ones)."""
-        return d if d.count > 0 and d.milli > 0 else None
+        """What is learned of a demand: GPU pods, and CPU-only pods that ask for CPU (their CPU competes with
+        the GPU pods' for the nodes' cores, as in the pod list's workload); None for a pod asking neither."""
+        return d if (d.count > 0 and d.milli > 0) or (d.count == 0 and d.cpu_milli > 0) else None
 
     def add(self, d: Demand | None) -> None:
         if d is None or self.shape_of(d) is None:
@@ -197,7 +199,7 @@ class LearnedWorkload:
         """What the debug API shows: size, generation and the shapes with their frequencies."""
         wl = self.current
         return {
-            "live_gpu_pods": self._live,
+            "live_pods": self._live,
             "generation": self.generation,
             "built_from_pods": self.built_from,
             "rebuild_after_events": self._threshold,

@@ -6,7 +6,8 @@ watch), the CPU and memory requests of every live pod bound to a GPU node,
 plus the allocations this extender assumed at bind time and has not yet seen
 echoed by the watch. Each pod is held at most once (keyed by namespace/name
 and checked by UID), so an echo, a relist or a restart never counts it twice.
-Every hold and release also feeds the learned target workload.
+Every hold and release also feeds the learned target workload (GPU pods and CPU-only pods, but not the
+pods of DaemonSets or static pods, which follow their nodes).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class Held:
     binding: bool = False  # a bind is in flight: never expire it
     cpu_milli: int = 0
     memory_bytes: int = 0
-    shape: Demand | None = None  # what the learned workload counts for it (GPU pods only)
+    shape: Demand | None = None  # what the learned workload counts for it (None: not learned)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +65,19 @@ class PodFacts:
             return cls()
         cpu, mem = pod_resources(pod)
         request = parse_pod(pod)
-        shape = LearnedWorkload.shape_of(pod_demand(request, pod)) if request.ok and request.wants_gpu else None
+        shape = LearnedWorkload.shape_of(pod_demand(request, pod)) if request.ok and not follows_its_node(pod) else None
         return cls(cpu, mem, shape)
+
+
+def follows_its_node(pod: Mapping[str, Any]) -> bool:
+    """A DaemonSet's pod or a static (mirror) pod: it runs where its node is, so it is not part of the
+    workload the scheduler places (a DaemonSet's CPU on every node would otherwise crowd out the shapes
+    that arrive for placement); its CPU and memory still count on its node."""
+    meta = pod.get("metadata") or {}
+    if "kubernetes.io/config.mirror" in (meta.get("annotations") or {}):
+        return True
+    return any(isinstance(o, Mapping) and o.get("kind") == "DaemonSet" and o.get("controller")
+               for o in (meta.get("ownerReferences") or ()))
 
 
 class Ledger:

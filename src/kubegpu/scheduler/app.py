@@ -273,7 +273,7 @@ class Extender:
         return _json(wire.encode(s))
 
     async def workload(self, request: Request) -> Response:
-        """The target workload learned from the live GPU pods (what fragmentation-aware scoring uses)."""
+        """The target workload learned from the live pods (what fragmentation-aware scoring uses)."""
         return JSONResponse(self.view.scoring.learner.summary())
 
     async def prometheus(self, request: Request) -> Response:

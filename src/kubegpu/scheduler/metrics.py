@@ -42,9 +42,9 @@ class _ViewCollector(Collector):
         held.add_metric(["assumed"], assumed)
         yield held
         learner = self._view.scoring.learner
-        wl = GaugeMetricFamily("kubegpu_learned_workload", "The target workload learned from live GPU pods",
+        wl = GaugeMetricFamily("kubegpu_learned_workload", "The target workload learned from live pods",
                                labels=["what"])
-        wl.add_metric(["live_gpu_pods"], learner.live)
+        wl.add_metric(["live_pods"], learner.live)
         wl.add_metric(["generation"], learner.generation)
         wl.add_metric(["shapes"], len(learner.current))
         yield wl

@@ -161,7 +161,7 @@ class ClusterView(Verbs):
 
     # ---- the learned workload (see scoring.Scoring) ----------------------------------------------
     def workload(self) -> Workload:
-        """The target workload of fragmentation-aware scoring, learned from the live GPU pods."""
+        """The target workload of fragmentation-aware scoring, learned from the live pods."""
         return self.scoring.workload
 
     def score_context(self) -> ScoreContext:
