@@ -57,6 +57,23 @@ def test_a_pod_created_with_a_record_is_refused_unless_kubegpu_sends_it() -> Non
     assert review(gpu_pod({A.DEVICE_ASSIGNED: "{}"}), user=NODE_SA)["allowed"] is True
 
 
+def test_every_device_key_is_refused_to_anyone_but_its_kubegpu_writer() -> None:
+    """Issue 24 item 4: on its own (clusters before 1.30 have no admission policy), the webhook refuses the
+    signature keys and any other kubegpu.io/device-* key, on create and on patch."""
+    sig_writers = {"kubegpu.io/device-allocated-signature": EXTENDER_SA, "kubegpu.io/device-assigned-signature": NODE_SA}
+    for key in (*sig_writers, "kubegpu.io/device-foo"):
+        assert review(gpu_pod({key: "0" * 64}))["allowed"] is False, key
+        resp = review(gpu_pod({key: "1" * 64}), op="UPDATE", old=gpu_pod({}))
+        assert resp["allowed"] is False and key in resp["status"]["message"], key
+        assert review(gpu_pod({}), op="UPDATE", old=gpu_pod({key: "1"}))["allowed"] is False, key  # removal
+    for key, writer in sig_writers.items():
+        assert review(gpu_pod({key: "1" * 64}), op="UPDATE", old=gpu_pod({}), user=writer)["allowed"] is True
+        other = NODE_SA if writer == EXTENDER_SA else EXTENDER_SA
+        assert review(gpu_pod({key: "1" * 64}), op="UPDATE", old=gpu_pod({}), user=other)["allowed"] is False
+    # Keys of other prefixes are not kubegpu's records.
+    assert review(gpu_pod({"kubegpu.io/team": "x"}), op="UPDATE", old=gpu_pod({}))["allowed"] is True
+
+
 def test_an_update_that_sets_changes_or_removes_a_record_is_refused_unless_kubegpu_sends_it() -> None:
     bound = gpu_pod({A.DEVICE_ALLOCATED: FORGED})
     for new_ann in ({A.DEVICE_ALLOCATED: FORGED.replace("GPU-x", "GPU-y")}, {},

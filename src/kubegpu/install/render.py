@@ -426,6 +426,8 @@ def webhook_objects(v: Values) -> list[Obj]:
             hook["timeoutSeconds"] = w.timeout_seconds
             if not has_match_conditions(v):
                 hook.pop("matchConditions", None)
+            elif o["kind"] == "ValidatingWebhookConfiguration" and v.mode == "full" and has_admission_policies(v):
+                hook["matchConditions"] = [*hook.get("matchConditions", []), _not_kubegpu_itself(v)]
             if o["kind"] == "ValidatingWebhookConfiguration" and not reviews_updates(v):
                 hook["rules"] = _without_updates(hook["rules"])
             if w.ca_bundle:
@@ -434,6 +436,14 @@ def webhook_objects(v: Values) -> list[Obj]:
                 if expr["operator"] == "DoesNotExist":
                     expr["key"] = w.exclude_namespace_label
     return objs
+
+
+def _not_kubegpu_itself(v: Values) -> Obj:
+    """kubegpu's own accounts (the node daemon's acknowledgements, the extender's writes) are not sent to the
+    validating webhook where the admission policy already governs what they may write: an outage of the
+    webhook must not block the acknowledgements the accounting follows (docs/handoff.md)."""
+    users = ", ".join(f"'system:serviceaccount:{v.namespace}:{sa}'" for sa in (node_fullname(v), security.EXTENDER_SA))
+    return {"name": "not-kubegpu-itself", "expression": f"!(request.userInfo.username in [{users}])"}
 
 
 def _without_updates(rules: list[Obj]) -> list[Obj]:

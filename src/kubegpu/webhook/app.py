@@ -27,6 +27,7 @@ from kubegpu.install.security import EXTENDER_SA, NODE_SA
 from kubegpu.model import annotations as A
 from kubegpu.model.limits import DEFAULT_MAX_GPU_CONTAINERS, count_gpu_containers, too_many_gpu_containers
 from kubegpu.model.normalise import DEVICE_ENV_VARS, AdmissionPolicy, review_ephemeral, review_pod
+from kubegpu.model.signing import ACK_SIGNATURE, RECORD_SIGNATURE
 from kubegpu.webhook.review import MAX_BODY_BYTES, BadReview, encode_json, read_review, write_response
 
 log = logging.getLogger(__name__)
@@ -40,13 +41,20 @@ RECORD_ANNOTATIONS = (A.DEVICE_ALLOCATED, A.DEVICE_ASSIGNED)
 RECORD_WRITER_ACCOUNTS: dict[str, tuple[str, ...]] = {
     A.DEVICE_ALLOCATED: (EXTENDER_SA,),
     A.DEVICE_ASSIGNED: (NODE_SA,),
+    RECORD_SIGNATURE: (EXTENDER_SA,),
+    ACK_SIGNATURE: (NODE_SA,),
 }
+# Every kubegpu.io/device-* key is kubegpu's: the ones above by their writer, any other (no meaning today, but
+# a name a later kubegpu may give one) by kubegpu's own accounts only, never by anyone else.
+RECORD_PREFIX = "kubegpu.io/device-"
 DEFAULT_SCHEDULERS = frozenset({"", "default-scheduler"})
 
 
 def default_record_writers(namespace: str, record: str | None = None) -> frozenset[str]:
     """The users that may write ``record`` (either record when None) by default."""
     ns = namespace or "kubegpu-system"
+    if record is not None and record not in RECORD_WRITER_ACCOUNTS:
+        record = None  # a device-* key without a writer of its own: either of kubegpu's accounts
     return frozenset(f"system:serviceaccount:{ns}:{sa}" for key, accounts in RECORD_WRITER_ACCOUNTS.items()
                      if record in (None, key) for sa in accounts)
 
@@ -176,9 +184,11 @@ def _annotations(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
 
 
 def _record_changes(obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[str]:
-    """The record annotations this request sets, changes or removes."""
+    """The ``kubegpu.io/device-*`` annotations (records, their signatures, any other key of that prefix) this
+    request sets, changes or removes."""
     new_ann, old_ann = _annotations(obj), _annotations(old)
-    return [k for k in RECORD_ANNOTATIONS if (k in new_ann or k in old_ann) and new_ann.get(k) != old_ann.get(k)]
+    keys = sorted({str(k) for k in (*new_ann, *old_ann) if str(k).startswith(RECORD_PREFIX)})
+    return [k for k in keys if new_ann.get(k) != old_ann.get(k)]
 
 
 def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
