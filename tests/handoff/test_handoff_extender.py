@@ -77,14 +77,26 @@ def test_acknowledged_default_scheduler_pods_are_held(view: ClusterView) -> None
 
 
 def test_one_waiting_pod_per_resource_and_count_on_a_node(view: ClusterView) -> None:
+    """Issue 24: the rule is checked at bind (serialized), not at filter (kube-scheduler filters the next pod
+    before the previous bind arrives); the wait ends with the acknowledgement, or once the pod runs."""
+    from kubegpu.model.request import parse_pod
+
     one = {R.NVIDIA_GPU: "1"}
     rec = PodAllocation((ContainerAllocation("c", (share(view, 0, 100),)),))
     waiting = spec_pod("w", one, rec)
+    waiting["status"] = {"phase": "Pending"}
     view.observe_pod(waiting)
-    out = view.filter(spec_pod("x", one), ["n"], "kubegpu")
-    assert out.passed == [] and "being handed to the kubelet" in out.failed["n"]
-    two = view.filter(spec_pod("y", {R.NVIDIA_GPU: "2"}), ["n"], "kubegpu")
-    assert two.passed == ["n"]  # another count: the kubelet's calls tell them apart
+    x = spec_pod("x", one)
+    assert view.filter(x, ["n"], "kubegpu").passed == ["n"]  # filter does not guess
+    assert "being handed to the kubelet" in view.ledger.handoff_blocked(x, parse_pod(x))["n"]
+    y = spec_pod("y", {R.NVIDIA_GPU: "2"})
+    assert view.ledger.handoff_blocked(y, parse_pod(y)) == {}  # another count: the kubelet's calls tell them apart
     g = rec.grants()[0]
-    view.observe_pod(spec_pod("w", one, rec, acks={"c": Ack(R.NVIDIA_GPU, (g.uuid,), (g,))}))  # served
-    assert view.filter(spec_pod("x", one), ["n"], "kubegpu").passed == ["n"]
+    acked = spec_pod("w", one, rec, acks={"c": Ack(R.NVIDIA_GPU, (g.uuid,), (g,))})
+    acked["status"] = {"phase": "Pending"}
+    view.observe_pod(acked)  # served
+    assert view.ledger.handoff_blocked(x, parse_pod(x)) == {}
+    view.observe_pod(waiting)  # (a recreated view) waiting again, then running with no acknowledgement yet
+    assert view.ledger.handoff_blocked(x, parse_pod(x))
+    view.observe_pod(spec_pod("w", one, rec))
+    assert view.ledger.handoff_blocked(x, parse_pod(x)) == {}

@@ -57,24 +57,41 @@ def one(uuid: str, core: int = 25) -> PodAllocation:
 
 
 def test_allocate_serves_only_the_record_naming_the_kubelets_gpus() -> None:
-    r = HandoffResolver(NODE, key=KEY)
-    r.observe(bound("p-a", SHARE, one(GA)))
+    r = HandoffResolver(NODE, key=KEY, watch_wait_s=0)
     r.observe(bound("p-b", SHARE, one(GB, 30)))
+    # GetPreferredAllocation steers to the waiting record's GPU.
+    assert r.preferred(R.GPU_SLOTS, [f"{GB}::1", f"{GA}::2", f"{GC}::3"], [], 1) == [f"{GB}::1"]
     got = r.resolve(R.GPU_SLOTS, [f"{GB}::5"])
     assert got is not None and got.pod == "default/p-b" and got.uuids == (GB,)
     assert got.gpus[0].core_percent == 30
+    r.observe(bound("p-a", SHARE, one(GA)))
     with pytest.raises(AllocationRefused, match=r"no pod bound to n1 has a signed, unserved record naming exactly"):
         r.resolve(R.GPU_SLOTS, [f"{GC}::0"])
     # Served once: the same GPUs again find nothing to serve.
     with pytest.raises(AllocationRefused):
         r.resolve(R.GPU_SLOTS, [f"{GB}::6"])
-    # GetPreferredAllocation steers to the remaining record's GPU.
     assert r.preferred(R.GPU_SLOTS, [f"{GB}::1", f"{GA}::2", f"{GC}::3"], [], 1) == [f"{GA}::2"]
+
+
+def test_two_pods_waiting_with_one_kind_are_refused_never_guessed() -> None:
+    """Issue 24: the call carries no pod; with two records of one (resource, count) waiting, the node
+    cannot know whose call it is, so it refuses (the extender lets only one wait, at bind) rather than
+    serve one pod's record to another."""
+    r = HandoffResolver(NODE, key=KEY, watch_wait_s=0)
+    r.observe(bound("p-a", SHARE, one(GA)))
+    r.observe(bound("p-b", SHARE, one(GB, 30)))
+    assert r.preferred(R.GPU_SLOTS, [f"{GB}::1", f"{GA}::2"], [], 1) is None  # no steering
+    with pytest.raises(AllocationRefused, match=r"waited for by several pods bound to n1 \(default/p-a, default/p-b\)"):
+        r.resolve(R.GPU_SLOTS, [f"{GB}::5"])
+    # Once one of them runs (its Allocate is done, whoever served it), the other's record is unambiguous.
+    r.observe(bound("p-a", SHARE, one(GA), phase="Running", rv=2))
+    got = r.resolve(R.GPU_SLOTS, [f"{GB}::5"])
+    assert got is not None and got.pod == "default/p-b"
 
 
 def test_a_lagging_view_reads_the_api_server_before_deciding() -> None:
     pods = [bound("late", SHARE, one(GC))]
-    r = HandoffResolver(NODE, key=KEY, refresh=lambda: pods)  # the watch has shown nothing yet
+    r = HandoffResolver(NODE, key=KEY, refresh=lambda: pods, watch_wait_s=0)  # the watch has shown nothing yet
     assert r.preferred(R.GPU_SLOTS, [f"{GA}::0", f"{GC}::1"], [], 1) == [f"{GC}::1"]
     got = r.resolve(R.GPU_SLOTS, [f"{GC}::1"])
     assert got is not None and got.pod == "default/late"
@@ -83,7 +100,7 @@ def test_a_lagging_view_reads_the_api_server_before_deciding() -> None:
 
 def test_a_lagging_watch_never_brings_back_a_deleted_pod() -> None:
     listed: list[dict[str, Any]] = []
-    r = HandoffResolver(NODE, key=KEY, refresh=lambda: listed)
+    r = HandoffResolver(NODE, key=KEY, refresh=lambda: listed, watch_wait_s=0)
     old = bound("gone", SHARE, one(GA), rv=5)
     r.observe(old)
     assert r.consistent_read()  # the API server no longer has it
@@ -102,7 +119,7 @@ def test_a_lagging_watch_never_brings_back_a_deleted_pod() -> None:
 
 
 def test_forged_records_get_nothing() -> None:
-    r = HandoffResolver(NODE, key=KEY)
+    r = HandoffResolver(NODE, key=KEY, watch_wait_s=0)
     r.observe(bound("forged", SHARE, one(GA), signature="0" * 64))
     r.observe(bound("wrong-key", SHARE, one(GB), key=b"someone-elses-key-0123456789"))
     copied = bound("victim", SHARE, one(GC))
@@ -116,8 +133,8 @@ def test_forged_records_get_nothing() -> None:
 
 
 def test_whole_gpus_never_land_on_shared_ones_and_shares_never_on_whole() -> None:
-    r = HandoffResolver(NODE, key=KEY)
-    r.observe(bound("share", SHARE, one(GA), phase="Running"))
+    r = HandoffResolver(NODE, key=KEY, watch_wait_s=0)
+    r.observe(bound("share", SHARE, one(GA)))
     assert r.resolve(R.GPU_SLOTS, [f"{GA}::0"]) is not None
     # A pod the extender did not place: GetPreferredAllocation steers it off the shared GPU ...
     assert r.preferred(R.NVIDIA_GPU, [GA, GB], [], 1) == [GB]
@@ -131,7 +148,7 @@ def test_whole_gpus_never_land_on_shared_ones_and_shares_never_on_whole() -> Non
 
 
 def test_a_pod_without_record_waiting_beside_a_record_makes_the_call_ambiguous() -> None:
-    r = HandoffResolver(NODE, key=KEY)
+    r = HandoffResolver(NODE, key=KEY, watch_wait_s=0)
     r.observe(bound("recorded", WHOLE, PodAllocation((ContainerAllocation("c0", (grant(GA, 100),)),))))
     r.observe(bound("plain", WHOLE, None))
     with pytest.raises(AllocationRefused, match=r"without a kubegpu record"):
@@ -141,7 +158,7 @@ def test_a_pod_without_record_waiting_beside_a_record_makes_the_call_ambiguous()
 
 
 def test_init_container_devices_are_reused_by_the_app_container() -> None:
-    r = HandoffResolver(NODE, key=KEY)
+    r = HandoffResolver(NODE, key=KEY, watch_wait_s=0)
     alloc = PodAllocation((ContainerAllocation("i0", (grant(GA, 100),), init=True),
                            ContainerAllocation("c0", (grant(GA, 100),))))
     r.observe(bound("init", WHOLE, alloc, init=WHOLE))
@@ -170,7 +187,7 @@ def test_verifier_groups_the_kubelets_one_entry_per_device() -> None:
     alloc = PodAllocation((ContainerAllocation("main", tuple(grant(g, 100, i) for i, g in enumerate(gpus))),))
     pod = bound("m-two-gpu", {R.NVIDIA_GPU: "2"}, alloc)
     pod["spec"]["containers"][0]["name"] = "main"
-    r = HandoffResolver(NODE, key=KEY)
+    r = HandoffResolver(NODE, key=KEY, watch_wait_s=0)
     r.observe(pod)
     assert r.resolve(R.NVIDIA_GPU, list(reversed(gpus))) is not None
     assert r.verify(rows) == []  # no false alarm for a multi-GPU container

@@ -99,10 +99,11 @@ class Ledger:
         # Live records that exceed a GPU's capacity (pod -> why): held anyway, so the GPU is full.
         self.collisions: dict[str, str] = {}
         # node -> pod -> (resource, count, amounts) of its containers bound but not yet served by the node:
-        # another pod asking the same (resource, count) there waits (docs/handoff.md).
+        # another pod asking the same (resource, count) there waits at bind, where binds are serialized
+        # (docs/handoff.md).
         self.pending: dict[str, dict[str, frozenset[Shape]]] = {}
         # The same, indexed by what the kubelet's calls look like: (resource, count) -> node -> the first
-        # pod (in the node's waiting order) with a container of that kind waiting there. Filter reads only
+        # pod (in the node's waiting order) with a container of that kind waiting there. Bind reads only
         # the nodes listed under the pod's own kinds, never every waiting pod (tens of thousands after a
         # restart). Written only by _set_pending and _drop_pending, with self.pending.
         self.pending_kinds: dict[tuple[str, int], dict[str, str]] = {}
@@ -273,7 +274,10 @@ class Ledger:
                       "that GPU is full for new placements", key, node, e)
             self.hold(key, uid, node, alloc, pod=pod, force=True)
         assert records is not None
-        waiting = request_shapes(parse_pod(pod), records.acks) if records.record is not None else frozenset()
+        # Waiting ends with the acknowledgement, or once the kubelet runs the pod (its Allocate calls are done,
+        # whoever writes the acknowledgement and whenever it lands): a running pod never holds its kind up.
+        waiting = (request_shapes(parse_pod(pod), records.acks)
+                   if records.record is not None and phase != "Running" else frozenset())
         if waiting:
             self._set_pending(node, key, waiting)
         elif self._drop_pending(node, key):
@@ -327,8 +331,9 @@ class Ledger:
         """Nodes where another pod is bound, not yet served by the node, and asks the same (resource,
         device count): the kubelet's calls carry no pod identity, so with two such pods waiting the
         node could steer one onto the other's record. One at a time per shape and node keeps every
-        Allocate unambiguous (docs/handoff.md). Costs the waiting pods of the nodes indexed under the
-        pod's own (resource, count) kinds, not every waiting pod."""
+        Allocate unambiguous (docs/handoff.md); bind checks it and holds in one step, so asynchronous
+        binds cannot slip past it as they did past filter. Costs the waiting pods of the nodes indexed
+        under the pod's own (resource, count) kinds, not every waiting pod."""
         if not self.pending_kinds or not self.handoff_wait:
             return {}
         shapes = request_shapes(request)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -36,6 +37,7 @@ from kubegpu.kube.resources import Pod
 from kubegpu.kube.writes import abind_pod, is_conflict, retry_async
 from kubegpu.model import annotations as A
 from kubegpu.model.allocation import AnnotationError, PodAllocation, decode, encode
+from kubegpu.model.request import parse_pod
 from kubegpu.model.signing import record_annotations
 from kubegpu.placement import DEFAULT_POLICY, PlacementConflict
 from kubegpu.scheduler import wire
@@ -47,6 +49,11 @@ from kubegpu.scheduler.state import ClusterView
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 32 * 1024 * 1024  # 5,000 full Node objects fit; anything larger is refused
+
+
+HANDOFF_WAIT_S_ENV = "KUBEGPU_HANDOFF_WAIT_S"
+DEFAULT_HANDOFF_WAIT_S = 7.0
+HANDOFF_POLL_S = 0.01
 
 
 def _json(body: bytes, status: int = 200) -> Response:
@@ -65,8 +72,13 @@ class Extender:
     def __init__(self, view: ClusterView, client: AsyncClient | None, *, node_policy: str = DEFAULT_POLICY,
                  gpu_policy: str = DEFAULT_POLICY, max_body_bytes: int = MAX_BODY_BYTES,
                  ready: Callable[[], bool] = lambda: True, limits: Limits | None = None,
-                 body_timeout_s: float = 10.0) -> None:
+                 body_timeout_s: float = 10.0, handoff_wait_s: float | None = None) -> None:
         self.view = view
+        # How long a bind waits for its node to finish handing a pod of the same kind to the kubelet before it
+        # fails (kube-scheduler then retries after its back-off): below kube-scheduler's extender httpTimeout
+        # (the manifests render 10 s), so the answer always arrives before kube-scheduler gives up on it.
+        self.handoff_wait_s = handoff_wait_s if handoff_wait_s is not None else float(
+            os.environ.get(HANDOFF_WAIT_S_ENV, DEFAULT_HANDOFF_WAIT_S))
         self.client = client
         self.node_policy = node_policy
         self.gpu_policy = gpu_policy
@@ -212,7 +224,11 @@ class Extender:
         if why := too_many_gpu_containers(pod, self.limits.max_gpu_containers):
             self.metrics.bind_failures.labels("refused").inc()
             return f"kubegpu bind: {why}"
-        # Choose and hold before the first await below: no other bind can take the same capacity.
+        if why := await self._handoff_turn(pod, node):
+            self.metrics.bind_failures.labels("handoff-wait").inc()
+            return f"kubegpu bind: {why}"
+        # Choose and hold before the first await below: no other bind can take the same capacity, and no
+        # other pod of this kind can start waiting on the node between the check above and this hold.
         if self.view.held.get(key) is not None:  # read again: the watch may have moved during the GET
             self.view.release(key)
         _, gpu_policy = self.policies(pod)
@@ -246,6 +262,24 @@ class Extender:
             return f"kubegpu bind: {type(e).__name__}: {e}"
         self.view.mark_bound(key)
         self.metrics.placed.inc()
+        return ""
+
+    async def _handoff_turn(self, pod: dict[str, Any], node: str) -> str:
+        """Wait until no other pod of this pod's kind (kubelet resource, device count) waits on ``node`` for
+        its handoff: the one-waiting-record rule, enforced here where binds are serialized (kube-scheduler
+        binds asynchronously: the next pod is filtered before the previous bind arrives). '' once it is this
+        pod's turn; the reason when it is not within ``handoff_wait_s``. The caller holds right after, with
+        no await in between, so two binds of a kind can never both pass. Identical pods (a Deployment scaling
+        up) flow at the node's admission pace with no back-off; the wait is a dict lookup per tick."""
+        request = parse_pod(pod)
+        if not request.wants_gpu:
+            return ""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.handoff_wait_s
+        while (why := self.view.ledger.handoff_blocked(pod, request).get(node)) is not None:
+            if loop.time() >= deadline:
+                return f"{why}; not its turn within {self.handoff_wait_s:g} s, retried after back-off"
+            await asyncio.sleep(HANDOFF_POLL_S)
         return ""
 
     async def _bound_to(self, ns: str, name: str, node: str, value: str) -> bool:

@@ -184,9 +184,7 @@ async def _exact(view: ClusterView, pod: Mapping[str, Any], request: PodRequest,
     failed: dict[str, str] = {}
     reasons: Counter[str] = Counter()
     cluster = view.cluster
-    # The handoff wait (docs/handoff.md) holds for this path too: nodes handing a pod of the same kind to
-    # their kubelet are left out, with the reason.
-    names, all_rows = view.without_handoff_blocked(pod, request, names, view.rows_of(names), failed, reasons)
+    all_rows = view.rows_of(names)
     names_known, rows, ok = view.known_and_allowed(names, all_rows, request, failed, reasons)
     # Each distinct container demand alone (a pod of identical containers costs one pass).
     seen: dict[Demand, str] = {}

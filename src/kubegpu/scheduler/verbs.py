@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import compress, repeat
+from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -79,8 +79,6 @@ class Verbs:
         # One pass over the names (kube-scheduler sends thousands): rows, -1 for unknown nodes. The whole list
         # kube-scheduler sent, so that its next (rotated) list is answered from the memo.
         all_rows = self.mirror.rows_of(names)
-        if request.wants_gpu:
-            names, all_rows = self.without_handoff_blocked(pod, request, names, all_rows, failed, reasons)
         known = all_rows >= 0
         if not request.wants_gpu:
             # Nodes without kubegpu GPUs are kube-scheduler's alone; GPU nodes must have the CPU and memory.
@@ -166,31 +164,6 @@ class Verbs:
                 failed[n] = miss[1]
                 reasons[miss[0]] += 1
         return FilterOutcome(passed, failed, unresolvable, reasons)
-
-    def without_handoff_blocked(self, pod: Mapping[str, Any], request: PodRequest, names: Sequence[str],
-                                all_rows: np.ndarray, failed: dict[str, str], reasons: Counter[str],
-                                ) -> tuple[Sequence[str], np.ndarray]:
-        """The names (and their rows) less the nodes where another pod of this kind is being handed to the
-        kubelet (docs/handoff.md), each failed with that reason. Costs the waiting pods of the nodes where
-        one of this kind waits (:meth:`Ledger.handoff_blocked`) plus one vectorised pass over the rows."""
-        blocked = self.ledger.handoff_blocked(pod, request)
-        if not blocked:
-            return names, all_rows
-        cluster = self.mirror.cluster
-        at = np.zeros(cluster.n_nodes + 1, bool)  # one slot more: unknown names (row -1) land on it, False
-        rows = np.fromiter(map(self.mirror.row_index.get, blocked, repeat(-1)), np.int64, len(blocked))
-        at[rows[rows >= 0]] = True
-        hit = at[all_rows]
-        if (rows < 0).any():  # a node whose GPUs are gone still has a pod waiting: match it by name
-            gone = {n for n, r in zip(blocked, rows.tolist(), strict=True) if r < 0}
-            hit |= np.fromiter((n in gone for n in names), bool, len(names))
-        if not hit.any():
-            return names, all_rows
-        held_back = list(compress(names, hit.tolist()))
-        failed.update(zip(held_back, map(blocked.__getitem__, held_back), strict=True))
-        reasons["handoff-pending"] += len(held_back)
-        keep = ~hit
-        return list(compress(names, keep.tolist())), all_rows[keep]
 
     def known_and_allowed(self, names: Sequence[str], all_rows: np.ndarray, request: PodRequest,
                           failed: dict[str, str], reasons: Counter[str],

@@ -64,6 +64,7 @@ class PodView:
     problems: tuple[str, ...] = ()
     whole_bypass: bool = False  # asks nvidia.com/gpu but has no record (not placed by the extender)
     unrecorded: frozenset[tuple[str, int]] = frozenset()  # (resource, count) asked without a record
+    running: bool = False  # the kubelet runs it: its Allocate calls are done, its records wait for nothing
 
 
 def pod_view(pod: Mapping[str, Any], seen: int, key: bytes | None) -> PodView:
@@ -101,7 +102,8 @@ def pod_view(pod: Mapping[str, Any], seen: int, key: bytes | None) -> PodView:
     unrecorded = frozenset(s[:2] for s in request_shapes(request, recs.acks)) if recs.record is None else frozenset()
     return PodView(pkey, uid, created, seen, entries, dict(recs.acks),
                    allocation.held() if allocation is not None else None, recs.forged, recs.problems,
-                   whole_bypass=asks_whole and recs.record is None, unrecorded=unrecorded)
+                   whole_bypass=asks_whole and recs.record is None, unrecorded=unrecorded,
+                   running=(pod.get("status") or {}).get("phase") == "Running")
 
 
 def is_live_here(pod: Mapping[str, Any], node: str) -> bool:

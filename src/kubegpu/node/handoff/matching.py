@@ -34,8 +34,10 @@ def kubelet_gpus(ids: Sequence[str]) -> tuple[str, ...]:
 
 def pending(pods: Iterable[PodView], served: Mapping[tuple[str, str], object], resource: str,
             count: int) -> list[Entry]:
-    """Records of ``resource`` with ``count`` devices not served yet, in the kubelet's admission order."""
-    out = [e for p in pods if not p.forged for e in p.entries
+    """Records of ``resource`` with ``count`` devices not served yet, in the kubelet's admission order. A
+    running pod's records are never pending: the kubelet admitted it, whoever served it (a previous process
+    of this daemon whose acknowledgement never landed included)."""
+    out = [e for p in pods if not p.forged and not p.running for e in p.entries
            if e.resource == resource and e.count == count and (e.uid, e.container) not in served
            and e.container not in p.acks]
     out.sort(key=lambda e: e.rank)
@@ -52,6 +54,13 @@ def fits(entry: Entry, gpus: Sequence[str]) -> bool:
     if got == want:
         return True
     return bool(entry.reuse) and want <= entry.reuse and got <= entry.reuse
+
+
+def waiting_pods(entries: Iterable[Entry]) -> list[str]:
+    """The distinct pods among waiting entries, in order. The extender lets one pod per (node, resource,
+    count) wait (docs/handoff.md), so more than one means this node's view is stale or the records
+    predate that rule: the kubelet's call cannot be attributed."""
+    return list(dict.fromkeys(e.pod_key for e in entries))
 
 
 def match(pods: Iterable[PodView], served: Mapping[tuple[str, str], object], resource: str,

@@ -1,15 +1,18 @@
-"""The node side of the handoff: state, consistent reads, acknowledgements, reports.
+"""The node side of the handoff: state, fresh-enough reads, acknowledgements, reports.
 
 :class:`HandoffResolver` implements :class:`~kubegpu.node.resolver.AllocationResolver`. It keeps
-a view of the pods bound to this node (fed by a watch), and for every ``Allocate``:
+a view of the pods bound to this node (fed by a watch: the informer cache), and for every ``Allocate``:
 
-1. matches the kubelet's device IDs to a record naming exactly those GPUs
-   (:mod:`kubegpu.node.handoff.matching`), in the local view or else after a **consistent read**
-   (a fresh LIST from the API server, not a watch cache), so no outcome depends on how fresh
-   this node's watch is;
+1. matches the kubelet's device IDs to the one waiting record of that (resource, device count) naming
+   exactly those GPUs (:mod:`kubegpu.node.handoff.matching`). The extender lets only one pod per (node,
+   resource, count) wait (it checks at bind), so the cache decides alone when it shows exactly one such
+   pod: no API round trip. When the cache shows none, it waits (bounded) for the watch to bring it, then
+   makes a **consistent read** (a fresh LIST); when it shows several (a stale view), it makes the LIST at
+   once, and refuses if the records still cannot be told apart;
 2. serves that record's amounts on the kubelet's GPUs, or refuses with a reason (the kubelet
    then fails the pod's admission with it) — never a silent divergence;
-3. writes the acknowledgement: what was served, which is what the kubelet holds.
+3. asks for the acknowledgement (what was served, which is what the kubelet holds) to be written after
+   the answer, retried until it lands (:mod:`kubegpu.node.handoff.acks`).
 
 Records count only when signed by the extender (:mod:`kubegpu.model.signing`) when a key is set.
 """
@@ -37,6 +40,7 @@ from kubegpu.model.allocation import DeviceGrant
 from kubegpu.model.inventory import NodeInventory
 from kubegpu.model.records import Ack, encode_acks
 from kubegpu.node.handoff import matching as M
+from kubegpu.node.handoff.acks import AckWriter
 from kubegpu.node.handoff.entries import Entry, PodView, is_live_here, pod_view
 from kubegpu.node.handoff.verify import (
     POD_RESOURCES_SOCKET,
@@ -52,6 +56,9 @@ log = logging.getLogger(__name__)
 
 
 BYPASS_GRACE_S = 5.0  # a whole GPU served without a record counts as held until PodResources can show it
+# How long a call whose record the cache does not show yet waits for the watch before a LIST: the kubelet's
+# watch may run ahead of this node's by that much. The outcome never depends on it (a LIST follows).
+WATCH_WAIT_S = 2.5
 
 
 def _rv(value: object) -> int:
@@ -93,13 +100,15 @@ class HandoffResolver:
 
     def __init__(self, node: str, *, client: Client | None = None, key: bytes | None = None,
                  refresh: Callable[[], Iterable[dict[str, Any]]] | None = None,
-                 metrics: HandoffMetrics | None = None, inventory: NodeInventory | None = None) -> None:
+                 metrics: HandoffMetrics | None = None, inventory: NodeInventory | None = None,
+                 watch_wait_s: float = WATCH_WAIT_S) -> None:
         self.node = node
         self.client = client
         self.key = key
         self._refresh = refresh
         self.metrics = metrics or HandoffMetrics()
         self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)  # notified on every change of the view
         self._ack_lock = threading.Lock()
         self._pods: dict[str, PodView] = {}
         self._served: dict[tuple[str, str], Ack] = {}  # (uid, container) -> what this process served
@@ -117,6 +126,8 @@ class HandoffResolver:
         self.forged_seen: set[str] = set()
         self.watch: InformerThread | None = None
         self.verifier: Verifier | None = None
+        self.acks = AckWriter(self._write_ack, name=f"handoff-acks-{node}") if client is not None else None
+        self.watch_wait_s = watch_wait_s
         if inventory is not None:
             self.set_inventory(inventory)
         if key is None:
@@ -135,6 +146,8 @@ class HandoffResolver:
         self._gpus, self._mig_parent = table, parents
 
     def close(self) -> None:
+        if self.acks is not None:
+            self.acks.stop()
         if self.verifier is not None:
             self.verifier.stop()
         if self.watch is not None:
@@ -178,6 +191,7 @@ class HandoffResolver:
             elif view.problems:
                 log.warning("pod %s on %s: %s", key, self.node, "; ".join(view.problems))
             self._pods[key] = view
+            self._changed.notify_all()
 
     def _bury(self, uid: str) -> None:
         self._gone[uid] = None
@@ -239,15 +253,58 @@ class HandoffResolver:
         admitted = {f"{ns}/{name}" for ns, name, _c, _res, _ids in rows}
         return [k for k in waiting if k not in admitted]
 
+    def _decide(self, resource: str, n: int, gpus: tuple[str, ...] | None) -> tuple[list[Entry], bool]:
+        """The waiting entries of this call's kind (resource, device count), from the freshest view needed:
+        the cache when it shows exactly one pod waiting with a record naming the kubelet's GPUs (the
+        extender lets one pod per kind wait, so that is the call's pod); else, after waiting up to
+        ``watch_wait_s`` for the watch to bring one, a consistent read. ``gpus``: the kubelet's choice
+        (Allocate), or None (GetPreferredAllocation: the one waiting pod is enough). Returns the entries and
+        whether the view they come from is the API server's own (a LIST just made)."""
+
+        def settled() -> list[Entry] | None:
+            waiting = M.pending(self._pods.values(), self._served, resource, n)
+            if len(M.waiting_pods(waiting)) == 1 and (gpus is None or any(M.fits(e, gpus) for e in waiting)):
+                return waiting
+            return None
+
+        with self._lock:
+            found = settled()
+            stale = len(M.waiting_pods(M.pending(self._pods.values(), self._served, resource, n))) > 1
+            if found is None and not stale and self._expects_records(resource):
+                deadline = time.monotonic() + self.watch_wait_s
+                while (found := settled()) is None and (left := deadline - time.monotonic()) > 0:
+                    if len(M.waiting_pods(M.pending(self._pods.values(), self._served, resource, n))) > 1:
+                        break
+                    self._changed.wait(left)
+        if found is not None:
+            return found, False
+        listed = self.consistent_read()
+        with self._lock:
+            return M.pending(self._pods.values(), self._served, resource, n), listed
+
+    def _expects_records(self, resource: str) -> bool:
+        """Whether a call of ``resource`` may be a recorded pod's not in the cache yet: shares always are;
+        whole GPUs and MIG devices only where the extender places pods (some pod here has a record)."""
+        return resource == R.GPU_SLOTS or any(p.entries for p in self._pods.values())
+
     def resolve(self, resource: str, device_ids: Sequence[str]) -> ResolvedAllocation | None:
         if not M.is_handoff_resource(resource):
             return None
         ids = tuple(device_ids)
         gpus = M.kubelet_gpus(ids)
-        # Always decide on a consistent read: a lagging view may still hold a pod that has failed, been
-        # deleted or been served, and serving its record to another container would be a divergence.
-        self.consistent_read()
-        entry = self._match(resource, ids)
+        waiting, _listed = self._decide(resource, len(ids), gpus)
+        pods = M.waiting_pods(waiting)
+        if len(pods) > 1:
+            # Two pods wait with this kind even by the API server's word (records from before the extender
+            # enforced the rule at bind, or a stale view the LIST could not settle): the call does not say
+            # which pod it is, and serving one pod's record to the other is what this protocol forbids.
+            self.metrics.refused.labels(resource, "ambiguous-records").inc()
+            raise AllocationRefused(
+                f"kubegpu: {resource} x{len(ids)} is waited for by several pods bound to {self.node} "
+                f"({', '.join(pods[:3])}{' …' if len(pods) > 3 else ''}); the kubelet's call does not say "
+                "which pod it is, so it is refused rather than serve one pod's record to another (the "
+                "controller recreates the pod)")
+        entry = next((e for e in waiting if M.fits(e, gpus)), None)
         if entry is not None and (others := self._unrecorded_waiting(resource, len(ids))):
             # The call may be the other pod's: serving the record to it would be a silent divergence.
             self.metrics.refused.labels(resource, "ambiguous").inc()
@@ -268,7 +325,7 @@ class HandoffResolver:
             ack = Ack(resource, ids, tuple(self._grant(entry, u) for u in gpus))
             self._served[(entry.uid, entry.container)] = ack
         self.metrics.matched.labels(resource).inc()
-        self._acknowledge(entry.pod_key)
+        self._acknowledge(entry.pod_key)  # after the answer, on the writer's thread, until it lands
         if self.verifier is not None:
             self.verifier.poke()
         return ResolvedAllocation(entry.shares(gpus), pod=entry.pod_key, container=entry.container)
@@ -336,7 +393,12 @@ class HandoffResolver:
                   size: int) -> Sequence[str] | None:
         if not M.is_handoff_resource(resource):
             return None
-        self.consistent_read()  # steer by what the API server says now, not by a lagging watch
+        # Steer from the cache when it names the one waiting pod of this kind (else the same bounded wait and
+        # LIST as Allocate's, so the Allocate that follows answers from the cache). Several pods waiting:
+        # no preference (the kubelet picks; Allocate refuses what it cannot attribute).
+        waiting, _ = self._decide(resource, size, None)
+        if len(M.waiting_pods(waiting)) > 1:
+            return None
         with self._lock:
             hint = M.steer(self._pods.values(), self._served, resource, available, must_include, size)
         if hint is not None or resource == R.GPU_SLOTS:
@@ -353,33 +415,45 @@ class HandoffResolver:
         return chosen if len(chosen) == size else None
 
     # ---- acknowledgement -----------------------------------------------------------------------
-    def _acknowledge(self, pod_key: str, extra: Mapping[str, Ack] | None = None) -> None:
-        if self.client is None:
-            return
+    def _acknowledge(self, pod_key: str) -> None:
+        """Have the pod's acknowledgement written (what ``_served`` holds for it, over what it carries)."""
+        if self.acks is not None:
+            self.acks.ask(pod_key)
+
+    def _write_ack(self, pod_key: str) -> bool:
+        """One attempt (on the writer's thread). True when nothing is left to write: written, already as
+        wanted, or the pod gone; False to be retried after back-off (API server or webhook down)."""
+        assert self.client is not None
         ns, name = pod_key.split("/", 1)
         with self._ack_lock:  # one writer at a time: a later acknowledgement never lands first
             with self._lock:
                 view = self._pods.get(pod_key)
                 if view is None:
-                    return
+                    return True
                 acks = dict(view.acks)
                 acks.update({c: a for (uid, c), a in self._served.items() if uid == view.uid})
-                if extra:
-                    acks.update(extra)
                 uid = view.uid
+                if acks == view.acks:
+                    return True
             value = encode_acks(acks)
             ann = {A.DEVICE_ASSIGNED: value}
             if self.key is not None:
                 ann[signing.ACK_SIGNATURE] = signing.sign(self.key, uid, self.node, value, kind="ack")
             try:
-                self.client.patch(Pod, name, {"metadata": {"annotations": ann}}, namespace=ns,
+                # The UID as a precondition: never acknowledge a recreated pod of the same name.
+                self.client.patch(Pod, name, {"metadata": {"annotations": ann, "uid": uid}}, namespace=ns,
                                   patch_type=PatchType.MERGE)
-            except Exception as e:  # the served set is in memory; the verifier will write it again
-                log.warning("pod %s: cannot write %s: %s", pod_key, A.DEVICE_ASSIGNED, e)
-                return
+            except Exception as e:
+                status = getattr(getattr(e, "status", None), "code", None)
+                if status in (404, 409):
+                    return True  # gone, or recreated under the same name: nothing of ours to acknowledge
+                log.warning("pod %s: cannot write %s yet (retried with back-off): %s", pod_key,
+                            A.DEVICE_ASSIGNED, e)
+                return False
             with self._lock:
                 if (v := self._pods.get(pod_key)) is not None and v.uid == uid:
                     v.acks = acks
+            return True
 
     # ---- verification --------------------------------------------------------------------------
     def verify(self, holdings: Iterable[Holding]) -> list[str]:
@@ -388,7 +462,7 @@ class HandoffResolver:
         with self._lock:
             pods = dict(self._pods)
             served = dict(self._served)
-        divergent, bypass = compare(pods, served, grouped)
+        divergent, bypass, unacked = compare(pods, served, grouped)
         out: list[str] = []
         for d in divergent:
             out.append(f"{d.pod_key}: {d.message}")
@@ -414,7 +488,16 @@ class HandoffResolver:
                 ack = Ack(d.resource, d.kubelet_ids, tuple(self._grant(entry, u) for u in gpus))
                 with self._lock:
                     self._served[(d.uid, d.container)] = ack
-                self._acknowledge(d.pod_key, {d.container: ack})
+                self._acknowledge(d.pod_key)
+        for h in unacked:  # the kubelet holds exactly the record, and no acknowledgement says so yet
+            p = pods.get(h.pod_key)
+            entry = next((e for e in p.entries if e.container == h.container), None) if p else None
+            if entry is not None:
+                grants = tuple(self._grant(entry, u) for u in M.kubelet_gpus(h.kubelet_ids))
+                ack = Ack(h.resource, h.kubelet_ids, grants)
+                with self._lock:
+                    self._served[(h.uid, h.container)] = ack
+                self._acknowledge(h.pod_key)
         self._report_collisions(pods)
         now = time.monotonic()
         held_now = {g for b in bypass for g in M.kubelet_gpus(b.kubelet_ids)}
@@ -430,7 +513,9 @@ class HandoffResolver:
                 known = p is not None and b.container in p.acks
             if not known and all(g in self._gpus for g in gpus):
                 grants = tuple(DeviceGrant(self._gpus[g][0], g, 100, self._gpus[g][1], 100) for g in gpus)
-                self._acknowledge(b.pod_key, {b.container: Ack(b.resource, b.kubelet_ids, grants)})
+                with self._lock:
+                    self._served[(b.uid, b.container)] = Ack(b.resource, b.kubelet_ids, grants)
+                self._acknowledge(b.pod_key)
         return out
 
     def _report_collisions(self, pods: Mapping[str, PodView]) -> None:

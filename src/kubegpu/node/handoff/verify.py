@@ -75,9 +75,14 @@ def served_gpus(ack: Ack) -> set[str]:
 
 
 def compare(pods: Mapping[str, PodView], served: Mapping[tuple[str, str], Ack],
-            grouped: Mapping[tuple[str, str], Mapping[str, list[str]]]) -> tuple[list[Divergence], list[Bypass]]:
+            grouped: Mapping[tuple[str, str], Mapping[str, list[str]]],
+            ) -> tuple[list[Divergence], list[Bypass], list[Bypass]]:
+    """Divergences, whole GPUs held by pods without a record, and containers holding exactly their record
+    that no acknowledgement names yet (served by an earlier process of this daemon whose write never landed:
+    acknowledged now, so the extender's accounting and wait follow)."""
     divergent: list[Divergence] = []
     bypass: list[Bypass] = []
+    unacked: list[Bypass] = []
     # GPUs -> the amounts served there as some container's record (to tell a reorder from a divergence)
     given_on: dict[frozenset[str], set[tuple[int, int, int]]] = {}
     for pv in pods.values():
@@ -114,7 +119,9 @@ def compare(pods: Mapping[str, PodView], served: Mapping[tuple[str, str], Ack],
                     f"container {container}: the kubelet holds {resource} {held}, but its record names "
                     f"GPU(s) {','.join(short(u) for u in entry.uuids)}",
                     swap=given_on.get(frozenset(kgpus)) == own))
-    return divergent, bypass
+            else:
+                unacked.append(Bypass(pod_key, p.uid, container, resource, tuple(ids)))
+    return divergent, bypass, unacked
 
 
 def list_pod_resources(socket_path: str = POD_RESOURCES_SOCKET, timeout_s: float = 5.0) -> list[Holding]:

@@ -1,0 +1,83 @@
+"""Writing acknowledgements off the kubelet's critical path, and until they land.
+
+An ``Allocate`` answer must not wait for the API server: the acknowledgement is what the accounting follows,
+but the container's GPUs are decided by the answer alone. So the resolver only *asks* for a pod's
+acknowledgement to be written; this writer does it on its own thread, one pod at a time (every write carries
+the pod's full current acknowledgement, so a later one supersedes an earlier one), and retries a failed write
+with back-off (``first_s`` doubling to ``max_s``) for as long as the pod lives: an API server or a validating
+webhook that is down only delays the acknowledgement, it never loses it (issue 24: an acknowledgement refused
+during a webhook outage was never written again).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+
+class AckWriter:
+    """``write(pod_key)`` returns True when there is nothing more to write for the pod (written, already as
+    wanted, or the pod is gone) and False to be retried. Keys asked again while queued are written once."""
+
+    def __init__(self, write: Callable[[str], bool], *, first_s: float = 0.2, max_s: float = 10.0,
+                 name: str = "handoff-acks") -> None:
+        self._write, self.first_s, self.max_s = write, first_s, max_s
+        self._cond = threading.Condition()
+        self._due: dict[str, float] = {}  # pod -> monotonic time of its next attempt
+        self._backoff: dict[str, float] = {}
+        self._stop = False
+        self.failures = 0
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def ask(self, pod_key: str) -> None:
+        """Write the pod's acknowledgement now (or as soon as the writer is free)."""
+        with self._cond:
+            self._due[pod_key] = time.monotonic()
+            self._backoff.pop(pod_key, None)
+            self._cond.notify()
+
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._due)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+
+    def _next(self) -> str | None:
+        with self._cond:
+            while not self._stop:
+                now = time.monotonic()
+                if self._due:
+                    key, due = min(self._due.items(), key=lambda kv: kv[1])
+                    if due <= now:
+                        del self._due[key]
+                        return key
+                    self._cond.wait(due - now)
+                else:
+                    self._cond.wait()
+            return None
+
+    def _run(self) -> None:
+        while (key := self._next()) is not None:
+            try:
+                done = self._write(key)
+            except Exception:  # never let one write end the writer
+                log.exception("acknowledgement of %s: unexpected failure; retrying", key)
+                done = False
+            with self._cond:
+                if done:
+                    self._backoff.pop(key, None)
+                    continue
+                self.failures += 1
+                if key in self._due:
+                    continue  # asked again meanwhile: that attempt comes first
+                wait = min(self.max_s, self._backoff.get(key, self.first_s / 2) * 2)
+                self._backoff[key] = wait
+                self._due[key] = time.monotonic() + wait
