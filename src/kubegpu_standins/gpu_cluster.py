@@ -41,6 +41,7 @@ from kubegpu.node.options import load_node_options
 from kubegpu.scheduler.service import ServiceThread
 from kubegpu_standins.apiserver import ApiServer
 from kubegpu_standins.kubelet import PodAdmitter, StandinKubelet
+from kubegpu_standins.scheduler import SchedulingQueue
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +209,14 @@ class GpuCluster:
         self.extender_restarts = 0
         self.schedule_errors: list[str] = []
         self.why_pending: dict[str, str] = {}  # pod -> the extender's last filter failures
+        self.queue = SchedulingQueue()
+        self._bind_lock = threading.Lock()
+        # kube-scheduler's extender HTTP timeout as rendered (10 s): a bind may wait for its node's handoff.
+        self.bind_http = httpx.Client(timeout=10)
+        self.binds: list[tuple[float, str, str]] = []  # (when the bind answered, pod, node)
+        self._pending_rv: dict[str, str] = {}
+        self._assigned_rv: dict[str, str] = {}
+        self._node_rv: dict[str, str] = {}
         self._env_before = os.environ.get(signing.KEY_ENV)
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -277,51 +286,109 @@ class GpuCluster:
         return self.api.put_object(pod)
 
     def _schedule_loop(self) -> None:
+        """kube-scheduler's loop (:class:`SchedulingQueue`): a serial scheduling cycle per pod, the binding
+        cycle on its own thread, back-off after a failed bind, requeue of unschedulable pods on any cluster
+        event (an assigned pod or a node changed) or an update of the pod itself."""
         while not self._stop.is_set():
             try:
-                self.schedule_once()
+                if not self._cycle():
+                    self._stop.wait(0.01)
             except Exception as exc:  # a restart in progress: try again on the next pass
                 self.schedule_errors.append(str(exc)[:200])
-            self._stop.wait(0.05)
+                self._stop.wait(0.05)
 
-    def schedule_once(self) -> int:
-        bound = 0
-        pending = [p for p in self.api.objects("pods")
-                   if not (p.get("spec") or {}).get("nodeName") and (p.get("status") or {}).get("phase") == "Pending"]
-        pending.sort(key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]))
-        for pod in pending:
-            if self._stop.is_set():
-                break
-            if pod["spec"].get("schedulerName") == SCHEDULER_NAME:
-                bound += self._via_extender(pod)
-            else:
-                bound += self._default_bind(pod)
-        return bound
+    def _events(self) -> dict[str, dict[str, Any]]:
+        """Feed the queue from the API server's objects: new pending pods, cluster events, pod updates.
+        Returns the pending pods by key."""
+        pods = self.api.objects("pods")
+        assigned: dict[str, str] = {}
+        pending: dict[str, dict[str, Any]] = {}
+        for p in pods:
+            meta = p["metadata"]
+            key = f"{meta['namespace']}/{meta['name']}"
+            rv = str(meta.get("resourceVersion", ""))
+            if (p.get("spec") or {}).get("nodeName"):
+                assigned[key] = rv
+            elif (p.get("status") or {}).get("phase") == "Pending":
+                pending[key] = p
+                self.queue.add(key, str(meta.get("uid", "")))
+                if self._pending_rv.get(key, rv) != rv:
+                    self.queue.pod_updated(key)
+                self._pending_rv[key] = rv
+        nodes = {n["metadata"]["name"]: str(n["metadata"].get("resourceVersion", ""))
+                 for n in self.api.objects("nodes")}
+        if assigned != self._assigned_rv or nodes != self._node_rv:
+            self.queue.cluster_event()
+            self._assigned_rv, self._node_rv = assigned, nodes
+        for key in [k for k, q in self.queue.pods.items() if k not in pending and q.where != "binding"]:
+            self.queue.forget(key)  # bound, or gone
+            self._pending_rv.pop(key, None)
+        return pending
 
-    def _via_extender(self, pod: dict[str, Any]) -> int:
+    def _cycle(self) -> bool:
+        """One scheduling cycle; False when nothing was ready to try."""
+        with self._bind_lock:  # the binding threads report into the same queue
+            pending = self._events()
+            q = self.queue.pop()
+            if q is None:
+                return False
+            pod = pending.get(q.key)
+            if pod is None or str(pod["metadata"].get("uid", "")) != q.uid:
+                self.queue.forget(q.key)
+                return True
+        if pod["spec"].get("schedulerName") != SCHEDULER_NAME:
+            bound = self._default_bind(pod)
+            with self._bind_lock:
+                self.queue.forget(q.key) if bound else self.queue.unschedulable(q.key)
+            return True
+        node = self._filter_and_score(pod)
+        if node is None:
+            with self._bind_lock:
+                self.queue.unschedulable(q.key)
+            return True
+        # The binding cycle runs on its own: the next pod is filtered before this bind reaches the extender.
+        t = threading.Thread(target=self._bind, args=(q.key, pod, node), name=f"bind-{q.key}", daemon=True)
+        t.start()
+        return True
+
+    def _filter_and_score(self, pod: dict[str, Any]) -> str | None:
         ext = self.ext
         if ext is None:
-            return 0
+            return None
         names = [n for n, node in self.nodes.items() if self._allocatable(node, pod)]
         if not names:
-            return 0
+            return None
         args = {"Pod": pod, "Nodes": None, "NodeNames": names}
         out = self.http.post(f"{ext.url}/scheduler/filter", json=args).json()
         passed = out.get("NodeNames") or []
         if not passed:
             self.why_pending[pod["metadata"]["name"]] = str(out.get("FailedNodes") or out.get("Error"))[:300]
-            return 0
-        best = passed[0]
+            return None
+        best: str = passed[0]
         if len(passed) > 1:
             scores = self.http.post(f"{ext.url}/scheduler/prioritize", json={**args, "NodeNames": passed}).json()
             best = max(scores, key=lambda h: (h["Score"], h["Host"]))["Host"]
+        return best
+
+    def _bind(self, key: str, pod: dict[str, Any], node: str) -> None:
         meta = pod["metadata"]
-        r = self.http.post(f"{ext.url}/scheduler/bind", json={
-            "PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": best}).json()
-        if r.get("Error"):
-            self.why_pending[meta["name"]] = f"bind: {r['Error']}"[:300]
-            return 0
-        return 1
+        ext = self.ext
+        try:
+            if ext is None:
+                raise RuntimeError("no extender")
+            r = self.bind_http.post(f"{ext.url}/scheduler/bind", json={
+                "PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"],
+                "Node": node}).json()
+            error = r.get("Error") or ""
+        except Exception as exc:  # kube-scheduler: the binding cycle failed
+            error = f"{type(exc).__name__}: {exc}"
+        with self._bind_lock:
+            if error:
+                self.why_pending[meta["name"]] = f"bind: {error}"[:300]
+                self.queue.bind_failed(key)
+            else:
+                self.binds.append((time.monotonic(), key, node))
+                self.queue.forget(key)
 
     @staticmethod
     def _allocatable(node: SimNode, pod: dict[str, Any]) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -266,3 +267,124 @@ def _summary(total: int, reasons: Mapping[str, str]) -> str:
     for r in reasons.values():
         counts[r] = counts.get(r, 0) + 1
     return f"0/{total} nodes are available: " + ", ".join(f"{n} {r}" for r, n in sorted(counts.items())) + "."
+
+
+# ---- kube-scheduler's scheduling queue and asynchronous binding (v1.36) ----------------------------------
+
+INITIAL_BACKOFF_S = 1.0  # podInitialBackoffSeconds
+MAX_BACKOFF_S = 10.0  # podMaxBackoffSeconds
+UNSCHEDULABLE_FLUSH_S = 300.0  # podMaxInUnschedulablePodsDuration
+
+
+@dataclass(slots=True)
+class QueuedPod:
+    key: str
+    uid: str
+    order: int
+    attempts: int = 0
+    last_attempt: float = 0.0
+    where: str = "active"  # active, backoff, unschedulable, binding
+
+
+@dataclass
+class SchedulingQueue:
+    """kube-scheduler v1.36's queue as far as an extender sees it (``pkg/scheduler/backend/queue``):
+
+    - a pod is tried from the active queue in arrival order; the scheduling cycle (filter, prioritize,
+      assume) is serial, and the binding cycle runs asynchronously (a goroutine per pod), so the next pod is
+      filtered before the previous pod's bind reaches the extender (recorded: same-shape binds 33–130 ms
+      apart, ``kubegpu-on-v1.36/turn3.md``);
+    - a bind that fails (the extender's bind answer carries an error) sends the pod to the back-off queue: it
+      is tried again once its back-off has passed, ``INITIAL_BACKOFF_S`` doubling per attempt up to
+      ``MAX_BACKOFF_S``;
+    - a pod every node refused (the extender's filter included) goes to the unschedulable pool with the
+      rejector ``Extender``. Extenders have no queueing hints, so kube-scheduler registers them for every
+      event (``schedule_one.go``: "This Pod will be requeued from unschedulable pod pool to activeQ/backoffQ
+      by any kind of cluster events", kubernetes#122019): any change of an assigned pod or a node, or an
+      update of the pod itself, moves it to the back-off queue if its back-off has not passed, else to the
+      active queue. With no event at all it waits for the flush after ``UNSCHEDULABLE_FLUSH_S``.
+
+    Not modelled: ``SchedulerPopFromBackoffQ`` (1.33+ beta, which pops backing-off pods when the active queue
+    is empty and would only make the stand-in faster), priorities, preemption, gated pods.
+    Pure bookkeeping with an injected clock; the driver calls the extender."""
+
+    clock: Any = time.monotonic
+    initial_backoff_s: float = INITIAL_BACKOFF_S
+    max_backoff_s: float = MAX_BACKOFF_S
+    flush_s: float = UNSCHEDULABLE_FLUSH_S
+    pods: dict[str, QueuedPod] = field(default_factory=dict)
+    _seq: int = 0
+    attempts: int = 0
+    unschedulable_count: int = 0
+    bind_failures: int = 0
+    flushed: int = 0
+    requeued_by_event: int = 0
+
+    def backoff_s(self, attempts: int) -> float:
+        if attempts <= 0:
+            return 0.0
+        return min(self.max_backoff_s, self.initial_backoff_s * 2 ** (attempts - 1))
+
+    def add(self, key: str, uid: str) -> None:
+        """A pending pod (created, or seen again): queued once per UID."""
+        cur = self.pods.get(key)
+        if cur is not None and cur.uid == uid:
+            return
+        self._seq += 1
+        self.pods[key] = QueuedPod(key, uid, self._seq)
+
+    def forget(self, key: str) -> None:
+        self.pods.pop(key, None)
+
+    def _backing_off(self, p: QueuedPod, now: float) -> bool:
+        return now < p.last_attempt + self.backoff_s(p.attempts)
+
+    def pop(self) -> QueuedPod | None:
+        """The next pod to schedule (it moves to ``binding`` until the driver says what became of it)."""
+        now = self.clock()
+        best: QueuedPod | None = None
+        for p in self.pods.values():
+            if p.where == "backoff" and not self._backing_off(p, now):
+                p.where = "active"
+            elif p.where == "unschedulable" and now - p.last_attempt >= self.flush_s:
+                p.where = "active"
+                self.flushed += 1
+            if p.where == "active" and (best is None or p.order < best.order):
+                best = p
+        if best is not None:
+            best.where = "binding"
+            best.attempts += 1
+            best.last_attempt = now
+            self.attempts += 1
+        return best
+
+    def unschedulable(self, key: str) -> None:
+        """Every node refused it (the extender's filter among them)."""
+        if (p := self.pods.get(key)) is not None:
+            p.where = "unschedulable"
+            self.unschedulable_count += 1
+
+    def bind_failed(self, key: str) -> None:
+        """The binding cycle failed (the extender's bind error, the API): back-off queue."""
+        if (p := self.pods.get(key)) is not None:
+            p.where = "backoff"
+            self.bind_failures += 1
+
+    def _requeue(self, p: QueuedPod, now: float) -> None:
+        p.where = "backoff" if self._backing_off(p, now) else "active"
+        p.order = self._seq = self._seq + 1  # re-enters the queue: behind the pods already there
+        self.requeued_by_event += 1
+
+    def cluster_event(self) -> None:
+        """An assigned pod or a node was added, changed or deleted: every pod the extender left
+        unschedulable is worth another try."""
+        now = self.clock()
+        for p in self.pods.values():
+            if p.where == "unschedulable":
+                self._requeue(p, now)
+
+    def pod_updated(self, key: str) -> None:
+        """The unscheduled pod itself was updated."""
+        p = self.pods.get(key)
+        if p is not None and p.where == "unschedulable":
+            self._requeue(p, self.clock())

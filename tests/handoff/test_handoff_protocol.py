@@ -57,7 +57,7 @@ def one(uuid: str, core: int = 25) -> PodAllocation:
 
 
 def test_allocate_serves_only_the_record_naming_the_kubelets_gpus() -> None:
-    r = HandoffResolver(NODE, key=KEY, watch_wait_s=0)
+    r = HandoffResolver(NODE, key=KEY)
     r.observe(bound("p-b", SHARE, one(GB, 30)))
     # GetPreferredAllocation steers to the waiting record's GPU.
     assert r.preferred(R.GPU_SLOTS, [f"{GB}::1", f"{GA}::2", f"{GC}::3"], [], 1) == [f"{GB}::1"]
@@ -77,7 +77,7 @@ def test_two_pods_waiting_with_one_kind_are_refused_never_guessed() -> None:
     """Issue 24: the call carries no pod; with two records of one (resource, count) waiting, the node
     cannot know whose call it is, so it refuses (the extender lets only one wait, at bind) rather than
     serve one pod's record to another."""
-    r = HandoffResolver(NODE, key=KEY, watch_wait_s=0)
+    r = HandoffResolver(NODE, key=KEY)
     r.observe(bound("p-a", SHARE, one(GA)))
     r.observe(bound("p-b", SHARE, one(GB, 30)))
     assert r.preferred(R.GPU_SLOTS, [f"{GB}::1", f"{GA}::2"], [], 1) is None  # no steering
@@ -91,7 +91,7 @@ def test_two_pods_waiting_with_one_kind_are_refused_never_guessed() -> None:
 
 def test_a_lagging_view_reads_the_api_server_before_deciding() -> None:
     pods = [bound("late", SHARE, one(GC))]
-    r = HandoffResolver(NODE, key=KEY, refresh=lambda: pods, watch_wait_s=0)  # the watch has shown nothing yet
+    r = HandoffResolver(NODE, key=KEY, refresh=lambda: pods)  # the watch has shown nothing yet
     assert r.preferred(R.GPU_SLOTS, [f"{GA}::0", f"{GC}::1"], [], 1) == [f"{GC}::1"]
     got = r.resolve(R.GPU_SLOTS, [f"{GC}::1"])
     assert got is not None and got.pod == "default/late"
@@ -100,7 +100,7 @@ def test_a_lagging_view_reads_the_api_server_before_deciding() -> None:
 
 def test_a_lagging_watch_never_brings_back_a_deleted_pod() -> None:
     listed: list[dict[str, Any]] = []
-    r = HandoffResolver(NODE, key=KEY, refresh=lambda: listed, watch_wait_s=0)
+    r = HandoffResolver(NODE, key=KEY, refresh=lambda: listed)
     old = bound("gone", SHARE, one(GA), rv=5)
     r.observe(old)
     assert r.consistent_read()  # the API server no longer has it
@@ -119,7 +119,7 @@ def test_a_lagging_watch_never_brings_back_a_deleted_pod() -> None:
 
 
 def test_forged_records_get_nothing() -> None:
-    r = HandoffResolver(NODE, key=KEY, watch_wait_s=0)
+    r = HandoffResolver(NODE, key=KEY)
     r.observe(bound("forged", SHARE, one(GA), signature="0" * 64))
     r.observe(bound("wrong-key", SHARE, one(GB), key=b"someone-elses-key-0123456789"))
     copied = bound("victim", SHARE, one(GC))
@@ -133,7 +133,7 @@ def test_forged_records_get_nothing() -> None:
 
 
 def test_whole_gpus_never_land_on_shared_ones_and_shares_never_on_whole() -> None:
-    r = HandoffResolver(NODE, key=KEY, watch_wait_s=0)
+    r = HandoffResolver(NODE, key=KEY)
     r.observe(bound("share", SHARE, one(GA)))
     assert r.resolve(R.GPU_SLOTS, [f"{GA}::0"]) is not None
     # A pod the extender did not place: GetPreferredAllocation steers it off the shared GPU ...
@@ -148,7 +148,7 @@ def test_whole_gpus_never_land_on_shared_ones_and_shares_never_on_whole() -> Non
 
 
 def test_a_pod_without_record_waiting_beside_a_record_makes_the_call_ambiguous() -> None:
-    r = HandoffResolver(NODE, key=KEY, watch_wait_s=0)
+    r = HandoffResolver(NODE, key=KEY)
     r.observe(bound("recorded", WHOLE, PodAllocation((ContainerAllocation("c0", (grant(GA, 100),)),))))
     r.observe(bound("plain", WHOLE, None))
     with pytest.raises(AllocationRefused, match=r"without a kubegpu record"):
@@ -158,7 +158,7 @@ def test_a_pod_without_record_waiting_beside_a_record_makes_the_call_ambiguous()
 
 
 def test_init_container_devices_are_reused_by_the_app_container() -> None:
-    r = HandoffResolver(NODE, key=KEY, watch_wait_s=0)
+    r = HandoffResolver(NODE, key=KEY)
     alloc = PodAllocation((ContainerAllocation("i0", (grant(GA, 100),), init=True),
                            ContainerAllocation("c0", (grant(GA, 100),))))
     r.observe(bound("init", WHOLE, alloc, init=WHOLE))
@@ -187,7 +187,7 @@ def test_verifier_groups_the_kubelets_one_entry_per_device() -> None:
     alloc = PodAllocation((ContainerAllocation("main", tuple(grant(g, 100, i) for i, g in enumerate(gpus))),))
     pod = bound("m-two-gpu", {R.NVIDIA_GPU: "2"}, alloc)
     pod["spec"]["containers"][0]["name"] = "main"
-    r = HandoffResolver(NODE, key=KEY, watch_wait_s=0)
+    r = HandoffResolver(NODE, key=KEY)
     r.observe(pod)
     assert r.resolve(R.NVIDIA_GPU, list(reversed(gpus))) is not None
     assert r.verify(rows) == []  # no false alarm for a multi-GPU container

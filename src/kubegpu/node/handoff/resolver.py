@@ -6,9 +6,9 @@ a view of the pods bound to this node (fed by a watch: the informer cache), and 
 1. matches the kubelet's device IDs to the one waiting record of that (resource, device count) naming
    exactly those GPUs (:mod:`kubegpu.node.handoff.matching`). The extender lets only one pod per (node,
    resource, count) wait (it checks at bind), so the cache decides alone when it shows exactly one such
-   pod: no API round trip. When the cache shows none, it waits (bounded) for the watch to bring it, then
-   makes a **consistent read** (a fresh LIST); when it shows several (a stale view), it makes the LIST at
-   once, and refuses if the records still cannot be told apart;
+   pod: no API round trip. When the cache shows none (its watch behind the kubelet's), the watch races a
+   **consistent read** (a fresh LIST) and the first to show the record decides; when it shows several (a
+   stale view), the LIST decides, and the call is refused if the records still cannot be told apart;
 2. serves that record's amounts on the kubelet's GPUs, or refuses with a reason (the kubelet
    then fails the pod's admission with it) — never a silent divergence;
 3. asks for the acknowledgement (what was served, which is what the kubelet holds) to be written after
@@ -56,9 +56,6 @@ log = logging.getLogger(__name__)
 
 
 BYPASS_GRACE_S = 5.0  # a whole GPU served without a record counts as held until PodResources can show it
-# How long a call whose record the cache does not show yet waits for the watch before a LIST: the kubelet's
-# watch may run ahead of this node's by that much. The outcome never depends on it (a LIST follows).
-WATCH_WAIT_S = 2.5
 
 
 def _rv(value: object) -> int:
@@ -100,8 +97,7 @@ class HandoffResolver:
 
     def __init__(self, node: str, *, client: Client | None = None, key: bytes | None = None,
                  refresh: Callable[[], Iterable[dict[str, Any]]] | None = None,
-                 metrics: HandoffMetrics | None = None, inventory: NodeInventory | None = None,
-                 watch_wait_s: float = WATCH_WAIT_S) -> None:
+                 metrics: HandoffMetrics | None = None, inventory: NodeInventory | None = None) -> None:
         self.node = node
         self.client = client
         self.key = key
@@ -127,7 +123,6 @@ class HandoffResolver:
         self.watch: InformerThread | None = None
         self.verifier: Verifier | None = None
         self.acks = AckWriter(self._write_ack, name=f"handoff-acks-{node}") if client is not None else None
-        self.watch_wait_s = watch_wait_s
         if inventory is not None:
             self.set_inventory(inventory)
         if key is None:
@@ -256,31 +251,50 @@ class HandoffResolver:
     def _decide(self, resource: str, n: int, gpus: tuple[str, ...] | None) -> tuple[list[Entry], bool]:
         """The waiting entries of this call's kind (resource, device count), from the freshest view needed:
         the cache when it shows exactly one pod waiting with a record naming the kubelet's GPUs (the
-        extender lets one pod per kind wait, so that is the call's pod); else, after waiting up to
-        ``watch_wait_s`` for the watch to bring one, a consistent read. ``gpus``: the kubelet's choice
-        (Allocate), or None (GetPreferredAllocation: the one waiting pod is enough). Returns the entries and
-        whether the view they come from is the API server's own (a LIST just made)."""
+        extender lets one pod per kind wait, so that is the call's pod: no API round trip). When the cache
+        shows none yet (this node's watch behind the kubelet's), the watch races a consistent read (a fresh
+        LIST): whichever shows the record first decides, so the wait is the shorter of the watch's lag and
+        one round trip. When it shows several (a stale view), the LIST decides. ``gpus``: the kubelet's
+        choice (Allocate), or None (GetPreferredAllocation: the one waiting pod is enough). Returns the
+        entries and whether they come from a LIST just made."""
+
+        def waiting() -> list[Entry]:
+            return M.pending(self._pods.values(), self._served, resource, n)
 
         def settled() -> list[Entry] | None:
-            waiting = M.pending(self._pods.values(), self._served, resource, n)
-            if len(M.waiting_pods(waiting)) == 1 and (gpus is None or any(M.fits(e, gpus) for e in waiting)):
-                return waiting
+            w = waiting()
+            if len(M.waiting_pods(w)) == 1 and (gpus is None or any(M.fits(e, gpus) for e in w)):
+                return w
             return None
 
         with self._lock:
             found = settled()
-            stale = len(M.waiting_pods(M.pending(self._pods.values(), self._served, resource, n))) > 1
-            if found is None and not stale and self._expects_records(resource):
-                deadline = time.monotonic() + self.watch_wait_s
-                while (found := settled()) is None and (left := deadline - time.monotonic()) > 0:
-                    if len(M.waiting_pods(M.pending(self._pods.values(), self._served, resource, n))) > 1:
-                        break
-                    self._changed.wait(left)
+            stale = len(M.waiting_pods(waiting())) > 1
         if found is not None:
             return found, False
-        listed = self.consistent_read()
+        if stale or not self._expects_records(resource) or self._refresh is None:
+            listed = self.consistent_read()
+            with self._lock:
+                return waiting(), listed
+        done = threading.Event()
+
+        def read() -> None:
+            try:
+                self.consistent_read()
+            finally:
+                with self._lock:
+                    done.set()
+                    self._changed.notify_all()
+
+        threading.Thread(target=read, name=f"handoff-list-{self.node}", daemon=True).start()
         with self._lock:
-            return M.pending(self._pods.values(), self._served, resource, n), listed
+            while (found := settled()) is None and not done.is_set() and len(M.waiting_pods(waiting())) <= 1:
+                self._changed.wait(1.0)
+        if found is not None:
+            return found, False
+        done.wait()
+        with self._lock:
+            return waiting(), True
 
     def _expects_records(self, resource: str) -> bool:
         """Whether a call of ``resource`` may be a recorded pod's not in the cache yet: shares always are;
