@@ -12,7 +12,20 @@ the simulator, ``pods_per_s`` (the whole loop: three verbs, the pod's creation a
 latency percentiles, and ``control_gpu_agreement_pct``: the simulator with the trace's full workload instead
 of the learned one, to show the comparison can tell workloads apart.
 
+``--mode production`` drives the same extender the way kube-scheduler does with the profile ``kubegpu
+manifests`` renders, for every supported Kubernetes release (:mod:`kubegpu_standins.production_replay`:
+the in-tree resource filter, the ``percentageOfNodesToScore`` window with its rotating start, the nodes in
+no particular order, the score plugins at their weights, ties at random; the handoff wait on, each pod
+acknowledged by its node ``--ack-lag`` pods later). Releases whose profiles place identically share one
+run. It replays the GPU pods of the arrival order (kube-scheduler's profile gets no others: the webhook
+routes only GPU pods to it) and reports, per release, ``production_node_agreement_pct`` (target 100)
+beside ``direct_node_agreement_pct`` (the extender called directly, same pods) and the unallocated GPU at
+arrived 100 % against the simulator's. ``--mode recorded`` checks the model against the recording
+(``shared/fixtures/kubegpu-on-v1.36/turn3-placement.md``): the configurations A-D of kube-scheduler
+v1.36.2, the first 600 GPU pods in file order, their agreement beside the measured one.
+
     .venv/bin/python bench/extender_replay.py [--policy kubegpu] [--seed 42] [--inflate 1.02] [--pods N]
+                                              [--mode direct|production|recorded] [--ack-lag 0]
 """
 
 from __future__ import annotations
@@ -25,10 +38,14 @@ from pathlib import Path
 
 import numpy as np
 
+from kubegpu.install.render import scheduler_config
+from kubegpu.install.values import MIN_KUBE, NEWEST_KUBE, Values
 from kubegpu.placement.cluster import MILLI
 from kubegpu.sim.replay import arrival_order, replay
-from kubegpu.sim.trace import load_nodes, load_pods
-from kubegpu_standins.trace_scheduler import TraceScheduler, agreement, start_replay_cluster
+from kubegpu.sim.trace import TraceNodes, load_nodes, load_pods
+from kubegpu_standins.kube_scheduler_model import ProfileModel, profile_model
+from kubegpu_standins.production_replay import ProductionScheduler
+from kubegpu_standins.trace_scheduler import ReplayOutcome, TraceScheduler, agreement, start_replay_cluster
 
 
 def unallocated_at_100(pods: list, order: list[int], placed: list[bool], capacity: int) -> float | None:
@@ -47,7 +64,14 @@ def main() -> dict[str, object]:
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--inflate", type=float, default=1.02)
     ap.add_argument("--pods", type=int, default=0, help="stop after this many pods (0: the whole order)")
+    ap.add_argument("--mode", choices=("direct", "production", "recorded"), default="direct")
+    ap.add_argument("--ack-lag", type=int, default=0,
+                    help="production: pods placed before a bound pod's acknowledgement is seen")
     args = ap.parse_args()
+    if args.mode == "production":
+        return production(args)
+    if args.mode == "recorded":
+        return recorded(args)
     nodes = load_nodes().gpu_only()
     pods = load_pods()
     capacity = nodes.total_gpus * MILLI
@@ -93,6 +117,125 @@ def main() -> dict[str, object]:
         "workload_generations": learned["generation"],
         "machine": "2 cores shared with other work; timings are indicative",
     }
+
+
+def run_model(nodes: TraceNodes, pods: list, order: list[int], policy: str, model: ProfileModel, seed: int,
+              ack_lag: int) -> tuple[ReplayOutcome, int]:
+    """One replay through the extender with kube-scheduler modelled by ``model``; (outcome, GPU pods turned
+    away)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        api, ext = start_replay_cluster(nodes, Path(tmp), policy)
+        try:
+            sched = ProductionScheduler(api, ext.url, ext, nodes, model, seed=seed, ack_lag=ack_lag)
+            out = sched.run(pods, order)
+        finally:
+            ext.stop()
+            api.stop()
+    return out, sched.turned_away
+
+
+def run_direct(nodes: TraceNodes, pods: list, order: list[int], policy: str) -> ReplayOutcome:
+    with tempfile.TemporaryDirectory() as tmp:
+        api, ext = start_replay_cluster(nodes, Path(tmp), policy)
+        try:
+            return TraceScheduler(api, ext.url, nodes).run(pods, order)
+        finally:
+            ext.stop()
+            api.stop()
+
+
+def release_models() -> dict[str, ProfileModel]:
+    """Every supported release's rendered profile, as kube-scheduler of that release reads it."""
+    out = {}
+    for minor in range(MIN_KUBE[1], NEWEST_KUBE[1] + 1):
+        release = (MIN_KUBE[0], minor)
+        v = Values(kube_version=f"{release[0]}.{release[1]}")
+        out[f"{release[0]}.{release[1]}"] = profile_model(scheduler_config(v), release, v.scheduler.scheduler_name)
+    return out
+
+
+def production(args: argparse.Namespace) -> dict[str, object]:
+    nodes = load_nodes().gpu_only()
+    pods = load_pods()
+    capacity = nodes.total_gpus * MILLI
+    order = [i for i in arrival_order(pods, capacity, args.seed, args.inflate) if pods[i].demand.count > 0]
+    if args.pods:
+        order = order[: args.pods]
+    sim = replay(nodes, pods, args.policy, args.seed, learned=True, ties="name", record=True, order=order)
+    sim_placed = [p is not None for p in sim.placements]
+    direct = run_direct(nodes, pods, order, args.policy)
+    direct_node, direct_gpu, _ = agreement(sim.placements, direct.placements, nodes.names)
+    print(f"direct: {direct.seconds:.1f} s, node agreement {direct_node:.3f} %", file=sys.stderr, flush=True)
+    models = release_models()
+    runs: dict[object, dict[str, object]] = {}
+    per_release: dict[str, dict[str, object]] = {}
+    for release, model in models.items():
+        if model.effective not in runs:
+            out, turned = run_model(nodes, pods, order, args.policy, model, args.seed, args.ack_lag)
+            node_pct, gpu_pct, differ = agreement(sim.placements, out.placements, nodes.names)
+            placed = [p is not None for p in out.placements]
+            runs[model.effective] = {
+                "production_node_agreement_pct": round(node_pct, 3),
+                "production_gpu_agreement_pct": round(gpu_pct, 3),
+                "first_differing_pod": differ[0] if differ else None,
+                "gpu_pods_turned_away": turned,
+                "turned_away_where_simulator_placed": sum(s and not p for s, p in zip(sim_placed, placed,
+                                                                                        strict=True)),
+                "unallocated_pct_at_100": unallocated_at_100(pods, order, placed, capacity),
+                "seconds": round(out.seconds, 1),
+            }
+            print(f"{release}: {runs[model.effective]}", file=sys.stderr, flush=True)
+        per_release[release] = {"percentage_of_nodes_to_score": model.percentage,
+                                "score_plugins": sorted(model.score_weights), **runs[model.effective]}
+    return {
+        "mode": "production",
+        "policy": args.policy,
+        "seed": args.seed,
+        "nodes": len(nodes.names),
+        "gpu_pods": len(order),
+        "ack_lag": args.ack_lag,
+        "direct_node_agreement_pct": round(direct_node, 3),
+        "direct_gpu_agreement_pct": round(direct_gpu, 3),
+        "simulator_unallocated_pct_at_100": unallocated_at_100(pods, order, sim_placed, capacity),
+        "simulator_gpu_pods_turned_away": sum(not p for p in sim_placed),
+        "production_node_agreement_pct": min(float(r["production_node_agreement_pct"])  # type: ignore[arg-type]
+                                             for r in per_release.values()),
+        "releases": per_release,
+        "machine": "2 cores shared with other work",
+    }
+
+
+# The recording's configurations (turn3-placement.md): A as rendered at 223ec80, B-D with only the profile
+# changed, and its measured node agreement with the simulator (first 600 GPU pods in file order).
+RECORDED: dict[str, tuple[dict[str, object], float]] = {
+    "A_as_rendered": ({"schedulerName": "kubegpu-scheduler"}, 5.17),
+    "B_percentage_100": ({"schedulerName": "kubegpu-scheduler", "percentageOfNodesToScore": 100}, 49.17),
+    "C_percentage_100_no_scores": ({"schedulerName": "kubegpu-scheduler", "percentageOfNodesToScore": 100,
+                                    "plugins": {"score": {"disabled": [{"name": "*"}]}}}, 100.0),
+    "D_no_scores": ({"schedulerName": "kubegpu-scheduler", "plugins": {"score": {"disabled": [{"name": "*"}]}}},
+                    3.50),
+}
+
+
+def recorded(args: argparse.Namespace) -> dict[str, object]:
+    nodes = load_nodes().gpu_only()
+    pods = load_pods()
+    order = [i for i, p in enumerate(pods) if p.demand.count > 0][: args.pods or 600]
+    sim = replay(nodes, pods, args.policy, args.seed, learned=True, ties="name", record=True, order=order)
+    base = scheduler_config(Values(kube_version="1.36"))
+    base.pop("percentageOfNodesToScore", None)
+    out: dict[str, object] = {}
+    for variant, (profile, measured) in RECORDED.items():
+        model = profile_model({**base, "profiles": [profile]}, (1, 36), "kubegpu-scheduler")
+        got, turned = run_model(nodes, pods, order, args.policy, model, args.seed, 0)
+        node_pct, gpu_pct, differ = agreement(sim.placements, got.placements, nodes.names)
+        out[variant] = {"model_node_agreement_pct": round(node_pct, 3), "recorded_node_agreement_pct": measured,
+                        "model_gpu_agreement_pct": round(gpu_pct, 3), "gpu_pods_turned_away": turned,
+                        "first_differing_pod": differ[0] if differ else None,
+                        "first_pods": [p[0] if p else None for p in got.placements[:2]]}
+        print(f"{variant}: {out[variant]}", file=sys.stderr, flush=True)
+    return {"mode": "recorded", "pods": len(order), "simulator_first_pods": [
+        nodes.names[p[0]] if p else None for p in sim.placements[:2]], "variants": out}
 
 
 if __name__ == "__main__":

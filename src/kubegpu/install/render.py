@@ -24,6 +24,7 @@ from kubegpu.install.values import (
     has_admission_policies,
     has_match_conditions,
     kube_scheduler_image,
+    kube_version,
     node_fullname,
     reviews_updates,
     scheduler_config_version,
@@ -298,7 +299,15 @@ def config_env(v: Values) -> list[Obj]:
 
 
 def scheduler_config(v: Values) -> Obj:
-    """The KubeSchedulerConfiguration: a second profile whose extender is kubegpu (base file, with the values)."""
+    """The KubeSchedulerConfiguration: a second profile whose extender is kubegpu (base file, with the values).
+
+    The profile makes kube-scheduler place GPU pods where ``kubegpu simulate`` places them
+    (docs/scheduler.md, "What the profile must keep"): every node that passes kube-scheduler's filters
+    reaches the extender (``percentageOfNodesToScore: 100``, at the top level, which every config API
+    version has, and in the profile from 1.27, where the field exists there and would override a global
+    value), and kube-scheduler's own score plugins are off, so the extender's prioritize alone orders the
+    nodes. Its filters (resources, taints, affinity, topology spread) all stay.
+    """
     sv = v.scheduler
     text = importlib_resources.files("kubegpu.install").joinpath("base", "scheduler", "scheduler-config.yaml")
     cfg = yaml.safe_load(text.read_text().replace(BASE_NAMESPACE, v.namespace))
@@ -306,7 +315,12 @@ def scheduler_config(v: Values) -> Obj:
     cfg["leaderElection"]["resourceName"] = sv.scheduler_name
     # kube-scheduler's own identity (rbac.yaml): not the pod's, which is the extender's.
     cfg["clientConnection"] = {"kubeconfig": "/etc/kubegpu/kubeconfig"}
-    cfg["profiles"] = [{"schedulerName": sv.scheduler_name}]
+    cfg["percentageOfNodesToScore"] = ALL_NODES
+    profile: Obj = {"schedulerName": sv.scheduler_name}
+    if kube_version(v) >= PROFILE_PERCENTAGE_SINCE:
+        profile["percentageOfNodesToScore"] = ALL_NODES
+    profile["plugins"] = {"score": {"disabled": [{"name": "*"}]}}
+    cfg["profiles"] = [profile]
     (ext,) = cfg["extenders"]
     ext["urlPrefix"] = f"http://127.0.0.1:{sv.port}/scheduler"
     ext["weight"], ext["httpTimeout"] = sv.weight, sv.http_timeout
@@ -367,6 +381,13 @@ def kube_scheduler_kubeconfig() -> Obj:
         "current-context": "default",
     }
 
+
+# kube-scheduler filters every node before the extender is called (its default stops at 50 - nodes/125 % of
+# them, at least 100, and the node the simulator picks is then often not among them).
+ALL_NODES = 100
+# KubeSchedulerProfile.percentageOfNodesToScore exists from Kubernetes 1.27 (config API v1); before, only the
+# global field does, and strict decoding refuses an unknown field.
+PROFILE_PERCENTAGE_SINCE = (1, 27)
 
 BASE_NAMESPACE = "kubegpu-system"
 BASE_FILES = {

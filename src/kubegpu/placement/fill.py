@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from kubegpu.placement.cluster import MILLI, ClusterState, Demand
+from kubegpu.placement.ordered import row_sum
 from kubegpu.placement.workload import Workload
 
 # How strongly a GPU competes for the pods that fit it. Ranking shares by this measure alone on the default
@@ -135,19 +136,21 @@ def fill_delta_per_gpu(
     def stranded(f: np.ndarray, cpu: np.ndarray) -> np.ndarray:
         return np.where(ok, np.where(cpu < floor[f], f, value[f]), 0.0)
 
+    # Row sums add the GPUs in order, one elementwise step each (ordered.py): a node's value is the same
+    # whatever other nodes are scored with it.
     before_g = stranded(free, cpu_before)
-    before = before_g.sum(axis=1)
+    before = row_sum(before_g)
     others = stranded(free, cpu_after)
     left = np.clip(free - demand.milli, 0, MILLI)
     mine = stranded(left, cpu_after)
-    after = (others.sum(axis=1)[:, None] - others) + mine
+    after = (row_sum(others)[:, None] - others) + mine
     if feed > 0:
         # Compute the fill model expects to be used beyond what the node's CPU can feed, before and after.
         usable = np.where(ok, free, 0)
-        hungry_before = (usable - before_g).sum(axis=1) - cpu_before[:, 0] / feed
+        hungry_before = row_sum(usable - before_g) - cpu_before[:, 0] / feed
         used_others = usable - others
         hungry_after = (
-            (used_others.sum(axis=1)[:, None] - used_others) + np.where(ok, left, 0) - mine - cpu_after / feed
+            (row_sum(used_others)[:, None] - used_others) + np.where(ok, left, 0) - mine - cpu_after / feed
         )
         after = after + feed_weight * (np.maximum(hungry_after, 0.0) - np.maximum(hungry_before, 0.0)[:, None])
     return np.where(candidates, after - before[:, None], np.inf)

@@ -13,15 +13,21 @@ hold shape ``t``, that is::
 which lets a placement's effect be computed from a few per-node counts instead
 of re-scanning every GPU. Options extend the "can run" test with node memory
 (``use_memory``), which the paper's simulator leaves out.
+
+The frequencies are kept as integer pod counts (``FragTerms.weight``, over ``total``): the weighted
+sums are then exact, and a node's fragment is the same bits whatever other nodes it is computed with
+(:mod:`kubegpu.placement.ordered`), so the extender, scoring the nodes kube-scheduler sends in its
+order, agrees with the simulator bit for bit.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from kubegpu.placement.cluster import MILLI, ClusterState, Demand
+from kubegpu.placement.ordered import EXACT_LIMIT, exact_dot, weighted_sum
 from kubegpu.placement.workload import Workload
 
 
@@ -37,6 +43,9 @@ class FragTerms:
     gpu_shape: np.ndarray  # (T,) bool: the shape asks for GPUs
     access: np.ndarray  # (T, N) bool: the node's GPU model is allowed for the shape
     use_memory: bool = False
+    # (T,) integer-valued float64 weights with ``freq == weight / total``: sums weighted by them are exact.
+    weight: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    total: float = 1.0
 
     @classmethod
     def build(cls, cluster: ClusterState, workload: Workload, use_memory: bool = False) -> FragTerms:
@@ -45,6 +54,7 @@ class FragTerms:
         for t, s in enumerate(shapes):
             if s.models is not None:
                 access[t] = cluster.model_mask(s.models)
+        weight = exact_weights(workload, cluster.n_slots)
         return cls(
             milli=np.array([s.milli for s in shapes], np.int64),
             count=np.array([s.count for s in shapes], np.int64),
@@ -54,7 +64,24 @@ class FragTerms:
             gpu_shape=np.array([s.count > 0 and s.milli > 0 for s in shapes], bool),
             access=access,
             use_memory=use_memory,
+            weight=weight,
+            total=float(weight.sum()) if len(weight) else 1.0,
         )
+
+
+def exact_weights(workload: Workload, slots: int) -> np.ndarray:
+    """Integer-valued weights proportional to the workload's frequencies, small enough that a sum over the
+    shapes of weight x (a node's free compute) stays exact: the pod counts, scaled down (a function of the
+    workload alone) only for windows far beyond any cluster's pods."""
+    freq = np.asarray(workload.freq, np.float64)
+    weight = np.asarray(workload.weight, np.float64)
+    if len(weight) != len(freq):  # a workload given as frequencies only: 2**20 steps of resolution
+        weight = np.maximum(np.round(freq / max(float(freq.sum()), 1e-300) * 2**20), 1.0)
+    # |sum| <= total * (largest free compute of a node) * 2 (before and after a placement).
+    bound = float(weight.sum()) * max(slots, 1) * MILLI * 4
+    if bound > EXACT_LIMIT:
+        weight = np.maximum(np.floor(weight * (EXACT_LIMIT / bound)), 1.0)
+    return weight
 
 
 def _runs(terms: FragTerms, rows: np.ndarray | slice, cpu: np.ndarray, mem: np.ndarray) -> np.ndarray:
@@ -78,11 +105,17 @@ def frag_of(
     s = left.sum(axis=1)
     if terms.freq.size == 0:
         return s.astype(np.float64)
+    return s - _used_of(terms, rows, left, cpu, mem) / terms.total
+
+
+def _used_of(terms: FragTerms, rows: np.ndarray | slice, left: np.ndarray, cpu: np.ndarray,
+             mem: np.ndarray) -> np.ndarray:
+    """(n,) the weighted usable compute sum_t weight_t * runs_t * A_t (exact) given free compute ``left``."""
     ge = left[None, :, :] >= terms.milli[:, None, None]  # (T, n, G)
     a = (left[None, :, :] * ge).sum(axis=2)
     c = ge.sum(axis=2)
     runs = _runs(terms, rows, cpu, mem) & (c >= terms.count[:, None])
-    return s - (terms.freq[:, None] * (runs * a)).sum(axis=0)
+    return exact_dot(terms.weight, runs * a)
 
 
 class FragCache:
@@ -122,9 +155,13 @@ class FragCache:
 
     def frag(self, cluster: ClusterState, rows: np.ndarray) -> np.ndarray:
         """(n,) fragment of the nodes ``rows`` now."""
+        return self.s[rows] - self.used(cluster, rows) / self.terms.total
+
+    def used(self, cluster: ClusterState, rows: np.ndarray) -> np.ndarray:
+        """(n,) the exact weighted usable compute of the nodes ``rows`` now (fragment = s - used / total)."""
         t = self.terms
         runs = _runs(t, rows, cluster.cpu_free[rows], cluster.mem_free[rows]) & (self.c[:, rows] >= t.count[:, None])
-        return self.s[rows] - t.freq @ (runs * self.a[:, rows])
+        return exact_dot(t.weight, runs * self.a[:, rows])
 
 
 def frag_delta_per_gpu(
@@ -148,7 +185,7 @@ def frag_delta_per_gpu(
     if terms.freq.size == 0:
         out[candidates] = -m
         return out
-    before = cache.frag(cluster, rows)
+    used_before = cache.used(cluster, rows)
     ni, gi = np.nonzero(candidates)
     if len(ni) == 0:
         return out
@@ -165,15 +202,18 @@ def frag_delta_per_gpu(
     runs = _runs(terms, rows, cluster.cpu_free[rows] - demand.cpu_milli, cluster.mem_free[rows] - demand.memory_bytes)
     c = cache.c[:, rows]
     a = cache.a[:, rows].astype(np.float64)
-    p = terms.freq[:, None]
+    # Integer-valued weights: every product and sum below is an exact integer (ordered.py), so the result
+    # for a node is the same whatever other nodes share the batch.
+    p = terms.weight[:, None]
     keep_q = p * (runs & (c >= terms.count[:, None]))  # shape still runs if this GPU stays in C
     drop_q = p * (runs & (c >= terms.count[:, None] + 1))  # shape still runs if it leaves C
-    base = (keep_q * a).sum(axis=0)  # (n,)
+    base = exact_dot(terms.weight, (runs & (c >= terms.count[:, None])) * a)  # (n,)
     change = (
         keep_q.T @ np.where(drop, 0.0, d_a) + ((drop_q - keep_q) * a).T @ drop + drop_q.T @ np.where(drop, d_a, 0.0)
     )
-    after = (cache.s[rows] - m - base)[:, None] - change  # (n, V)
-    out[ni, gi] = after[ni, inverse] - before[ni]
+    # fragment after - before = -m - (used after - used before) / total, with the used sums exact.
+    used_change = (base - used_before)[:, None] + change  # (n, V)
+    out[ni, gi] = -m - used_change[ni, inverse] / terms.total
     return out
 
 
@@ -195,22 +235,22 @@ def frag_delta_per_node(
         # Whole free GPUs leave every shape's A by a full GPU each and C by one each.
         cache.sync(cluster)
         t = terms
-        before = cache.frag(cluster, rows)
+        used_before = cache.used(cluster, rows)
         k = demand.count if demand.milli > 0 else 0
         a = cache.a[:, rows] - (MILLI * k) * t.gpu_shape[:, None]
         c = cache.c[:, rows] - k * t.gpu_shape[:, None]
         runs = _runs(t, rows, cpu_after, mem_after) & (c >= t.count[:, None])
-        after = (cache.s[rows] - MILLI * k) - t.freq @ (runs * a)
-        return after - before
+        # after - before = -(free compute taken) - (used after - used before) / total, the used sums exact.
+        return -float(MILLI * k) - (exact_dot(t.weight, runs * a) - used_before) / t.total
     left = cluster.usable_free(rows)
-    before = frag_of(terms, rows, left, cluster.cpu_free[rows], cluster.mem_free[rows])
+    used_before = _used_of(terms, rows, left, cluster.cpu_free[rows], cluster.mem_free[rows])
     after_left = left.copy()
     if gpu_choice is not None and demand.count > 0:
         r = np.arange(len(after_left))[:, None]
         take = MILLI if demand.exclusive else demand.milli
         after_left[r, gpu_choice] = np.maximum(after_left[r, gpu_choice] - take, 0)
-    after = frag_of(terms, rows, after_left, cpu_after, mem_after)
-    return after - before
+    used_after = _used_of(terms, rows, after_left, cpu_after, mem_after)
+    return (after_left.sum(axis=1) - left.sum(axis=1)) - (used_after - used_before) / terms.total
 
 
 # ---- the capacity-aware measure (kubegpu's own) ------------------------------------------------------
@@ -232,7 +272,8 @@ def _usable(
         by_mem = np.where(terms.memory[:, None] > 0, mem[None, :] // np.maximum(terms.memory, 1)[:, None], 1 << 30)
         supply = np.minimum(supply, by_mem)
     ratio = np.minimum(1.0, supply / np.maximum(pods_gpu, 1))
-    return terms.freq @ (runs * ratio * a)
+    # Float terms: added shape by shape, elementwise (ordered.py), so a node's value never depends on the batch.
+    return weighted_sum(terms.freq, runs * ratio * a)
 
 
 def capacity_frag(cluster: ClusterState, cache: FragCache, rows: np.ndarray) -> np.ndarray:

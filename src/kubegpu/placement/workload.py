@@ -44,6 +44,9 @@ class Workload:
     freq: np.ndarray  # (T,) float64
     every: tuple[WorkloadShape, ...] = ()
     every_freq: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # (T,) int64: the pods behind each of ``shapes`` (``freq`` is ``weight / weight.sum()``). Fragment sums
+    # weighted by these integers are exact, so a node's fragment never depends on the nodes it is scored with.
+    weight: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     @classmethod
     def from_demands(cls, demands: Iterable[Demand], coverage: float = 0.95, memory_quantile: float = 50.0) -> Workload:
@@ -86,9 +89,10 @@ class Workload:
                 break
             chosen.append((shape, n))
             covered += n
-        freq = np.array([n for _, n in chosen], np.float64)
+        weight = np.array([n for _, n in chosen], np.int64)
+        freq = weight.astype(np.float64)
         every_freq = np.array([n for _, n in every], np.float64) / total
-        return cls(tuple(s for s, _ in chosen), freq / freq.sum(), tuple(s for s, _ in every), every_freq)
+        return cls(tuple(s for s, _ in chosen), freq / freq.sum(), tuple(s for s, _ in every), every_freq, weight)
 
     def __len__(self) -> int:
         return len(self.shapes)

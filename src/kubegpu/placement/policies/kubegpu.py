@@ -18,6 +18,7 @@ import numpy as np
 from kubegpu.placement.cluster import MILLI, ClusterState, Demand
 from kubegpu.placement.fill import fill_delta_per_gpu
 from kubegpu.placement.frag import capacity_delta_per_node, frag_delta_per_gpu
+from kubegpu.placement.ordered import weighted_sum
 from kubegpu.placement.policies.base import MAX_SCORE, ScoreContext, bestfit_choice
 from kubegpu.placement.policies.paper import FgdPolicy, _RowLocal
 from kubegpu.placement.workload import Workload, WorkloadShape
@@ -305,7 +306,8 @@ class KubegpuPolicy(FgdPolicy):
             short = np.minimum(1.0, expected / np.maximum(hosts, 1)) ** self.reserve_power
         else:
             short = (expected >= hosts).astype(np.float64)
-        return lost[:, shapes].astype(np.float64) @ short
+        # Added shape by shape (not a BLAS product), so a node's loss never depends on the nodes tied with it.
+        return weighted_sum(short, lost[:, shapes].T.astype(np.float64))
 
     def _scarcity(self, cluster: ClusterState, ctx: ScoreContext) -> np.ndarray:
         """(N,) how much of each node's GPU capacity the model-constrained shapes of the workload claim.
