@@ -67,3 +67,24 @@ def test_unknown_node_is_an_error(cluster: tuple, tmp_path: Path) -> None:  # no
     result = CliRunner().invoke(app, ["status", "--kubeconfig", str(kubeconfig), "--node", "nosuch"])
     assert result.exit_code == 1
     assert "no node 'nosuch'" in result.stderr and "a100-mig" in result.stderr
+
+
+def test_yaml_wide_and_what_the_extender_cannot_see(cluster: tuple) -> None:  # noqa: F811
+    import yaml
+
+    server, kubeconfig, invs = cluster
+    as_json = _json("--kubeconfig", str(kubeconfig))
+    as_yaml = CliRunner().invoke(app, ["status", "--kubeconfig", str(kubeconfig), "-o", "yaml"])
+    assert as_yaml.exit_code == 0 and yaml.safe_load(as_yaml.stdout) == as_json
+    assert as_json["source"] == "api-server" and as_json["notes"] == []
+    wide = CliRunner().invoke(app, ["status", "--kubeconfig", str(kubeconfig), "-o", "wide", "--node", "t4-node"])
+    assert wide.exit_code == 0 and "UUID" in wide.stdout and invs["t4-node"].gpus[0].uuid in wide.stdout
+    extender = ServiceThread(kubeconfig).start()
+    try:
+        from_ext = _json("--extender", extender.url)
+        table = CliRunner().invoke(app, ["status", "--extender", extender.url]).stdout
+    finally:
+        extender.stop()
+    assert from_ext["source"] == "extender"
+    assert any("replicas are counted by the kubelet" in n for n in from_ext["notes"])
+    assert "note: time-slicing / MPS replicas are counted by the kubelet" in table
