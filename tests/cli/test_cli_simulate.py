@@ -3,6 +3,7 @@ paper's trace, --plot's needs checked before the replay, and every policy in the
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -77,3 +78,11 @@ def test_every_policy_is_in_the_help() -> None:
     text = " ".join(CliRunner().invoke(app, ["simulate", "--help"], env={"COLUMNS": "200"}).output.split())
     for name in POLICY_NAMES:
         assert f" {name}," in text or f" {name} " in text, name
+
+
+def test_output_json_is_json_and_other_formats_are_usage_errors(tmp_path: Path) -> None:
+    n, p = trace(tmp_path, n_pods=50)
+    res = simulate("--nodes", str(n), "--pods", str(p), "-p", "fgd", "-o", "json")
+    assert res.exit_code == 0 and set(json.loads(res.output.splitlines()[-1])["policies"]) == {"fgd"}
+    res = simulate("-o", "yaml")
+    assert res.exit_code == 2 and "use one of json" in res.output

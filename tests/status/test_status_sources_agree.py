@@ -72,7 +72,7 @@ def test_unknown_node_is_an_error(cluster: tuple, tmp_path: Path) -> None:  # no
 def test_yaml_wide_and_what_the_extender_cannot_see(cluster: tuple) -> None:  # noqa: F811
     import yaml
 
-    server, kubeconfig, invs = cluster
+    _, kubeconfig, invs = cluster
     as_json = _json("--kubeconfig", str(kubeconfig))
     as_yaml = CliRunner().invoke(app, ["status", "--kubeconfig", str(kubeconfig), "-o", "yaml"])
     assert as_yaml.exit_code == 0 and yaml.safe_load(as_yaml.stdout) == as_json

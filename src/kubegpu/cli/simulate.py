@@ -70,6 +70,9 @@ def simulate(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (last line) instead of a table.")
     ] = False,
+    output: Annotated[
+        str, typer.Option("--output", "-o", metavar="json", help="json: the same as --json.")
+    ] = "",
     plot: Annotated[Path | None, typer.Option("--plot", metavar="PNG",
                                               help="Write the paper's figure 9a (PNG).")] = None,
     replay_time: Annotated[
@@ -113,9 +116,11 @@ def simulate(
     on a small machine). The full study of the paper is --seeds 10. Metric: unallocated GPU % (100 -
     allocated) when the arrived GPU request reaches 80 ... 130 % of capacity.
     """
+    from kubegpu.cli.output import output_format
     from kubegpu.placement.policies import PAPER_POLICIES, POLICY_NAMES
     from kubegpu.sim.trace import TraceError, default_path, load_nodes, load_pods
 
+    as_json = as_json or output_format(output, ("json",)) == "json"
     if plot is not None:
         _check_plot(plot, as_json)  # before minutes of replay, not after
     policies = list(policy) if policy else [*PAPER_POLICIES, "kubegpu"]
