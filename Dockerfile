@@ -16,6 +16,12 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
 COPY pyproject.toml README.md constraints.txt ./
 COPY src ./src
+# `kubegpu --version` names the build: the image has no .git, so the commit and date are baked in
+# (docker build --build-arg KUBEGPU_COMMIT=$(git rev-parse HEAD) .; the date defaults to the build's).
+ARG KUBEGPU_COMMIT=unknown
+ARG KUBEGPU_BUILD_DATE=
+RUN printf 'COMMIT = "%s"\nDATE = "%s"\n' "$KUBEGPU_COMMIT" "${KUBEGPU_BUILD_DATE:-$(date -u +%Y-%m-%dT%H:%M:%SZ)}" \
+        > src/kubegpu/cli/_build_info.py
 RUN python -m venv /opt/kubegpu \
     && /opt/kubegpu/bin/pip install -c constraints.txt . \
     && site=$(/opt/kubegpu/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") \

@@ -179,7 +179,8 @@ def test_error_lines_are_never_wrapped_without_a_terminal(tmp_path: Path, monkey
     code, out = run(str(path))
     assert code == 2
     lines = out.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error {path}: not valid YAML at line 2"), out
+    assert len(lines) == 2 and lines[0].startswith(f"error {path}: not valid YAML at line 2"), out
+    assert lines[1] == "0 pod specs in 1 file: 0 OK, 0 refused, 0 warned, 1 unreadable"
 
 
 def test_files_without_pod_specs_are_named_in_text_and_json(tmp_path: Path) -> None:

@@ -4,6 +4,9 @@ description on every option, and ``kubegpu --version``."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+import types
 from importlib.metadata import version
 
 import pytest
@@ -58,6 +61,29 @@ def test_flags_are_shown_as_flags() -> None:
     assert "--replica-resource NAME" in rows
 
 
-def test_version() -> None:
+def test_version_names_the_commit_from_git_in_a_checkout() -> None:
+    from kubegpu.cli import buildinfo
+
+    root = buildinfo._checkout()
+    assert root is not None, "the tests run from a git checkout"
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
     result = runner.invoke(app, ["--version"])
-    assert result.exit_code == 0 and result.output.strip() == f"kubegpu {version('kubegpu')}"
+    assert result.exit_code == 0
+    assert result.output.startswith(f"kubegpu {version('kubegpu')} (commit {head[:12]}, 20"), result.output
+    assert result.output.rstrip().endswith("from git)")
+
+
+def test_version_from_build_metadata_or_says_it_is_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An image: no .git, the commit and date the Dockerfile baked in; neither: said, not guessed."""
+    from kubegpu.cli import buildinfo
+
+    monkeypatch.setattr(buildinfo, "_checkout", lambda: None)
+    baked = types.ModuleType("kubegpu.cli._build_info")
+    baked.COMMIT, baked.DATE = "0123456789abcdef0123", "2026-11-26T05:00:00Z"  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "kubegpu.cli._build_info", baked)
+    out = runner.invoke(app, ["--version"]).output.strip()
+    assert out == f"kubegpu {version('kubegpu')} (commit 0123456789ab, 2026-11-26T05:00:00Z; from build metadata)"
+    monkeypatch.setitem(sys.modules, "kubegpu.cli._build_info", None)  # import fails
+    out = runner.invoke(app, ["--version"]).output.strip()
+    assert out == f"kubegpu {version('kubegpu')} (commit unknown: not a git checkout and no build metadata)"

@@ -89,9 +89,10 @@ def test_recorded_binds_annotate_then_bind(cluster: Cluster) -> None:
         assert cluster.ext.call(lambda: len(cluster.view.held)) == held
     # Whole GPUs of gpu-whole-2 and gpu-two-containers' trainer are distinct GPUs of gpu-node-a.
     summary = cluster.http.get("/apis/v1/plugins/DeviceShare/nodeDeviceSummaries/gpu-node-a").json()
-    # The seed's keys, and kubegpu's one addition (the holdings per container, for `kubegpu status --extender`).
+    # The seed's keys, and kubegpu's additions for `kubegpu status --extender` (the holdings per container; each
+    # GPU's model, health and MIG devices).
     assert set(summary) == {"allocateSet", "deviceTotal", "deviceFree", "deviceUsed", "deviceTotalDetail",
-                            "deviceFreeDetail", "deviceUsedDetail", "allocateSetByContainer"}
+                            "deviceFreeDetail", "deviceUsedDetail", "allocateSetByContainer", "deviceInfo"}
     assert summary["deviceTotal"]["kubegpu.io/gpu-core"] == "800"
     assert "kubegpu-fixtures/gpu-whole-2" in summary["allocateSet"]["gpu"]
     used = sum(int(v["kubegpu.io/gpu-core"]) for v in summary["deviceUsedDetail"]["gpu"].values())

@@ -40,6 +40,7 @@ def test_zoom_scale_curves_and_labels() -> None:
     styles = {(ln.get_color(), ln.get_linestyle(), ln.get_marker()) for ln in _lines(zoom)}
     assert len(styles) == 5  # no two policies drawn alike
     assert {t.get_text().split()[0] for t in zoom.texts} == {"random", "packing", "clustering", "fgd", "kubegpu"}
+
     assert not zoom.collections  # one seed: no band
     assert "one seed" in zoom.get_title()
 
@@ -56,3 +57,17 @@ def test_seed_bands_span_min_to_max() -> None:
 def test_plot_study_writes_a_png(tmp_path: Any) -> None:
     out = plot_study(study(2), tmp_path / "f.png", "two seeds")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_labels_give_the_value_at_the_headline_arrival_point() -> None:
+    """The table headlines arrived 100 %; a curve that keeps stranding more up to 130 % is labelled with its
+    value at 100 %, not at its end."""
+    arrived = np.linspace(0, 130, 400)
+    rising = {"fgd": 4.0, "random": 11.0}  # unallocated at 100 %; +0.1 per arrived % beyond
+    results = {name: PolicySummary(name, name, [ReplayResult(
+        name, name, 42, len(arrived), arrived,
+        np.minimum(arrived, 100 - p - 0.1 * np.clip(arrived - 100, 0, None)), {}, {}, 0.0)])
+        for name, p in rising.items()}
+    zoom = build_figure(results, "").axes[1]
+    labels = sorted(t.get_text() for t in zoom.texts)
+    assert labels == ["fgd 4.0 % @100", "random 11.0 % @100"]

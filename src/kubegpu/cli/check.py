@@ -19,13 +19,16 @@ from rich.table import Table
 
 from kubegpu.cli.console import make_console
 from kubegpu.cli.main import app
+from kubegpu.cli.output import output_format, print_data
 from kubegpu.model.manifests import ManifestError, Skipped, load_documents, pods_in_text
+from kubegpu.model.names import review_names
 from kubegpu.model.normalise import AdmissionPolicy, PodReview, request_summary, review_pod
 from kubegpu.model.quantity import format_bytes
 from kubegpu.model.resources import is_gpu_resource
 from kubegpu.node.dra.claims import claim_objects
 
 EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT = 0, 1, 2
+MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 
 
 def _read(path: str) -> str:
@@ -98,7 +101,8 @@ def _per_gpu(c: dict[str, Any]) -> tuple[str, str]:
     return str(c["core_per_gpu"]), mem
 
 
-def _print_object(console: Console, obj: dict[str, Any]) -> None:
+def _print_object(console: Console, obj: dict[str, Any], *, wide: bool = False,
+                  flagged: list[str] | None = None) -> None:
     label = f"{obj['kind']} {obj['namespace'] + '/' if obj['namespace'] else ''}{obj['name'] or '(unnamed)'}"
     where = f"{obj['file']}#{obj['document']}" + (f" {obj['path']}" if obj["path"] else "")
     if not obj["allowed"]:
@@ -112,31 +116,78 @@ def _print_object(console: Console, obj: dict[str, Any]) -> None:
     if not obj["containers"]:
         console.print(f"[green]OK[/] {label} [dim]{where}[/]: no GPU request")
         return
+    wide_cols = ("resource", "init") if wide else ()
     table = Table(title=f"[green]OK[/] {label} [dim]{where}[/]", title_justify="left")
-    for col in ("container", "kind", "count", "core/GPU", "memory/GPU", "canonical resources"):
+    for col in ("container", "kind", "count", "core/GPU", "memory/GPU", "canonical resources", *wide_cols):
         table.add_column(col)
     for c in obj["containers"]:
         core, mem = _per_gpu(c)
         name = c["container"] + (" (init)" if c["init"] else "")
         kind = c["kind"] + (f" {c['mig_profile']}" if c["mig_profile"] else "")
         canon = "\n".join(f"{k}: {v}" for k, v in c["canonical"].items())
-        table.add_row(name, kind, str(c["count"]), core, mem, canon)
+        extra = (c["resource"], "yes" if c["init"] else "no") if wide else ()
+        table.add_row(name, kind, str(c["count"]), core, mem, canon, *extra)
     console.print(table)
+    if wide:
+        for op in obj["patch"]:
+            console.print(f"  [cyan]patch[/] {escape(json.dumps(op, sort_keys=True))}", highlight=False)
     for w in obj["warnings"]:
-        console.print(f"  [yellow]~[/] {escape(w)}")
+        console.print(f"  [yellow]{'!' if w in (flagged or ()) else '~'}[/] {escape(w)}")
     for change in obj["changes"]:
         console.print(f"  [cyan]+[/] {escape(change)}")
+
+
+def _expand(paths: list[str]) -> tuple[list[str], list[dict[str, str]]]:
+    """Files named, and the manifest files under each directory named (recursively, sorted)."""
+    out: list[str] = []
+    errors: list[dict[str, str]] = []
+    for p in paths:
+        path = Path(p)
+        if p != "-" and path.is_dir():
+            found = sorted(str(f) for f in path.rglob("*") if f.suffix in MANIFEST_SUFFIXES and f.is_file())
+            if not found:
+                errors.append({"file": p, "error": f"no {'/'.join(MANIFEST_SUFFIXES)} files in this directory"})
+            out += found
+        else:
+            out.append(p)
+    return out, errors
+
+
+def _summary(objects: list[dict[str, Any]], files: int, errors: int) -> dict[str, int]:
+    refused = sum(1 for o in objects if not o["allowed"])
+    warned = sum(1 for o in objects if o.get("warned"))
+    return {"files": files, "pod_specs": len(objects), "ok": len(objects) - refused - warned,
+            "refused": refused, "warned": warned, "errors": errors}
+
+
+def summary_line(s: dict[str, int]) -> str:
+    """``12 pod specs in 3 files: 9 OK, 2 refused, 1 warned`` (and the unreadable files)."""
+    line = (f"{s['pod_specs']} pod spec{'s' * (s['pod_specs'] != 1)} in {s['files']} "
+            f"file{'s' * (s['files'] != 1)}: {s['ok']} OK, {s['refused']} refused, {s['warned']} warned")
+    return line + (f", {s['errors']} unreadable" if s["errors"] else "")
+
+
+def _notes(review: PodReview, notes: list[str]) -> list[str]:
+    """The ``!`` lines of one pod, each once. A refused pod keeps only what would refuse it too: the
+    scheduler-name advice is moot for a pod that is never admitted."""
+    if not review.allowed:
+        notes = [n for n in notes if n.startswith("refused by the webhook")]
+    return list(dict.fromkeys(notes))
 
 
 @app.command("check", short_help="Validate GPU requests in manifests with the webhook's rules.")
 def check(
     files: list[str] = typer.Argument(
-        ..., metavar="FILE...", show_default=False,
-        help="Manifest files (YAML or JSON, multi-document); '-' reads stdin."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+        ..., metavar="PATH...", show_default=False,
+        help="Manifest files (YAML or JSON, multi-document) or directories (every *.yaml, *.yml and *.json "
+             "below them); '-' reads stdin."),
+    output: str = typer.Option("", "--output", "-o", metavar="FORMAT",
+                               help="json, yaml or wide (also the JSON patch the webhook would apply); "
+                                    "default: tables."),
+    as_json: bool = typer.Option(False, "--json", help="Same as -o json."),
     replica_resource: list[str] = typer.Option(
         [], "--replica-resource", metavar="NAME",
-        help="A renamed replica resource whose name does not say 'gpu' (e.g. nvidia.com/small); repeatable."),
+        help="A renamed GPU resource the nodes serve (e.g. nvidia.com/small); repeatable."),
     toleration: bool = typer.Option(
         True, "--toleration/--no-toleration",
         help="Expect the GPU-taint toleration on GPU pods (as the webhook adds)."),
@@ -153,15 +204,19 @@ def check(
     """Validate GPU requests in Pod and workload manifests (Deployment, StatefulSet, DaemonSet,
     ReplicaSet, Job, CronJob, Lists, custom resources with pod templates), with the webhook's rules.
 
-    Prints the normalised requests or the refusals. Exit 0: all accepted; 1: something refused;
-    2: a file could not be read or is not YAML.
+    Refuses GPU resource names no node serves (with the name meant, where one is close) and GPU requests
+    Kubernetes would not read. Prints the normalised requests or the refusals, then one summary line.
+    Exit 0: all accepted; 1: something refused; 2: a file could not be read or is not YAML.
     """
+    fmt = output_format(output or ("json" if as_json else ""), ("json", "yaml", "wide"))
     declared: tuple[str, ...] = ()
     if values is not None:
         from kubegpu.install.values import ValuesError, gpu_resources, load_values
+        from kubegpu.model.resources import mig_resources
 
         try:
-            declared = gpu_resources(load_values(values))
+            loaded = load_values(values)
+            declared = (*gpu_resources(loaded), *mig_resources(loaded.mig_profiles))
         except ValuesError as exc:
             make_console(stderr=True).print(f"[bold red]error[/] {escape(str(values))}: {escape(str(exc))}")
             raise typer.Exit(EXIT_BAD_INPUT) from None
@@ -169,11 +224,13 @@ def check(
 
     policy = AdmissionPolicy(add_toleration=toleration, void_env=void_env,
                              replica_resources=frozenset(replica_resource) | frozenset(declared))
+    settings = WebhookSettings(policy=policy, scheduler_name=scheduler_name)
     console = make_console()
     objects: list[dict[str, Any]] = []
-    errors: list[dict[str, str]] = []
+    paths, errors = _expand(files)
     found: list[dict[str, Any]] = []
-    for file in files:
+    flags: dict[int, list[str]] = {}
+    for file in paths:
         name = file if file != "-" else "<stdin>"
         try:
             text = _read(file)
@@ -183,18 +240,28 @@ def check(
             continue
         found.append(_file_json(name, len(sources), skipped))
         for src in sources:
-            objects.append(_object_json(name, src, review_pod(src.pod, policy), policy))
-            # Beyond the review: what the deployed webhook adds (scheduler name, cap, records, envFrom).
-            objects[-1]["notes"] = offline_warnings(src.pod, WebhookSettings(policy=policy,
-                                                                             scheduler_name=scheduler_name))
+            review = review_pod(src.pod, policy)
+            obj = _object_json(name, src, review, policy)
+            # The names rule's warnings are said once, as notes, beside what the deployed webhook adds
+            # (scheduler name, cap, records, envFrom).
+            # The deployed webhook's own advice (scheduler name, cap, records, envFrom) is said once, as notes;
+            # a pod is "warned" by those or by the names rule's warnings (already among the review's warnings,
+            # as the webhook returns them, and printed as "!" lines).
+            obj["notes"] = _notes(review, offline_warnings(src.pod, settings))
+            flagged = [w for w in review_names(src.pod, policy.replica_resources)[1] if w in obj["warnings"]]
+            obj["warned"] = obj["allowed"] and bool(obj["notes"] or flagged)
+            objects.append(obj)
+            flags[id(obj)] = flagged
         objects += claim_objects(name, load_documents(text))  # DRA claims/templates naming kubegpu's classes
     refused = any(not o["allowed"] for o in objects)
     code = EXIT_BAD_INPUT if errors else EXIT_REFUSED if refused else EXIT_OK
-    if as_json:
-        print(json.dumps({"ok": code == EXIT_OK, "objects": objects, "errors": errors, "files": found}))
+    summary = _summary(objects, len(found) + len(errors), len(errors))
+    if fmt in ("json", "yaml"):
+        report = {"ok": code == EXIT_OK, "objects": objects, "errors": errors, "files": found, "summary": summary}
+        print_data(report, fmt)
     else:
         for o in objects:
-            _print_object(console, o)
+            _print_object(console, o, wide=fmt == "wide", flagged=flags.get(id(o), []))
             for note in o.get("notes", ()):
                 console.print(f"  [yellow]![/] {escape(note)}", highlight=False)
         for f in found:
@@ -202,4 +269,6 @@ def check(
                 console.print(f"[yellow]note[/] {escape(f['file'])}: {escape(f['note'])}")
         for e in errors:
             make_console(stderr=True).print(f"[bold red]error[/] {escape(e['file'])}: {escape(e['error'])}")
+        colour = "red" if refused or errors else "yellow" if summary["warned"] else "green"
+        console.print(f"[{colour}]{escape(summary_line(summary))}[/]", highlight=False)
     raise typer.Exit(code)

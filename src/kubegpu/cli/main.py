@@ -19,13 +19,10 @@ app = typer.Typer(
 
 
 def version_string() -> str:
-    """``kubegpu <version>``, from the installed package's metadata."""
-    from importlib.metadata import PackageNotFoundError, version
+    """``kubegpu <version> (commit <hash>, <date>...)``: which build runs (:mod:`kubegpu.cli.buildinfo`)."""
+    from kubegpu.cli.buildinfo import build_info
 
-    try:
-        return f"kubegpu {version('kubegpu')}"
-    except PackageNotFoundError:  # running from a source tree that was never installed
-        return "kubegpu (version unknown: not installed)"
+    return str(build_info())
 
 
 def _print_version(value: bool) -> None:
@@ -37,7 +34,7 @@ def _print_version(value: bool) -> None:
 @app.callback()
 def _root(
     _version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
-                                  help="Print the version and exit."),
+                                  help="Print the version, commit and date of this build, and exit."),
 ) -> None:
     """kubegpu: run a role (node, scheduler, webhook), check manifests, simulate, or show status."""
 

@@ -12,6 +12,11 @@ import typer
 from kubegpu.cli.main import app
 
 DEFAULT_SEEDS_NOTE = "one seed by default; the paper's study is --seeds 10"
+# kubegpu.placement.policies.POLICY_NAMES, written out so `--help` does not import placement (a test keeps the
+# two the same).
+POLICIES_IN_HELP = ("random", "dotprod", "clustering", "packing", "bestfit", "fgd", "spread", "kubegpu", "dra")
+# The FGD paper's published values (PAPER_AT_100) are for its default trace: these packaged node and pod lists.
+PAPER_TRACE = ("openb_node_list_gpu_node.csv", "openb_pod_list_default.csv")
 
 
 @app.command("simulate", short_help="Replay a GPU cluster trace through the placement policies.")
@@ -38,8 +43,7 @@ def simulate(
             metavar="POLICY",
             help="Node-level policy; repeat for "
             "several (default: the six FGD-paper policies and kubegpu). "
-            "Known: random, dotprod, clustering, packing, bestfit, fgd, "
-            "spread, kubegpu.",
+            "Known: " + ", ".join(POLICIES_IN_HELP) + " (dra: the stock kube-scheduler with DRA claims).",
         ),
     ] = None,
     gpu_policy: Annotated[
@@ -66,6 +70,9 @@ def simulate(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (last line) instead of a table.")
     ] = False,
+    output: Annotated[
+        str, typer.Option("--output", "-o", metavar="json", help="json: the same as --json.")
+    ] = "",
     plot: Annotated[Path | None, typer.Option("--plot", metavar="PNG",
                                               help="Write the paper's figure 9a (PNG).")] = None,
     replay_time: Annotated[
@@ -109,9 +116,13 @@ def simulate(
     on a small machine). The full study of the paper is --seeds 10. Metric: unallocated GPU % (100 -
     allocated) when the arrived GPU request reaches 80 ... 130 % of capacity.
     """
+    from kubegpu.cli.output import output_format
     from kubegpu.placement.policies import PAPER_POLICIES, POLICY_NAMES
     from kubegpu.sim.trace import TraceError, default_path, load_nodes, load_pods
 
+    as_json = as_json or output_format(output, ("json",)) == "json"
+    if plot is not None:
+        _check_plot(plot, as_json)  # before minutes of replay, not after
     policies = list(policy) if policy else [*PAPER_POLICIES, "kubegpu"]
     unknown = [p for p in [*policies, *([gpu_policy] if gpu_policy else [])] if p not in POLICY_NAMES]
     if unknown:
@@ -135,6 +146,7 @@ def simulate(
         "inflate": inflate,
         "seeds": [] if replay_time else list(range(42, 42 + seeds)),
     }
+    paper_trace = _is_packaged(nodes, PAPER_TRACE[0]) and _is_packaged(pods, PAPER_TRACE[1])
     if replay_time:
         if inflate is not None:
             _fail("--inflate resamples pods for the paper's protocol; with --replay-time use --load", as_json)
@@ -161,7 +173,30 @@ def simulate(
     trace["ties"] = ties
     inflate = 1.3 if inflate is None else inflate
     trace["inflate"] = inflate
-    _run_study(node_list, pod_list, policies, gpu_policy, seeds, inflate, trace, as_json, plot)
+    _run_study(node_list, pod_list, policies, gpu_policy, seeds, inflate, trace, as_json, plot, paper_trace)
+
+
+def _is_packaged(path: Path | None, name: str) -> bool:
+    """The packaged trace file ``name``: not given, or a file with the same bytes (a copy of it)."""
+    from kubegpu.sim.trace import default_path
+
+    if path is None:
+        return True
+    packaged = default_path(name)
+    try:
+        return path.stat().st_size == packaged.stat().st_size and path.read_bytes() == packaged.read_bytes()
+    except OSError:
+        return False
+
+
+def _check_plot(plot: Path, as_json: bool) -> None:
+    """--plot's needs, checked before any work: matplotlib (the `sim` extra) and a directory to write to."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        _fail("--plot needs matplotlib, which is not installed: pip install 'kubegpu[sim]'", as_json)
+    if not plot.parent.resolve().is_dir():
+        _fail(f"--plot {plot}: the directory {plot.parent} does not exist", as_json)
 
 
 def _fail(message: str, as_json: bool) -> None:
@@ -200,6 +235,7 @@ def _run_study(
     trace: dict[str, Any],
     as_json: bool,
     plot: Path | None,
+    paper_trace: bool = False,
 ) -> None:
     from kubegpu.sim.study import run_study, study_json
 
@@ -233,47 +269,96 @@ def _run_study(
     if as_json:
         print(json.dumps(study_json(trace, results)))
         return
-    _print_table(results, trace, seeds, plot)
+    _print_table(results, trace, seeds, plot, paper_trace)
 
 
-def _print_table(results: Any, trace: dict[str, Any], seeds: int, plot: Path | None) -> None:
+def _target_width(console: Any) -> int | None:
+    """The width a table must fit: COLUMNS when set (as in a script or CI), else the terminal's; None (no limit)
+    for a pipe or a file without COLUMNS."""
+    import os
+
+    try:
+        columns = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        columns = 0
+    if columns > 0:
+        return columns
+    return console.width if console.is_terminal else None
+
+
+def _fit(columns: list[tuple[str, str, list[str]]], keep: list[str], width: int | None) -> list[str]:
+    """The headers of ``columns`` (header, justify, cells) to show: in ``keep``'s order of importance, each
+    while the table still fits ``width`` (rich's box: one border per column plus one, padding 1 each side)."""
+    if width is None:
+        return [h for h, _, _ in columns]
+    sizes = {h: max([len(h), *(len(c) for c in cells)]) + 3 for h, _, cells in columns}
+    shown: list[str] = []
+    used = 1
+    for h in keep:
+        if used + sizes[h] <= width or not shown:
+            shown.append(h)
+            used += sizes[h]
+    return shown
+
+
+def _table(title: str, columns: list[tuple[str, str, list[str]]], keep: list[str], width: int | None) -> Any:
+    """A rich table of the columns that fit, in their own order; the dropped ones are named in the caption."""
     from rich.table import Table
 
+    shown = _fit(columns, keep, width)
+    dropped = [h for h, _, _ in columns if h not in shown]
+    caption = f"not shown at {width} columns: {', '.join(dropped)} (--json has every value)" if dropped else None
+    table = Table(title=title, caption=caption)
+    picked = [(h, j, cells) for h, j, cells in columns if h in shown]
+    for h, j, _ in picked:
+        table.add_column(h, justify=j)  # type: ignore[arg-type]
+    for i in range(len(picked[0][2]) if picked else 0):
+        table.add_row(*(cells[i] for _, _, cells in picked))
+    return table
+
+
+def _print_table(results: Any, trace: dict[str, Any], seeds: int, plot: Path | None, paper_trace: bool = False) -> None:
     from kubegpu.cli.console import make_console
     from kubegpu.sim.replay import CHECKPOINTS
     from kubegpu.sim.study import PAPER_AT_100
 
-    console = make_console(width=150)
+    console = make_console()
+    width = _target_width(console)
     console.print(
         f"Replayed [bold]{trace['pods']}[/] ({trace['pod_list']} pods, resampled to {trace['inflate']:.0%} of "
         f"GPU capacity) on [bold]{trace['nodes']}[/] ({trace['node_count']} nodes, {trace['gpus']} GPUs), "
         f"{seeds} seed(s) per policy" + (" (the paper's study uses --seeds 10)" if seeds < 10 else "") + "."
     )
-    table = Table(title="Unallocated GPU % when the arrived GPU request reaches X % of capacity (mean ± sd)")
-    table.add_column("policy")
-    for p in CHECKPOINTS:
-        table.add_column(f"{p} %", justify="right")
-    table.add_column("paper @100", justify="right")
-    table.add_column("frag @100", justify="right")
-    table.add_column("s/run", justify="right")
-    for name, s in results.items():
-        cells = []
-        for p in CHECKPOINTS:
-            m, sd = s.mean_at(p), s.sd_at(p)
-            cells.append("-" if m is None else (f"{m:.2f}" if seeds == 1 else f"{m:.2f} ± {sd:.2f}"))
-        paper = PAPER_AT_100.get(name)
-        frag = s.fragment_pct_at_100
-        table.add_row(
-            name if s.gpu_policy == name else f"{name} / {s.gpu_policy}",
-            *cells,
-            "-" if paper is None else f"{paper:.2f}",
-            "-" if frag is None else f"{frag:.2f}",
-            f"{s.seconds:.1f}",
-        )
-    console.print(table)
+
+    def cell(m: float | None, sd: float | None, sep: str) -> str:
+        return "-" if m is None else (f"{m:.2f}" if seeds == 1 else f"{m:.2f}{sep}±{sep}{sd:.2f}")
+
+    def columns(sep: str) -> list[tuple[str, str, list[str]]]:
+        out = [("policy", "left", [n if s.gpu_policy == n else f"{n} / {s.gpu_policy}" for n, s in results.items()])]
+        out += [(f"{p} %", "right", [cell(s.mean_at(p), s.sd_at(p), sep) for s in results.values()])
+                for p in CHECKPOINTS]
+        if paper_trace:  # the paper's published numbers are for its own trace only
+            out.append(("paper @100", "right", ["-" if PAPER_AT_100.get(n) is None else f"{PAPER_AT_100[n]:.2f}"
+                                                for n in results]))
+        out.append(("frag @100", "right", ["-" if s.fragment_pct_at_100 is None else f"{s.fragment_pct_at_100:.2f}"
+                                           for s in results.values()]))
+        out.append(("s/run", "right", [f"{s.seconds:.1f}" for s in results.values()]))
+        return out
+
+    # Most telling first: the headline (100 %), the paper's value beside it, the ends of the range, then the rest.
+    order = [100, 130, 80, 120, 110, 90, 95]
+    keep = ["policy", "100 %", "paper @100", "130 %", "80 %", "frag @100", *(f"{p} %" for p in order[3:]), "s/run"]
+    keep = [k for k in keep if k != "paper @100" or paper_trace]
+    keep += [f"{p} %" for p in CHECKPOINTS if f"{p} %" not in keep]
+    cols = columns(" ")
+    if width is not None and len(_fit(cols, keep, width)) < len(cols):
+        cols = columns("")  # "4.77±0.12" before dropping a column
+    title = "Unallocated GPU % when the arrived GPU request reaches X % of capacity" + \
+        (" (mean ± sd)" if seeds > 1 else "")
+    console.print(_table(title, cols, keep, width))
     console.print(
-        "frag @100: the FGD fragment of the free GPU (% of capacity) at arrived 100 %; paper @100: "
-        "the FGD paper's published value."
+        "frag @100: the FGD fragment of the free GPU (% of capacity) at arrived 100 %"
+        + ("; paper @100: the FGD paper's published value." if paper_trace else ".")
     )
     console.print("Failed pods (mean per run over the whole replay, by kind):")
     for name, s in results.items():
@@ -305,42 +390,30 @@ def _run_timeline(
     if as_json:
         print(json.dumps({"trace": trace, "policies": {n: r.to_json() for n, r in results.items()}}))
         return
-    from rich.table import Table
-
     from kubegpu.cli.console import make_console
 
-    console = make_console(width=150)
+    console = make_console()
     console.print(
         f"Replayed [bold]{trace['pods']}[/] in time (creation and deletion timestamps, with departures) "
         f"on {trace['node_count']} nodes, {trace['gpus']} GPUs, arrivals compressed {trace['load']:g}x "
         f"(the load factor; pods keep their durations): peak concurrent GPU request "
         f"{next(iter(results.values())).peak_demand_pct:.1f} % of capacity."
     )
-    table = Table(title="Time replay")
-    for col in (
-        "policy",
-        "pods",
-        "failed GPU %",
-        "failed pods",
-        "mean alloc %",
-        "peak alloc %",
-        "free GPU % when dropping",
-        "s",
-    ):
-        table.add_column(col, justify="right" if col != "failed pods" else "left")
-    for name, r in results.items():
-        failed = ", ".join(f"{k} {v}" for k, v in sorted(r.failed.items(), key=lambda kv: -kv[1]))
-        table.add_row(
-            name,
-            str(r.pods),
-            f"{r.failed_gpu_pct:.2f}",
-            failed or "none",
-            f"{r.mean_allocated_pct:.2f}",
-            f"{r.peak_allocated_pct:.2f}",
-            f"{r.mean_unallocated_when_pending_pct:.2f}",
-            f"{r.seconds:.1f}",
-        )
-    console.print(table)
+    rs = list(results.values())
+    cols: list[tuple[str, str, list[str]]] = [
+        ("policy", "right", list(results)),
+        ("pods", "right", [str(r.pods) for r in rs]),
+        ("failed GPU %", "right", [f"{r.failed_gpu_pct:.2f}" for r in rs]),
+        ("failed pods", "left", [", ".join(f"{k} {v}" for k, v in sorted(r.failed.items(), key=lambda kv: -kv[1]))
+                                 or "none" for r in rs]),
+        ("mean alloc %", "right", [f"{r.mean_allocated_pct:.2f}" for r in rs]),
+        ("peak alloc %", "right", [f"{r.peak_allocated_pct:.2f}" for r in rs]),
+        ("free GPU % when dropping", "right", [f"{r.mean_unallocated_when_pending_pct:.2f}" for r in rs]),
+        ("s", "right", [f"{r.seconds:.1f}" for r in rs]),
+    ]
+    keep = ["policy", "failed GPU %", "mean alloc %", "free GPU % when dropping", "peak alloc %", "pods",
+            "failed pods", "s"]
+    console.print(_table("Time replay", cols, keep, _target_width(console)))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Group
@@ -14,6 +14,7 @@ from rich.table import Table
 
 from kubegpu.cli.console import make_console
 from kubegpu.cli.main import app
+from kubegpu.cli.output import output_format, print_data
 from kubegpu.model.quantity import format_bytes
 from kubegpu.status.view import ClusterView, GpuView, Holder
 
@@ -82,10 +83,23 @@ def _replica_table(view: ClusterView) -> Table | None:
     return table
 
 
-def render_table(view: ClusterView) -> Group:
+def source_notes(view: ClusterView, extender: bool) -> list[str]:
+    """What the chosen source cannot see, so a reader knows which view is behind where the two differ."""
+    if not extender:
+        return []
+    notes = ["time-slicing / MPS replicas are counted by the kubelet, not the extender: they are shown from "
+             "the API server only (drop --extender)"]
+    if any(g.uuid.startswith("minor-") for n in view.nodes for g in n.gpus):
+        notes.append("this extender's summary has no deviceInfo (it predates this CLI): models, MIG devices and "
+                     "replicated GPUs are unknown and health is read from each GPU's total; read the API "
+                     "server (drop --extender) for those")
+    return notes
+
+
+def render_table(view: ClusterView, *, wide: bool = False, notes: list[str] | None = None) -> Group:
     """The status as rich renderables: one row per GPU, the MIG layout and the replicas, then the totals."""
     table = Table(title="GPUs", expand=False)
-    for col in ("NODE", "GPU", "MODEL", "HEALTH", "COMPUTE", "MEMORY", "HELD BY"):
+    for col in ("NODE", "GPU", "MODEL", "HEALTH", "COMPUTE", "MEMORY", "HELD BY", *(("MINOR", "UUID") if wide else ())):
         table.add_column(col, overflow="fold")
     for node in view.nodes:
         for i, g in enumerate(node.gpus):
@@ -93,7 +107,7 @@ def render_table(view: ClusterView) -> Group:
             core, held = _gpu_row(g)
             table.add_row(node.name if i == 0 else "", str(g.index), g.model or "-", health, core,
                           f"{_gib(g.memory_used)}/{_gib(g.memory_bytes)}", held,
-                          end_section=i == len(node.gpus) - 1)
+                          *((str(g.minor), g.uuid) if wide else ()), end_section=i == len(node.gpus) - 1)
     t = view.totals
     totals = Table.grid(padding=(0, 2))
     totals.add_row("nodes", str(t.nodes), "GPUs", f"{t.gpus} ({t.healthy_gpus} healthy)")
@@ -113,6 +127,8 @@ def render_table(view: ClusterView) -> Group:
     parts.append(totals)
     for p in view.problems:
         parts.append(f"[red]problem:[/] {escape(p)}")
+    for note in notes or ():
+        parts.append(f"[yellow]note:[/] {escape(note)}")
     return Group(*parts)
 
 
@@ -136,13 +152,16 @@ def status(
     watch: bool = typer.Option(False, "--watch", "-w", help="Refresh in place until interrupted."),
     interval: float = typer.Option(2.0, metavar="SECONDS", help="Seconds between refreshes with --watch."),
     count: int = typer.Option(0, metavar="N", help="With --watch, stop after this many refreshes (0 = forever)."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (for scripts)."),
+    output: str = typer.Option("", "--output", "-o", metavar="FORMAT",
+                               help="json, yaml, or wide (adds each GPU's UUID and minor); default: the table."),
+    as_json: bool = typer.Option(False, "--json", help="Same as -o json."),
 ) -> None:
     """Show every GPU: model, health, compute and memory allocated, which pods hold it, and the
     cluster's totals, including stranded (fragmented) GPU: free compute on partly used GPUs that no
     whole-GPU request can use."""
     from kubegpu.status.sources import SourceError, from_api_server, from_extender
 
+    fmt = output_format(output or ("json" if as_json else ""))
     client = None
 
     def snapshot() -> ClusterView:
@@ -158,23 +177,37 @@ def status(
                 except ClientConfigError as exc:
                     raise SourceError(str(exc)) from None
             snap = from_api_server(client)
+        names = sorted(i.name for i in snap.inventories)
+        if node is not None and node not in names:
+            raise SourceError(f"no node {node!r} with GPUs in {'the extender' if extender else 'the cluster'} "
+                              f"(nodes: {', '.join(names) or 'none'})")
         return snap.view(node=node, model=model, namespace=namespace)
+
+    def data() -> dict[str, Any]:
+        view = snapshot()
+        return {**view.to_json(), "source": "extender" if extender else "api-server",
+                "notes": source_notes(view, extender is not None)}
 
     console = make_console()  # piped output is read by scripts and pagers: never fold rows
     try:
-        if as_json:
-            typer.echo(json.dumps(snapshot().to_json()))
+        if fmt in ("json", "yaml"):
+            print_data(data(), fmt)
             return
+
+        def table() -> Group:
+            view = snapshot()
+            return render_table(view, wide=fmt == "wide", notes=source_notes(view, extender is not None))
+
         if not watch:
-            console.print(render_table(snapshot()))
+            console.print(table())
             return
         from rich.live import Live
 
-        with Live(render_table(snapshot()), console=console, refresh_per_second=4) as live:
+        with Live(table(), console=console, refresh_per_second=4) as live:
             n = 1
             while count == 0 or n < count:
                 time.sleep(interval)
-                live.update(render_table(snapshot()))
+                live.update(table())
                 n += 1
     except SourceError as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -261,7 +261,8 @@ def record_key_env(v: Values) -> list[Obj]:
 
 def resources_env(v: Values) -> list[Obj]:
     """The renamed GPU resources the nodes serve, for every role that reads pods (model/resources.py)."""
-    names = gpu_resources(v)
+    # The values' extra MIG profiles too: the webhook refuses MIG profiles it does not know (model/names.py).
+    names = (*gpu_resources(v), *sorted({R.mig_resource(p) for p in v.mig_profiles}))
     return [{"name": R.GPU_RESOURCES_ENV, "value": ",".join(names)}] if names else []
 
 

@@ -36,6 +36,7 @@ from typing import Any
 from kubegpu.model import legacy
 from kubegpu.model import resources as R
 from kubegpu.model.annotations import GPU_MODEL
+from kubegpu.model.names import review_names
 from kubegpu.model.request import ContainerRequest, PodRequest, Refusal, parse_pod
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
@@ -214,6 +215,9 @@ def review_pod(pod: Mapping[str, Any], policy: AdmissionPolicy = AdmissionPolicy
     if not isinstance(spec, Mapping):
         return PodReview(parsed, parsed.refusals)
     b = _Builder(refusals=list(parsed.refusals))
+    # Names no node serves, and GPU requests Kubernetes would never read (kubegpu.model.names).
+    name_refusals, b.warnings = review_names(pod, policy.replica_resources)
+    b.refusals += name_refusals
     by_name = {(c.init, c.name): c for c in parsed.containers}
     gpu_pod = parsed.wants_gpu
     can_reach_gpus = gpu_pod or policy.void_all_pods or _tolerates(spec.get("tolerations"), policy.taint_key)

@@ -152,8 +152,12 @@ def _gpu_entries(container: str, section: object, where: str,
         if not isinstance(name, str) or not R.is_gpu_resource(name, replicas):
             continue
         if not R.is_known_name(name, replicas):
+            from kubegpu.model.names import suggest  # names reads this module's Refusal
+
+            hit = suggest(name, replicas)
             raise _refuse(container, name, value,
-                          "unknown GPU resource name (canonical: nvidia.com/gpu, "
+                          (f"unknown GPU resource name; did you mean {hit!r}? (" if hit else
+                           "unknown GPU resource name (") + "canonical: nvidia.com/gpu, "
                           f"nvidia.com/mig-<g>g.<m>gb, {', '.join(R.SHARE_RESOURCES)}; aliases: "
                           "kubernetes.io/gpu*, koordinator.sh/gpu*, alpha.kubernetes.io/nvidia-gpu)",
                           "unknown-resource")

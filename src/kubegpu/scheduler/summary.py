@@ -39,6 +39,7 @@ def node_summary(state: NodeState, held: Mapping[str, PodAllocation]) -> dict[st
         by_container[key] = {c.container: {str(g.minor): _res(g.core, g.memory_bytes, g.memory_ratio)
                                            for g in c.grants} for c in alloc.containers}
     return {
+        **device_info(state, held),
         "allocateSet": {"gpu": allocate},
         "allocateSetByContainer": {"gpu": by_container},
         "deviceFree": _res(*sums["free"]),
@@ -48,6 +49,26 @@ def node_summary(state: NodeState, held: Mapping[str, PodAllocation]) -> dict[st
         "deviceUsed": _res(*sums["used"]),
         "deviceUsedDetail": {"gpu": detail["used"]},
     }
+
+
+def device_info(state: NodeState, held: Mapping[str, PodAllocation]) -> dict[str, Any]:
+    """kubegpu's ``deviceInfo``: what the extender knows of each GPU beyond the seed's numbers (model, health,
+    MIG devices and their holders, replicated), so ``kubegpu status --extender`` shows what the API server
+    view shows (kubegpu/status/sources.py reads it)."""
+    mig_holders: dict[str, list[dict[str, str]]] = {}
+    for key, alloc in held.items():
+        for c in alloc.containers:
+            for g in c.grants:
+                if g.mig_uuid:
+                    mig_holders.setdefault(g.mig_uuid, []).append({"pod": key, "container": c.container})
+    info = {str(g.minor): {
+        "uuid": g.uuid, "index": g.index, "model": g.model, "healthy": g.healthy, "memoryBytes": g.memory_bytes,
+        "migEnabled": g.mig_enabled, "replicated": g.replicated,
+        "mig": [{"uuid": m.uuid, "index": m.index, "profile": m.profile, "memoryBytes": m.memory_bytes,
+                 "healthy": m.healthy, "slices": int(m.attributes.get("slices.gi", 0)),
+                 "holders": mig_holders.get(m.uuid, [])} for m in g.mig_devices] if g.mig_enabled else [],
+    } for g in state.gpus}
+    return {"deviceInfo": {"gpu": info}}
 
 
 def _res(core: int, mem: int, ratio: int) -> dict[str, str]:

@@ -18,7 +18,7 @@ from kubegpu.model import resources as R
 from kubegpu.model import signing
 from kubegpu.model.allocation import ContainerAllocation, DeviceGrant, PodAllocation
 from kubegpu.model.annotations import DEVICE_ALLOCATED, DEVICE_ASSIGNED
-from kubegpu.model.inventory import Gpu, NodeInventory
+from kubegpu.model.inventory import Gpu, MigDevice, NodeInventory
 from kubegpu.model.quantity import QuantityError, parse_int
 from kubegpu.model.records import pod_allocation
 from kubegpu.model.request import RequestKind, parse_pod
@@ -181,18 +181,43 @@ def from_api_server(client: Any) -> Snapshot:
 
 
 def _summary_inventory(node: str, summary: Mapping[str, Any]) -> NodeInventory:
+    """The node's GPUs from its summary: from kubegpu's ``deviceInfo`` (model, health, MIG, replicated); for an
+    extender that speaks only the seed's shape, health from the total (an unhealthy GPU totals 0 %)."""
+    info = (summary.get("deviceInfo") or {}).get("gpu") or {}
     gpus = []
     for minor, res in sorted(((summary.get("deviceTotalDetail") or {}).get("gpu") or {}).items(),
                              key=lambda kv: int(kv[0])):
-        gpus.append(Gpu(uuid=f"minor-{minor}", index=int(minor), minor=int(minor), model="",
-                        memory_bytes=parse_int(res.get(R.GPU_MEMORY, "0"))))
+        d = info.get(minor)
+        if isinstance(d, Mapping):
+            migs = tuple(MigDevice(uuid=str(m["uuid"]), profile=str(m["profile"]), parent_uuid=str(d["uuid"]),
+                                   gi=0, ci=0, memory_bytes=int(m["memoryBytes"]), index=int(m["index"]),
+                                   healthy=bool(m["healthy"]), attributes={"slices.gi": int(m.get("slices", 0))})
+                         for m in d.get("mig") or ())
+            gpus.append(Gpu(uuid=str(d["uuid"]), index=int(d["index"]), minor=int(minor), model=str(d["model"]),
+                            memory_bytes=int(d["memoryBytes"]), healthy=bool(d["healthy"]),
+                            mig_enabled=bool(d["migEnabled"]), mig_devices=migs, replicated=bool(d["replicated"])))
+        else:
+            gpus.append(Gpu(uuid=f"minor-{minor}", index=int(minor), minor=int(minor), model="",
+                            memory_bytes=parse_int(res.get(R.GPU_MEMORY, "0")),
+                            healthy=parse_int(res.get(R.GPU_CORE, "100")) > 0))
     return NodeInventory(node, tuple(gpus))
 
 
-def _grants(per_minor: Mapping[str, Any]) -> tuple[DeviceGrant, ...]:
+def _mig_of(summary: Mapping[str, Any], pod: str, container: str, minor: str) -> str | None:
+    """The MIG device ``container`` of ``pod`` holds on GPU ``minor`` (``deviceInfo``), if any."""
+    d = ((summary.get("deviceInfo") or {}).get("gpu") or {}).get(minor)
+    for m in d.get("mig") or () if isinstance(d, Mapping) else ():
+        if {"pod": pod, "container": container} in (m.get("holders") or ()):
+            return str(m["uuid"])
+    return None
+
+
+def _grants(per_minor: Mapping[str, Any], uuids: Mapping[str, str] | None = None,
+            mig: Mapping[str, str | None] | None = None) -> tuple[DeviceGrant, ...]:
     return tuple(
-        DeviceGrant(int(minor), f"minor-{minor}", parse_int(res.get(R.GPU_CORE, "0")),
-                    parse_int(res.get(R.GPU_MEMORY, "0")), parse_int(res.get(R.GPU_MEMORY_RATIO, "0")))
+        DeviceGrant(int(minor), (uuids or {}).get(minor, f"minor-{minor}"), parse_int(res.get(R.GPU_CORE, "0")),
+                    parse_int(res.get(R.GPU_MEMORY, "0")), parse_int(res.get(R.GPU_MEMORY_RATIO, "0")),
+                    (mig or {}).get(minor))
         for minor, res in per_minor.items()
     )
 
@@ -201,14 +226,18 @@ def _summary_records(node: str, summary: Mapping[str, Any]) -> list[PodRecord]:
     """The pods' holdings; per container where the extender gives them (kubegpu's addition to the seed's
     shape), else one nameless container per pod (an extender that speaks only the seed's shape)."""
     out = []
+    info = (summary.get("deviceInfo") or {}).get("gpu") or {}
+    uuids = {minor: str(d["uuid"]) for minor, d in info.items() if isinstance(d, Mapping) and "uuid" in d}
     by_container = (summary.get(BY_CONTAINER) or {}).get("gpu") or {}
     for pod, per_minor in ((summary.get("allocateSet") or {}).get("gpu") or {}).items():
         ns, _, name = pod.partition("/")
         containers = by_container.get(pod)
         if isinstance(containers, Mapping) and containers:
-            alloc = PodAllocation(tuple(ContainerAllocation(c, _grants(per)) for c, per in containers.items()))
+            alloc = PodAllocation(tuple(
+                ContainerAllocation(c, _grants(per, uuids, {m: _mig_of(summary, pod, c, m) for m in per}))
+                for c, per in containers.items()))
         else:
-            alloc = PodAllocation((ContainerAllocation("", _grants(per_minor)),))
+            alloc = PodAllocation((ContainerAllocation("", _grants(per_minor, uuids)),))
         out.append(PodRecord(ns, name, node, alloc))
     return out
 
@@ -233,6 +262,6 @@ def from_extender(url: str, timeout_s: float = 5.0, ca: str | None = None) -> Sn
         try:
             inventories.append(_summary_inventory(node, summary))
             records += _summary_records(node, summary)
-        except (AttributeError, TypeError, ValueError, QuantityError) as exc:
+        except (AttributeError, TypeError, ValueError, KeyError, QuantityError) as exc:
             problems.append(f"node {node}: unreadable summary: {exc}")
     return Snapshot(inventories, records, problems)

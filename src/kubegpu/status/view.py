@@ -331,14 +331,15 @@ def build_view(
                          for m in sorted(g.mig_devices, key=lambda m: m.index)) if g.mig_enabled else ()
             gv = GpuView(inv.name, g.index, g.minor, g.uuid, g.model, g.healthy, g.memory_bytes,
                          sum(h.core for h in hs), sum(h.memory_bytes for h in hs), tuple(hs), migs,
-                         g.mig_enabled, mark_replicas and not g.mig_enabled)
+                         g.mig_enabled, g.replicated or (mark_replicas and not g.mig_enabled))
             if gv.overcommitted:
                 problems.append(f"{inv.name} GPU {g.index}: overcommitted ({gv.core_used} % compute, "
                                 f"{gv.memory_used} of {gv.memory_bytes} bytes)")
             gpus.append(gv)
         if gpus:
             views.append(NodeView(inv.name, tuple(gpus), replicas))
-            unmarked = replica_gpus if not mark_replicas else 0
+            # Replicated GPUs the Device object marks are already not placeable; take off only the rest.
+            unmarked = max(0, replica_gpus - sum(1 for g in gpus if g.replica_only)) if not mark_replicas else 0
             whole_free += max(0, sum(1 for g in gpus if g.placeable and not g.holders) - unmarked)
     all_gpus = [g for n in views for g in n.gpus]
     all_replicas = [r for n in views for r in n.replicas]
