@@ -38,7 +38,7 @@ def test_every_object_validates_against_the_kubernetes_openapi_schema(mode: str)
 
 def test_checked_in_default_install_is_fresh() -> None:
     assert (ROOT / "deploy" / "kubegpu.yaml").read_text() == to_yaml(render(Values())), (
-        "deploy/kubegpu.yaml is stale: run `kubegpu manifests -o deploy/kubegpu.yaml`"
+        "deploy/kubegpu.yaml is stale: run `kubegpu manifests --output-file deploy/kubegpu.yaml`"
     )
 
 
