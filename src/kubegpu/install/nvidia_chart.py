@@ -117,6 +117,27 @@ def _image_block(raw: dict[str, Any], out: Prepared) -> None:
                          "image (kubegpuImage: repository, tag, pullPolicy chooses it)")
 
 
+def show(value: Any) -> str:
+    """A value as the operator wrote it in YAML (true, not Python's True)."""
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    return repr(value)
+
+
+def field_type(schema: type[msgspec.Struct], path: str) -> Any:
+    """The declared type at a dotted values path (``webhook.failurePolicy``), or None where there is none."""
+    tp: Any = schema
+    for part in path.split("."):
+        struct = _struct_of(tp)
+        if struct is None:
+            return None
+        fields = {f.encode_name: f.type for f in msgspec.structs.fields(struct)}
+        if part not in fields:
+            return None
+        tp = fields[part]
+    return tp
+
+
 def _last_element(repo: str) -> str:
     return repo.split("@", 1)[0].rsplit("/", 1)[-1].split(":", 1)[0]
 
@@ -151,8 +172,10 @@ def _rule(path: str) -> Rule | None:
     return RULES.get(path + ".*")
 
 
-def _walk(raw: dict[str, Any], schema: type[msgspec.Struct], prefix: str, out: Prepared) -> dict[str, Any]:
-    fields = {f.encode_name: f for f in msgspec.structs.fields(schema)}
+def _walk(raw: dict[str, Any], schema: type[msgspec.Struct] | None, prefix: str, out: Prepared) -> dict[str, Any]:
+    """``raw`` less what :data:`RULES` took and nulls; every unknown key and refused value into ``out``. A
+    section of NVIDIA's chart that kubegpu's schema lacks (``schema`` None) is walked for its rules only."""
+    fields = {f.encode_name: f for f in msgspec.structs.fields(schema)} if schema else {}
     kept: dict[str, Any] = {}
     for key, value in raw.items():
         path = f"{prefix}{key}"
@@ -166,9 +189,12 @@ def _walk(raw: dict[str, Any], schema: type[msgspec.Struct], prefix: str, out: P
             kept[key] = _walk(value, sub, f"{path}.", out) if sub and isinstance(value, dict) else value
             continue
         rule = _rule(path)
+        if rule is None and isinstance(value, dict) and any(p.startswith(f"{path}.") for p in RULES):
+            _walk(value, None, f"{path}.", out)
+            continue
         if rule is not None:
             if not rule.accepts(value):
-                out.problems.append(f"{path}: {value!r} cannot be honoured: {rule.why}")
+                out.problems.append(f"{path}: {show(value)} cannot be honoured: {rule.why}")
             continue
         known = list(fields) + [p[len(prefix):].split(".", 1)[0] for p in RULES if p.startswith(prefix)]
         close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)

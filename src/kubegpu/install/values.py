@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import typing
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -17,7 +18,7 @@ import msgspec
 import yaml
 
 from kubegpu import __version__
-from kubegpu.install.nvidia_chart import KUBEGPU_REPOSITORY, prepare
+from kubegpu.install.nvidia_chart import KUBEGPU_REPOSITORY, field_type, prepare
 from kubegpu.model import resources as R
 from kubegpu.model.limits import DEFAULT_MAX_GPU_CONTAINERS
 
@@ -358,8 +359,8 @@ def problems(v: Values) -> list[str]:
                    "the nvidia.com/device-plugin.config label; set config.default (or name an entry 'default')")
     if v.device_discovery_strategy not in (None, "auto", "nvml"):
         out.append(f"deviceDiscoveryStrategy: {v.device_discovery_strategy!r} is not supported: kubegpu discovers "
-                   "GPUs through NVML only (auto or nvml); Tegra and VFIO passthrough GPUs have no kubegpu "
-                   "backend")
+                   "GPUs through NVML only; Tegra and VFIO passthrough GPUs have no kubegpu backend: give auto or "
+                   "nvml, and keep NVIDIA's device plugin on those nodes")
     if v.nfd.enabled:
         out.append("nfd.enabled: kubegpu does not deploy node-feature-discovery; install it from its own chart "
                    "and set nfd.enabled: false (or remove it)")
@@ -475,7 +476,7 @@ def parse_values(raw: object) -> tuple[Values, list[str]]:
                 msgspec.convert({key: value}, Values)
                 good[key] = value
             except msgspec.ValidationError as exc:
-                found.append(_validation_problem(str(exc)))
+                found.append(_validation_problem(str(exc), Values))
         v = msgspec.convert(good, Values)
     if v.kubegpu_image is not None:
         v.image = v.kubegpu_image
@@ -487,10 +488,21 @@ def parse_values(raw: object) -> tuple[Values, list[str]]:
     return v, prepared.notes
 
 
-def _validation_problem(message: str) -> str:
-    """msgspec's "Expected `int`, got `str` - at `$.scheduler.weight`" as "scheduler.weight: expected ..."."""
+def _validation_problem(message: str, schema: type[msgspec.Struct]) -> str:
+    """msgspec's "Expected `int`, got `str` - at `$.scheduler.weight`" as "scheduler.weight: expected ...", with
+    the choices where the key has a fixed set."""
     m = re.fullmatch(r"(.*) - at `\$\.?(.*)`", message, re.S)
     if not m:
         return f"invalid values: {message}"
     what = m[1][:1].lower() + m[1][1:]
+    choices = [a for t in (field_type(schema, m[2]),) for a in _literals(t)]
+    if choices:
+        what += f": give one of {', '.join(choices)}"
     return f"{m[2]}: {what}"
+
+
+def _literals(tp: Any) -> list[str]:
+    """The string choices of a ``Literal[...]`` type (also inside ``X | None``)."""
+    if typing.get_origin(tp) is Literal:
+        return [str(a) for a in typing.get_args(tp)]
+    return [c for a in typing.get_args(tp) for c in _literals(a)]
