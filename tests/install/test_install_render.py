@@ -329,7 +329,7 @@ def test_config_default_and_fallback_strategies(config: dict, chosen: str) -> No
     ({"nfd": {"enabled": True}}, "nfd.enabled"),
     ({"devicePlugin": {"enabled": False}}, "devicePlugin.enabled: false cannot be honoured"),
     ({"gfd": {"sleepInterval": "30s"}}, "gfd.sleepInterval: '30s' cannot be honoured"),
-    ({"legacyDaemonsetAPI": True}, "legacyDaemonsetAPI: True cannot be honoured"),
+    ({"legacyDaemonsetAPI": True}, "legacyDaemonsetAPI: true cannot be honoured"),
     ({"namespace": "default", "mode": "node-only"}, "allowDefaultNamespace: true"),
     ({"namespaceOverride": "default", "allowDefaultNamespace": True}, "admitted unchecked"),
     ({"image": {"repository": "registry.corp/gpu/plugin"}}, "kubegpuImage.repository"),
