@@ -38,7 +38,7 @@ def test_every_object_validates_against_the_kubernetes_openapi_schema(mode: str)
 
 def test_checked_in_default_install_is_fresh() -> None:
     assert (ROOT / "deploy" / "kubegpu.yaml").read_text() == to_yaml(render(Values())), (
-        "deploy/kubegpu.yaml is stale: run `kubegpu manifests -o deploy/kubegpu.yaml`"
+        "deploy/kubegpu.yaml is stale: run `kubegpu manifests --output-file deploy/kubegpu.yaml`"
     )
 
 
@@ -327,8 +327,15 @@ def test_config_default_and_fallback_strategies(config: dict, chosen: str) -> No
     ({"config": {"map": {"a": "x"}, "name": "cm"}}, "config.name and config.map"),
     ({"config": {"fallbackStrategies": ["first"]}}, "fallbackStrategies"),
     ({"nfd": {"enabled": True}}, "nfd.enabled"),
-    ({"gfd": {"enabled": False}}, "gfd.enabled"),
-    ({"gfd": {"nameOverride": "x"}}, "nameOverride"),
+    ({"devicePlugin": {"enabled": False}}, "devicePlugin.enabled: false cannot be honoured"),
+    ({"gfd": {"sleepInterval": "30s"}}, "gfd.sleepInterval: '30s' cannot be honoured"),
+    ({"legacyDaemonsetAPI": True}, "legacyDaemonsetAPI: true cannot be honoured"),
+    ({"namespace": "default", "mode": "node-only"}, "allowDefaultNamespace: true"),
+    ({"namespaceOverride": "default", "allowDefaultNamespace": True}, "admitted unchecked"),
+    ({"image": {"repository": "registry.corp/gpu/plugin"}}, "kubegpuImage.repository"),
+    ({"kubegpuImage": {"tag": "v1:2"}}, "kubegpuImage.tag: 'v1:2' is not an image tag"),
+    ({"devicePlugin": {"containers": {"main": {"env": [{"name": "KUBEGPU_RECORD_KEY", "value": "x"}]}}}},
+     "KUBEGPU_RECORD_KEY is set by kubegpu"),
     ({"deviceDiscoveryStrategy": "tegra"}, "deviceDiscoveryStrategy: 'tegra'"),
     ({"deviceDiscoveryStrategy": "vfio"}, "deviceDiscoveryStrategy: 'vfio'"),
     ({"webhook": {"certManager": False}}, "webhook.caBundle"),

@@ -149,7 +149,11 @@ def node_objects(v: Values) -> list[Obj]:
         ("NVIDIA_DRIVER_ROOT", v.nvidia_driver_root),
         ("DEVICE_DISCOVERY_STRATEGY", v.device_discovery_strategy),
         ("NVIDIA_CDI_HOOK_PATH", v.cdi.nvidia_hook_path or None),
+        ("CDI_FEATURE_FLAGS", _comma_list(v.cdi.feature_flags)),
         ("PASS_DEVICE_SPECS", True if v.compat_with_cpu_manager else None),
+        ("GDS_ENABLED", v.gds_enabled),
+        ("MOFED_ENABLED", v.mofed_enabled),
+        ("GDRCOPY_ENABLED", v.gdrcopy_enabled),
     ):
         if value is not None:
             env.append({"name": key, "value": str(value).lower() if isinstance(value, bool) else str(value)})
@@ -176,16 +180,17 @@ def node_objects(v: Values) -> list[Obj]:
         env.extend(config_env(v))
         mounts.append({"name": "config", "mountPath": "/config", "readOnly": True})
         volumes.append({"name": "config", "configMap": {"name": config_map_name(v)}})
+    env = _with_env(env, v.device_plugin.containers.main.env)
     container = _container(
         v, "node", args, v.resources, env=env, volumeMounts=mounts,
         ports=[{"name": "metrics", "containerPort": v.metrics_port}],
-        securityContext=v.security_context if v.security_context is not None else node_security_context(v),
+        securityContext=v.security_context if v.security_context else node_security_context(v),
         **node_probes(),
     )
     pod_spec: Obj = {
         # Root (the image's default user is 65532): the kubelet's device-plugin directory and /var/run/cdi
         # are root's. At pod level, so a securityContext given in the values keeps it.
-        "securityContext": {"runAsUser": 0, "runAsGroup": 0},
+        "securityContext": {"runAsUser": 0, "runAsGroup": 0, **v.pod_security_context},
         "serviceAccountName": name,
         "priorityClassName": v.priority_class_name,
         "tolerations": v.tolerations,
@@ -200,19 +205,37 @@ def node_objects(v: Values) -> list[Obj]:
         pod_spec["runtimeClassName"] = v.runtime_class_name
     if v.image_pull_secrets:
         pod_spec["imagePullSecrets"] = v.image_pull_secrets
+    if v.device_plugin.enable_host_network:
+        pod_spec["hostNetwork"] = True
+        pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"  # still resolve Services (the API server's name)
+    # NVIDIA's selectorLabelsOverride: the operator's labels beside kubegpu's, which the Service selects by.
+    selector = {**v.selector_labels_override, **_selector("node")}
     # Prometheus' pod discovery convention; the values' podAnnotations win (NVIDIA's chart key).
-    template_meta: Obj = {"labels": _selector("node"),
+    template_meta: Obj = {"labels": dict(selector),
                           "annotations": {**scrape_annotations(v.metrics_port), **v.pod_annotations}}
     objs.append({
         "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": _meta(name, v, "node"),
         "spec": {
-            "selector": {"matchLabels": _selector("node")},
+            "selector": {"matchLabels": selector},
             "updateStrategy": v.update_strategy,
             "template": {"metadata": template_meta, "spec": pod_spec},
         },
     })
     objs.append(node_metrics_service(v, name))
     return objs
+
+
+def _comma_list(flags: str | list[str] | None) -> str | None:
+    if flags is None:
+        return None
+    return flags if isinstance(flags, str) else ",".join(flags)
+
+
+def _with_env(env: list[Obj], extra: list[Obj]) -> list[Obj]:
+    """``env`` with NVIDIA's ``devicePlugin.containers.main.env``: an entry replaces kubegpu's of its name (as
+    the later duplicate wins in NVIDIA's chart), others are appended."""
+    given = {e["name"]: e for e in extra}
+    return [given.pop(e["name"], e) for e in env] + list(given.values())
 
 
 def scrape_annotations(port: int) -> dict[str, str]:
@@ -406,9 +429,12 @@ def _base(role: str, v: Values) -> list[Obj]:
         text = root.joinpath(name).read_text().replace(BASE_NAMESPACE, v.namespace)
         docs += [d for d in yaml.safe_load_all(text) if d]
     for d in docs:
-        for c in d.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
+        pod = d.get("spec", {}).get("template", {}).get("spec", {})
+        for c in pod.get("containers", []):
             if c["image"].startswith("ghcr.io/kubegpu/kubegpu:"):
                 c["image"], c["imagePullPolicy"] = v.image.ref, v.image.pull_policy
+                if v.image_pull_secrets:  # kubegpu's image, wherever it is pulled from
+                    pod["imagePullSecrets"] = v.image_pull_secrets
     return docs
 
 
@@ -493,8 +519,17 @@ def policy_objects(v: Values) -> list[Obj]:
 
 
 def notes(v: Values) -> list[str]:
-    """What the operator must know about this render (printed by ``kubegpu manifests`` on stderr)."""
+    """What the operator must know about this render (printed by ``kubegpu manifests`` on stderr), with the
+    namespace and names the render uses."""
+    v = resolved(v)
     out = []
+    if v.gfd.enabled:
+        out.append("gfd.enabled: no gpu-feature-discovery DaemonSet is rendered: `kubegpu node` publishes GPU "
+                   "feature discovery's labels itself (remove a GFD you run beside it: both would write them)")
+    if v.gfd.enabled and v.nfd.enabled is None:
+        out.append("NVIDIA's chart would deploy node-feature-discovery with gfd.enabled; kubegpu does not: the node "
+                   "DaemonSet's default affinity needs NFD's feature.node.kubernetes.io/pci-10de.present (install "
+                   "NFD from its own chart) or the label nvidia.com/gpu.present=true on each GPU node")
     if v.mode == "full" and not has_match_conditions(v):
         out.append(f"Kubernetes {v.kube_version or 'release'} has no webhook matchConditions: the webhook is sent "
                    f"every pod outside the excluded namespaces, so its failurePolicy is "
@@ -504,6 +539,10 @@ def notes(v: Values) -> list[str]:
                    f"once (kubectl -n {v.namespace} create secret generic {v.record_key_secret} "
                    "--from-literal=key=$(head -c 32 /dev/urandom | base64)); the extender and the node daemons "
                    "wait for it to start")
+    if v.mode == "full" and not v.webhook.cert_manager:
+        out.append(f"webhook.certManager: false: the Secret {v.namespace}/kubegpu-webhook-tls must hold a "
+                   f"certificate for kubegpu-webhook.{v.namespace}.svc signed by webhook.caBundle's CA (kubegpu "
+                   f"webhook-certs --namespace {v.namespace} makes both)")
     if v.mode == "full" and not reviews_updates(v):
         out.append("the webhook reviews pod creations only (webhook.reviewUpdates: false, the default without "
                    "matchConditions): record annotations written by a pod update are refused by the "
@@ -517,10 +556,15 @@ def notes(v: Values) -> list[str]:
     return out
 
 
+def resolved(v: Values) -> Values:
+    """``v`` as rendered: ``namespace`` is the namespace every object goes to (``namespaceOverride`` wins)."""
+    return msgspec.structs.replace(v, namespace=target_namespace(v))
+
+
 def render(v: Values) -> list[Obj]:
     """All objects for ``v.mode``, in an order ``kubectl apply`` can take."""
     check_values(v)
-    v = msgspec.structs.replace(v, namespace=target_namespace(v))
+    v = resolved(v)
     objs: list[Obj] = [namespace(v), device_crd(), *node_objects(v)]
     if v.mode == "full":
         objs += scheduler_objects(v) + webhook_objects(v)

@@ -1,14 +1,16 @@
 """The install values: one typed structure, keys mirroring NVIDIA's device-plugin chart where they overlap.
 
-An operator who has a values file for ``nvidia-device-plugin`` can reuse its
-``migStrategy``, ``deviceListStrategy``, ``config.map``, ``tolerations`` … here
-unchanged. Unknown keys and bad values are errors that name the key.
+An operator who has a values file for ``nvidia-device-plugin`` can reuse it here unchanged: the keys kubegpu
+honours are fields below under the chart's names, and ``nvidia_chart.py`` says what happens to the others.
+Every unknown key, bad value and setting kubegpu cannot honour is reported at once, in one error that names
+the file and each key with what to do.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
+import typing
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -16,12 +18,24 @@ import msgspec
 import yaml
 
 from kubegpu import __version__
+from kubegpu.install.nvidia_chart import KUBEGPU_REPOSITORY, field_type, prepare
 from kubegpu.model import resources as R
 from kubegpu.model.limits import DEFAULT_MAX_GPU_CONTAINERS
 
 
 class ValuesError(ValueError):
-    """A values file that cannot be used; the message names the key."""
+    """A values file that cannot be used: every problem found, each naming its key and what to do."""
+
+    def __init__(self, problems: str | list[str], source: str = "") -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        self.source = source
+        where = f"{source}: " if source else ""
+        if len(self.problems) == 1:
+            text = where + self.problems[0]
+        else:
+            text = (f"{where}{len(self.problems)} settings to change (nothing was rendered):"
+                    + "".join(f"\n  - {p}" for p in self.problems))
+        super().__init__(text)
 
 
 class _Struct(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_defaults=False):
@@ -29,13 +43,19 @@ class _Struct(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_d
 
 
 class Image(_Struct):
-    repository: str = "ghcr.io/kubegpu/kubegpu"
-    tag: str = __version__
+    """kubegpu's image (every role runs it). NVIDIA's ``image:`` block is not this: see nvidia_chart.py."""
+
+    repository: str = KUBEGPU_REPOSITORY
+    tag: str = __version__  # "" = this release's, as a chart's appVersion
     pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
 
     @property
     def ref(self) -> str:
-        return f"{self.repository}:{self.tag}"
+        return f"{self.repository}:{self.tag or __version__}"
+
+
+# A container image tag (the OCI distribution spec's grammar).
+_TAG_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 
 
 class DevicePluginConfig(_Struct):
@@ -53,20 +73,40 @@ class DevicePluginConfig(_Struct):
 
 
 class GfdValues(_Struct):
-    # NVIDIA's chart deploys GPU feature discovery; `kubegpu node` publishes the same labels itself, so
-    # `enabled` only says whether they are published.
-    enabled: bool = True
+    # NVIDIA's chart deploys GPU feature discovery when true (default false); `kubegpu node` publishes the
+    # same labels itself either way (the extender and nodeSelectors rely on them), so no GFD DaemonSet is
+    # rendered and true only earns a note. Its other keys: nvidia_chart.py.
+    enabled: bool = False
 
 
 class NfdValues(_Struct):
     # NVIDIA's chart can deploy node-feature-discovery as a subchart; kubegpu does not (install NFD from
-    # its own chart), so only `enabled: false` is accepted.
-    enabled: bool = False
+    # its own chart), so true is refused. None = not set (NVIDIA's chart then follows gfd.enabled).
+    enabled: bool | None = None
 
 
 class CdiValues(_Struct):
     # NVIDIA's chart: the nvidia-cdi-hook (nvidia-ctk) path written into generated CDI specs.
     nvidia_hook_path: str = ""
+    # NVIDIA's chart: CDI feature flags for spec generation, a comma-separated string (a list is taken too).
+    feature_flags: str | list[str] | None = None
+
+
+class MainContainerValues(_Struct):
+    # Extra environment of the node container; an entry replaces kubegpu's of the same name.
+    env: list[dict[str, Any]] = msgspec.field(default_factory=list)
+
+
+class DevicePluginContainers(_Struct):
+    main: MainContainerValues = msgspec.field(default_factory=MainContainerValues)
+
+
+class DevicePluginValues(_Struct):
+    # NVIDIA's chart: whether the device-plugin DaemonSet is deployed. It is kubegpu's node DaemonSet, so
+    # false is refused.
+    enabled: bool = True
+    enable_host_network: bool = False
+    containers: DevicePluginContainers = msgspec.field(default_factory=DevicePluginContainers)
 
 
 class SchedulerValues(_Struct):
@@ -126,14 +166,26 @@ class Values(_Struct):
     kube_version: str = ""
     namespace: str = "kubegpu-system"
     image: Image = msgspec.field(default_factory=Image)
+    # kubegpu's image without doubt (wins over image): for a values file whose image block is NVIDIA's.
+    kubegpu_image: Image | None = None
     # NVIDIA chart keys for the node DaemonSet's pods.
     image_pull_secrets: list[dict[str, str]] = msgspec.field(default_factory=list)
     pod_annotations: dict[str, str] = msgspec.field(default_factory=dict)
-    # The node container's securityContext, replacing kubegpu's (as NVIDIA's chart does).
+    # The node container's securityContext, replacing kubegpu's (as NVIDIA's chart does); {} (NVIDIA's
+    # default) = kubegpu's.
     security_context: dict[str, Any] | None = None
+    # The node pod's securityContext, over kubegpu's (root: the kubelet's directories are root's).
+    pod_security_context: dict[str, Any] = msgspec.field(default_factory=dict)
     update_strategy: dict[str, Any] = msgspec.field(default_factory=lambda: {"type": "RollingUpdate"})
     fullname_override: str = ""  # the node role's object names (default kubegpu-node)
+    # The node role's object names when fullnameOverride is not given (kubegpu has no release name to prefix).
+    name_override: str = ""
     namespace_override: str = ""  # wins over namespace, as in NVIDIA's chart
+    # NVIDIA's chart refuses the default namespace unless this is true; kubegpu too (and always in full mode).
+    allow_default_namespace: bool = False
+    # Labels added to the node DaemonSet's selector and pods (beside kubegpu's own).
+    selector_labels_override: dict[str, str] = msgspec.field(default_factory=dict)
+    device_plugin: DevicePluginValues = msgspec.field(default_factory=DevicePluginValues)
     device_discovery_strategy: str | None = None  # auto / nvml; tegra and vfio are refused
     gfd: GfdValues = msgspec.field(default_factory=GfdValues)
     nfd: NfdValues = msgspec.field(default_factory=NfdValues)
@@ -145,6 +197,9 @@ class Values(_Struct):
     device_id_strategy: Literal["uuid", "index"] | None = msgspec.field(default=None, name="deviceIDStrategy")
     nvidia_driver_root: str = "/"
     compat_with_cpu_manager: bool | None = msgspec.field(default=None, name="compatWithCPUManager")
+    gds_enabled: bool | None = None
+    mofed_enabled: bool | None = None
+    gdrcopy_enabled: bool | None = None
     runtime_class_name: str | None = None
     config: DevicePluginConfig = msgspec.field(default_factory=DevicePluginConfig)
     resources: dict[str, Any] = msgspec.field(default_factory=dict)
@@ -241,7 +296,7 @@ def target_namespace(v: Values) -> str:
 def node_fullname(v: Values) -> str:
     from kubegpu.install.security import NODE_SA
 
-    return v.fullname_override or NODE_SA
+    return v.fullname_override or v.name_override or NODE_SA
 
 
 def default_config_entry(v: Values) -> str:
@@ -275,54 +330,89 @@ def gpu_resources(v: Values) -> tuple[str, ...]:
     return tuple(sorted(n for n in names if n))
 
 
+DRA_MIN_KUBE: Final = (1, 34)  # resource.k8s.io/v1, the only DRA API kubegpu's driver and install speak
+
+
 def check_values(v: Values) -> None:
-    """What the types cannot say: settings that would render and then fail on the cluster."""
-    kube_version(v)
+    """Raise one ValuesError listing every problem of :func:`problems`."""
+    found = problems(v)
+    if found:
+        raise ValuesError(found)
+
+
+def problems(v: Values) -> list[str]:
+    """What the types cannot say: settings that would render and then fail on the cluster, each naming its key
+    and what to do (all of them, so an operator fixes a file in one round)."""
+    out: list[str] = []
+    try:
+        kube_version(v)
+    except ValuesError as exc:
+        out += exc.problems
     c = v.config
     if c.map and c.name:
-        raise ValuesError("config.name and config.map: give one (name mounts an existing ConfigMap, "
-                          "map creates one)")
+        out.append("config.name and config.map: give one (name mounts an existing ConfigMap, map creates one)")
     if c.default and c.map and c.default not in c.map:
-        raise ValuesError(f"config.default: {c.default!r} is not an entry of config.map "
-                          f"({', '.join(sorted(c.map))}); every node would fail to start")
-    if c.map and not default_config_entry(v):
-        raise ValuesError(f"config.default: config.map has {len(c.map)} entries and none is chosen for nodes "
-                          "without the nvidia.com/device-plugin.config label; set config.default "
-                          "(or name an entry 'default')")
+        out.append(f"config.default: {c.default!r} is not an entry of config.map ({', '.join(sorted(c.map))}); "
+                   "every node would fail to start")
+    elif c.map and not default_config_entry(v):
+        out.append(f"config.default: config.map has {len(c.map)} entries and none is chosen for nodes without "
+                   "the nvidia.com/device-plugin.config label; set config.default (or name an entry 'default')")
     if v.device_discovery_strategy not in (None, "auto", "nvml"):
-        raise ValuesError(f"deviceDiscoveryStrategy: {v.device_discovery_strategy!r} is not supported: kubegpu "
-                          "discovers GPUs through NVML only (auto or nvml); Tegra and VFIO passthrough GPUs "
-                          "have no kubegpu backend")
-    if not v.gfd.enabled:
-        raise ValuesError("gfd.enabled: false is not supported: `kubegpu node` publishes GPU feature discovery's "
-                          "labels itself (the extender and nodeSelectors rely on them)")
+        out.append(f"deviceDiscoveryStrategy: {v.device_discovery_strategy!r} is not supported: kubegpu discovers "
+                   "GPUs through NVML only; Tegra and VFIO passthrough GPUs have no kubegpu backend: give auto or "
+                   "nvml, and keep NVIDIA's device plugin on those nodes")
     if v.nfd.enabled:
-        raise ValuesError("nfd.enabled: kubegpu does not deploy node-feature-discovery; install it from its own "
-                          "chart and set nfd.enabled: false")
+        out.append("nfd.enabled: kubegpu does not deploy node-feature-discovery; install it from its own chart "
+                   "and set nfd.enabled: false (or remove it)")
+    if not v.device_plugin.enabled:
+        out.append("devicePlugin.enabled: false cannot be honoured: kubegpu's node DaemonSet is the device plugin "
+                   "(GPU feature discovery's labels come from it too); remove it")
+    for i, e in enumerate(v.device_plugin.containers.main.env):
+        name = e.get("name")
+        if not isinstance(name, str) or not name:
+            out.append(f"devicePlugin.containers.main.env[{i}]: expected {{name: ..., value: ...}}")
+        elif name == "NODE_NAME" or name.startswith("KUBEGPU_"):
+            out.append(f"devicePlugin.containers.main.env[{i}]: {name} is set by kubegpu (the node name, the "
+                       "record key, the served resources); remove it")
+    ns = target_namespace(v)
+    if ns == "default" and v.mode == "full":
+        out.append("namespace: kubegpu's full install cannot live in 'default': the webhook never reviews its own "
+                   "namespace, so GPU pods there would be admitted unchecked; set namespace (or "
+                   "namespaceOverride) to a namespace of its own")
+    elif ns == "default" and not v.allow_default_namespace:
+        out.append("namespace: 'default' is refused, as NVIDIA's chart refuses it; set namespace (or "
+                   "namespaceOverride), or allowDefaultNamespace: true")
+    for key, image in (("image", v.image), ("kubegpuImage", v.kubegpu_image)):
+        if image is not None and image.tag and not _TAG_RE.fullmatch(image.tag):
+            out.append(f"{key}.tag: {image.tag!r} is not an image tag (letters, digits, '_', '.', '-'; 128 at most)")
     if v.mode == "full" and not v.webhook.cert_manager and not v.webhook.ca_bundle:
-        raise ValuesError("webhook.caBundle: without cert-manager (webhook.certManager: false) the API server "
-                          "needs the CA that signed the webhook's certificate; run `kubegpu webhook-certs` and "
-                          "set webhook.caBundle, or install cert-manager")
+        out.append("webhook.caBundle: without cert-manager (webhook.certManager: false) the API server needs the CA "
+                   "that signed the webhook's certificate; run `kubegpu webhook-certs` and set webhook.caBundle, "
+                   "or install cert-manager")
     for cidr in v.network_policy.api_server_cidrs:
         try:
             ipaddress.ip_network(cidr, strict=False)
         except ValueError:
-            raise ValuesError(f"networkPolicy.apiServerCIDRs: {cidr!r} is not a CIDR such as 10.0.0.0/24") from None
+            out.append(f"networkPolicy.apiServerCIDRs: {cidr!r} is not a CIDR such as 10.0.0.0/24")
     if v.max_gpu_containers < 1:
-        raise ValuesError(f"maxGpuContainers: {v.max_gpu_containers} would refuse every GPU pod; give 1 or more")
+        out.append(f"maxGpuContainers: {v.max_gpu_containers} would refuse every GPU pod; give 1 or more")
     if not 1 <= v.metrics_port <= 65535:
-        raise ValuesError(f"metricsPort: {v.metrics_port} is not a TCP port (1-65535); the node daemon's probes "
-                          "and Prometheus read it")
+        out.append(f"metricsPort: {v.metrics_port} is not a TCP port (1-65535); the node daemon's probes and "
+                   "Prometheus read it")
     for p in v.mig_profiles:
         if not R.MIG_PROFILE_RE.match(p):
-            raise ValuesError(f"migProfiles: {p!r} is not a MIG profile name such as 1g.10gb or 1g.10gb+me")
+            out.append(f"migProfiles: {p!r} is not a MIG profile name such as 1g.10gb or 1g.10gb+me")
     for n in v.gpu_resources:
         if "/" not in n:
-            raise ValuesError(f"gpuResources: {n!r} is not a domain-qualified resource name (nvidia.com/small)")
-    gpu_resources(v)  # every config.map entry must load as the node daemon would load it
+            out.append(f"gpuResources: {n!r} is not a domain-qualified resource name (nvidia.com/small)")
+    try:
+        gpu_resources(v)  # every config.map entry must load as the node daemon would load it
+    except ValuesError as exc:
+        out += exc.problems
     for i, s in enumerate(v.image_pull_secrets):
         if set(s) != {"name"} or not s.get("name"):
-            raise ValuesError(f"imagePullSecrets[{i}]: expected {{name: <secret>}}")
+            out.append(f"imagePullSecrets[{i}]: expected {{name: <secret>}}")
+    return out
 
 
 def default_affinity() -> dict[str, Any]:
@@ -345,24 +435,74 @@ def default_affinity() -> dict[str, Any]:
 
 def load_values(path: Path | None = None) -> Values:
     """Defaults, overridden by the YAML file at ``path`` (if any)."""
+    return read_values(path)[0]
+
+
+def read_values(path: Path | None = None) -> tuple[Values, list[str]]:
+    """:func:`load_values` with the notes the operator must read (what of NVIDIA's chart is not used); every
+    problem of the file in one ValuesError that names it."""
     if path is None:
-        return Values()
+        return Values(), []
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except OSError as exc:
         raise ValuesError(f"cannot read {path}: {exc.strerror}") from None
     except (yaml.YAMLError, RecursionError) as exc:  # RecursionError: nested too deeply
         raise ValuesError(f"{path} is not valid YAML: {str(exc)[:300]}") from None
-    return values_from_dict(raw)
+    try:
+        return parse_values(raw)
+    except ValuesError as exc:
+        raise ValuesError(exc.problems, source=str(path)) from None
 
 
 def values_from_dict(raw: object) -> Values:
+    return parse_values(raw)[0]
+
+
+def parse_values(raw: object) -> tuple[Values, list[str]]:
+    """Values from a mapping (NVIDIA's chart keys read by nvidia_chart.py), and the notes for the operator."""
     if not isinstance(raw, dict):
         raise ValuesError("the values file must be a mapping")
+    prepared = prepare(raw, Values)
+    found = prepared.problems
+    good = prepared.raw
     try:
-        v = msgspec.convert(raw, Values)
-    except msgspec.ValidationError as exc:
-        # msgspec says "... - at `$.scheduler.weight`": keep that path, it names the key.
-        raise ValuesError(f"invalid values: {exc}") from None
-    check_values(v)
-    return v
+        v = msgspec.convert(good, Values)
+    except msgspec.ValidationError:
+        # One key at a time, so every bad value is named, not the first only; the others are still checked.
+        good = {}
+        for key, value in prepared.raw.items():
+            try:
+                msgspec.convert({key: value}, Values)
+                good[key] = value
+            except msgspec.ValidationError as exc:
+                found.append(_validation_problem(str(exc), Values))
+        v = msgspec.convert(good, Values)
+    if v.kubegpu_image is not None:
+        v.image = v.kubegpu_image
+    if not v.image.tag:
+        v.image = msgspec.structs.replace(v.image, tag=__version__)
+    found += problems(v)
+    if found:
+        raise ValuesError(found)
+    return v, prepared.notes
+
+
+def _validation_problem(message: str, schema: type[msgspec.Struct]) -> str:
+    """msgspec's "Expected `int`, got `str` - at `$.scheduler.weight`" as "scheduler.weight: expected ...", with
+    the choices where the key has a fixed set."""
+    m = re.fullmatch(r"(.*) - at `\$\.?(.*)`", message, re.S)
+    if not m:
+        return f"invalid values: {message}"
+    what = m[1][:1].lower() + m[1][1:]
+    choices = [a for t in (field_type(schema, m[2]),) for a in _literals(t)]
+    if choices:
+        what += f": give one of {', '.join(choices)}"
+    return f"{m[2]}: {what}"
+
+
+def _literals(tp: Any) -> list[str]:
+    """The string choices of a ``Literal[...]`` type (also inside ``X | None``)."""
+    if typing.get_origin(tp) is Literal:
+        return [str(a) for a in typing.get_args(tp)]
+    return [c for a in typing.get_args(tp) for c in _literals(a)]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from kubegpu.install.values import Values, default_affinity
+from kubegpu.install.values import Values, default_affinity, node_fullname
 from kubegpu.node.dra.names import DRIVER, TYPE_GPU, TYPE_MIG, TYPE_SHARED
 
 Obj = dict[str, Any]
@@ -176,9 +176,9 @@ def apply_dra(objs: list[Obj], v: Values, *, extended_resource: bool = False, al
     DraSettings.parse_shared(shared_gpus)  # refuse a bad value here, not in every node's log
     out: list[Obj] = []
     for o in objs:
-        if all_nodes and o.get("kind") == "Service" and o["metadata"]["name"] == f"{APP}-node-metrics":
+        if all_nodes and o.get("kind") == "Service" and o["metadata"]["name"] == f"{node_fullname(v)}-metrics":
             continue  # it would select no pod
-        if o.get("kind") == "DaemonSet" and o["metadata"]["name"] == f"{APP}-node":
+        if o.get("kind") == "DaemonSet" and o["metadata"]["name"] == node_fullname(v):
             if all_nodes:
                 continue
             o = {**o, "spec": {**o["spec"], "template": {**o["spec"]["template"], "spec": {
