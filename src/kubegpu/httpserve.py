@@ -23,12 +23,13 @@ import asyncio
 import contextlib
 import logging
 import ssl
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import uvicorn
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 log = logging.getLogger(__name__)
@@ -202,6 +203,8 @@ def config(app: Any, limits: ServeLimits, **kwargs: Any) -> uvicorn.Config:
     kwargs.setdefault("log_level", "warning")
     kwargs.setdefault("access_log", False)
     kwargs.setdefault("lifespan", "off")
+    kwargs.setdefault("interface", "asgi3")  # apps may be bound methods, which uvicorn's guess takes for ASGI 2
+    kwargs.setdefault("proxy_headers", False)  # nothing here sits behind a proxy; its middleware costs per request
     return uvicorn.Config(app, http=protocol_class(limits), limit_concurrency=limits.max_in_flight,
                           timeout_keep_alive=limits.keep_alive_s,
                           timeout_graceful_shutdown=max(1, round(limits.shutdown_s)),
@@ -220,7 +223,14 @@ class BodyError(Exception):
 async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes:
     """The whole body, or :class:`BodyError`: 413 when it is (or says it is) larger than ``max_bytes``,
     408 when it does not arrive within ``timeout_s``, 499 when the client hung up (nothing is sent)."""
-    declared = request.headers.get("content-length")
+    return await receive_body(request.scope, request.receive, max_bytes, timeout_s)
+
+
+async def receive_body(scope: Mapping[str, Any], receive: Callable[[], Awaitable[Mapping[str, Any]]],
+                       max_bytes: int, timeout_s: float) -> bytes:
+    """:func:`read_body` straight from ASGI ``receive`` (for routes served without Starlette's request
+    object and middleware, which cost more than the answer on the extender's hot verbs)."""
+    declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise BodyError(413, f"request body larger than {max_bytes} bytes")
     chunks: list[bytes] = []
@@ -228,16 +238,20 @@ async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes
 
     async def collect() -> None:
         nonlocal size
-        async for chunk in request.stream():
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise BodyError(499, "client closed the connection before sending the whole body")
+            chunk = message.get("body", b"")
             size += len(chunk)
             if size > max_bytes:
                 raise BodyError(413, f"request body larger than {max_bytes} bytes")
             chunks.append(chunk)
+            if not message.get("more_body", False):
+                return
 
     try:
         await asyncio.wait_for(collect(), timeout_s)
     except TimeoutError:
         raise BodyError(408, f"request body not received within {timeout_s:g} s") from None
-    except ClientDisconnect:
-        raise BodyError(499, "client closed the connection before sending the whole body") from None
     return b"".join(chunks)
