@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx2
+import msgspec
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -85,6 +86,7 @@ class Extender:
         self.metrics = ExtenderMetrics(view)
         self._ready = ready
         self._bind_locks: dict[str, asyncio.Lock] = {}
+        self.names = wire.NameMemo()  # kube-scheduler's node lists, recognised by their bytes
         self.share = LoopShare()  # requests in flight, for expensive filters to step aside
         verbs = (("filter", self.filter), ("prioritize", self.prioritize), ("bind", self.bind))
         # kube-scheduler POSTs a verb three times per pod: those go straight to their handler (Starlette's
@@ -146,7 +148,7 @@ class Extender:
 
     # ---- verbs ---------------------------------------------------------------------------------
     async def filter(self, body: bytes) -> Response:
-        args = wire.decode_args(body)
+        args = wire.decode_args(body, self.names)
         assert args.Pod is not None
         names = wire.node_names(args)
         try:
@@ -161,7 +163,8 @@ class Extender:
         if not out.passed and out.reasons:
             self.metrics.unschedulable.labels(out.reasons.most_common(1)[0][0]).inc()
         if args.NodeNames is not None:
-            result = wire.ExtenderFilterResult(None, out.passed, out.failed, out.unresolvable)
+            passed = msgspec.Raw(self.names.answered(out.passed))  # prioritize is sent this list next
+            result = wire.ExtenderFilterResult(None, passed, out.failed, out.unresolvable)
         else:
             assert args.Nodes is not None
             keep = set(out.passed)
@@ -171,7 +174,7 @@ class Extender:
         return _json(wire.encode(result))
 
     async def prioritize(self, body: bytes) -> Response:
-        args = wire.decode_args(body)
+        args = wire.decode_args(body, self.names)
         assert args.Pod is not None
         names = wire.node_names(args)
         try:
