@@ -15,7 +15,9 @@ with the nodes that passed, ``bind`` to the best one. Prints one JSON object as 
 ``<verb>_server_mean_ms`` and ``pods_per_s_extender`` measured inside the extender (its latency
 histograms), which leave out this harness's own client work, ``extender_cpu_ms_per_pod`` (user +
 system CPU of the extender process over the timed loop, per pod: what other work on the machine
-changes least), ``handoff_blocked_nodes_mean`` (nodes per filter left out by the handoff wait) and
+changes least), ``extender_cpu_ms_per_pod_by_verb`` (the same CPU split by the call it was spent in: ``filter``,
+``prioritize``, ``bind``, and ``other`` between calls, such as watch events; read from the extender's
+process CPU clock around each call), ``handoff_blocked_nodes_mean`` (nodes per filter left out by the handoff wait) and
 ``learned_workload`` (the extender's debug API after the run: live pods, generation, rebuilds
 during the run). ``--py-spy FILE`` writes a sampling profile of the extender over the timed loop
 (``py-spy`` installed in the venv).
@@ -29,6 +31,7 @@ Targets (2-core machine, issue 13): every verb's p99 <= 15 ms at 5,000 nodes, >=
 from __future__ import annotations
 
 import argparse
+import ctypes
 import http.client as http_client
 import json
 import operator
@@ -195,6 +198,16 @@ def cpu_s(pid: int) -> np.ndarray:
     return np.array([int(fields[11]), int(fields[12])], np.float64) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_clock(pid: int) -> int:
+    """The clock id of a process's CPU time (all its threads, nanosecond resolution), for
+    :func:`time.clock_gettime`: reading it around each call charges the extender's CPU to one verb."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    clock = ctypes.c_int()
+    if libc.clock_getcpuclockid(pid, ctypes.byref(clock)) != 0:
+        raise OSError(ctypes.get_errno(), f"clock_getcpuclockid({pid})")
+    return clock.value
+
+
 def server_means(metrics: str) -> dict[str, float]:
     """Mean time inside the extender's handlers per verb (from its latency histogram)."""
     sums: dict[str, float] = {}
@@ -280,17 +293,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             return data
 
         lat: dict[str, list[float]] = {"filter": [], "prioritize": [], "bind": []}
+        # The extender's CPU per verb: its process CPU clock read around each call; what it spends between
+        # calls (watch events, timers) is "other".
+        clock = cpu_clock(ext.pid)
+        verb_cpu = dict.fromkeys(("filter", "prioritize", "bind", "other"), 0.0)
+        mark = time.clock_gettime(clock)
+
+        def charge(verb: str) -> None:
+            nonlocal mark
+            now = time.clock_gettime(clock)
+            verb_cpu[verb] += now - mark
+            mark = now
+
         placed = unschedulable = bind_errors = 0
         fit_nodes: list[int] = []
         cpu_before = cpu_s(ext.pid), cpu_s(api.pid)
+        load_before = os.getloadavg()[0]
         start = time.perf_counter()
         for k, pod in enumerate(pending):
             offset = (k * 997) % len(names)  # kube-scheduler starts each cycle at a rotating node
             order = names[offset:] + names[:offset]
             body = encode({"Pod": pod, "Nodes": None, "NodeNames": order})
+            charge("other")
             t = time.perf_counter()
             data = post("/filter", body)
             lat["filter"].append(time.perf_counter() - t)
+            charge("filter")
             passed = decode_filter(data).NodeNames or []
             fit_nodes.append(len(passed))
             if not passed:
@@ -299,21 +327,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             best = passed[0]
             if len(passed) > 1:
                 body = encode({"Pod": pod, "Nodes": None, "NodeNames": passed})
+                charge("other")
                 t = time.perf_counter()
                 data = post("/prioritize", body)
                 lat["prioritize"].append(time.perf_counter() - t)
+                charge("prioritize")
                 scores = decode_scores(data)
                 best = max(scores, key=_score).Host
             meta = pod["metadata"]
+            body = encode({"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"],
+                           "Node": best})
+            charge("other")
             t = time.perf_counter()
-            data = post("/bind", encode({"PodName": meta["name"], "PodNamespace": meta["namespace"],
-                                         "PodUID": meta["uid"], "Node": best}))
+            data = post("/bind", body)
             lat["bind"].append(time.perf_counter() - t)
+            charge("bind")
             if decode(data).get("Error"):
                 bind_errors += 1
             else:
                 placed += 1
         elapsed = time.perf_counter() - start
+        charge("other")
         cpu_ext, cpu_api = cpu_s(ext.pid) - cpu_before[0], cpu_s(api.pid) - cpu_before[1]
         if spy is not None:
             spy.send_signal(2)
@@ -356,10 +390,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             # CPU the extender (and the stand-in API server) used per pod: what the 2 cores were busy with,
             # whatever else was running.
             "extender_cpu_ms_per_pod": round(1000 * float(cpu_ext.sum()) / len(pending), 3),
+            "extender_cpu_ms_per_pod_by_verb": {v: round(1000 * c / len(pending), 3) for v, c in verb_cpu.items()},
             "extender_sys_ms_per_pod": round(1000 * float(cpu_ext[1]) / len(pending), 3),
             "apiserver_cpu_ms_per_pod": round(1000 * float(cpu_api.sum()) / len(pending), 3),
             "rss_mb": round(rss, 1),
             "rss_peak_mb": round(peak, 1),
+            # The machine's 1-minute load average before and after the timed loop (other work skews wall times).
+            "load_avg": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             "seed_s": round(seeded_s, 1),
             "sync_s": round(synced_s, 1),
         }

@@ -28,6 +28,7 @@ MILLI = 1000  # compute of one whole GPU
 TAG_COLUMNS = 10
 # Layout generations: every ClusterState (and every copy) gets its own, never reused (unlike id()).
 _LAYOUTS = itertools.count(1)
+_ALL = slice(None)  # every row
 
 
 def demand_tag(demand: Demand) -> int:
@@ -296,21 +297,25 @@ class ClusterState:
         allowed = [self._model_index[m] for m in models if m in self._model_index]
         return np.isin(self.node_model, np.asarray(allowed, np.int32))
 
-    def gpu_memory_need(self, demand: Demand) -> np.ndarray:
-        """(N, G) bytes each GPU would have to give (a ratio depends on the GPU's size)."""
+    def gpu_memory_need(self, demand: Demand, rows: np.ndarray | slice = _ALL) -> np.ndarray:
+        """(N, G) bytes each GPU would have to give (a ratio depends on the GPU's size); ``rows``: of those
+        rows only."""
+        cap = self.gmem_cap[rows]
         if demand.exclusive:
-            return self.gmem_cap
+            return cap
         if demand.gpu_memory:
-            return np.full(self.gmem_cap.shape, demand.gpu_memory, np.int64)
-        return self.gmem_cap * demand.memory_ratio // 100
+            return np.full(cap.shape, demand.gpu_memory, np.int64)
+        return cap * demand.memory_ratio // 100
 
-    def gpu_candidates(self, demand: Demand) -> np.ndarray:
-        """(N, G) bool: GPUs that could take one of the demand's GPU parts on their own."""
+    def gpu_candidates(self, demand: Demand, rows: np.ndarray | slice = _ALL) -> np.ndarray:
+        """(N, G) bool: GPUs that could take one of the demand's GPU parts on their own; ``rows``: of those
+        rows only (the extender refreshes the rows changed since it last asked)."""
+        ok, core, gmem = self.gpu_ok[rows], self.core_free[rows], self.gmem_free[rows]
         if demand.count == 0:
-            return np.zeros(self.core_free.shape, bool)
+            return np.zeros(core.shape, bool)
         if demand.exclusive:
-            return self.gpu_ok & (self.core_free >= MILLI) & (self.gmem_free >= self.gmem_cap)
-        return self.gpu_ok & (self.core_free >= demand.milli) & (self.gmem_free >= self.gpu_memory_need(demand))
+            return ok & (core >= MILLI) & (gmem >= self.gmem_cap[rows])
+        return ok & (core >= demand.milli) & (gmem >= self.gpu_memory_need(demand, rows))
 
     def feasible(self, demand: Demand, candidates: np.ndarray | None = None) -> np.ndarray:
         """(N,) bool: nodes where the whole demand fits (CPU, memory, model, enough GPUs)."""

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx2
+import msgspec
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -31,8 +32,9 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
-from kubegpu.httpserve import BodyError, read_body
+from kubegpu.httpserve import BodyError, receive_body
 from kubegpu.kube.resources import Pod
 from kubegpu.kube.writes import abind_pod, is_conflict, retry_async
 from kubegpu.model import annotations as A
@@ -49,6 +51,14 @@ from kubegpu.scheduler.state import ClusterView
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 32 * 1024 * 1024  # 5,000 full Node objects fit; anything larger is refused
+
+VerbHandler = Callable[[Scope, Receive], Awaitable[Response]]
+
+
+def _starlette_verb(handler: VerbHandler) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        return await handler(request.scope, request.receive)
+    return endpoint
 
 
 HANDOFF_WAIT_S_ENV = "KUBEGPU_HANDOFF_WAIT_S"
@@ -88,11 +98,15 @@ class Extender:
         self.metrics = ExtenderMetrics(view)
         self._ready = ready
         self._bind_locks: dict[str, asyncio.Lock] = {}
+        self.names = wire.NameMemo()  # kube-scheduler's node lists, recognised by their bytes
         self.share = LoopShare()  # requests in flight, for expensive filters to step aside
         verbs = (("filter", self.filter), ("prioritize", self.prioritize), ("bind", self.bind))
-        routes = [Route(f"{prefix}/{name}", self._verb(name, fn), methods=["POST"])
-                  for prefix in ("", "/scheduler") for name, fn in verbs]
-        self.app = Starlette(routes=routes + self.debug_routes())
+        # kube-scheduler POSTs a verb three times per pod: those go straight to their handler (Starlette's
+        # routing, middleware and request object cost more than the extender's answer); everything else
+        # (the debug API, metrics, a verb path with another method: 405) goes through Starlette.
+        self._verbs = {f"{prefix}/{name}": self._verb(name, fn) for prefix in ("", "/scheduler") for name, fn in verbs}
+        routes = [Route(path, _starlette_verb(handler), methods=["POST"]) for path, handler in self._verbs.items()]
+        self.routed = Starlette(routes=routes + self.debug_routes())
         # The same read-only routes alone, for a separate listener (metrics scraped from outside the pod
         # while the verbs stay on localhost beside kube-scheduler). The debug API names every GPU pod, so
         # the outside listener serves only /metrics and /healthz unless told otherwise (metrics_app).
@@ -109,14 +123,24 @@ class Extender:
         ]
 
     # ---- plumbing ------------------------------------------------------------------------------
-    def _verb(self, name: str, fn: Callable[[bytes], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The extender's ASGI app: the verbs directly, the rest through Starlette."""
+        handler = self._verbs.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if handler is None:
+            await self.routed(scope, receive, send)
+            return
+        response = await handler(scope, receive)
+        await send({"type": "http.response.start", "status": response.status_code, "headers": response.raw_headers})
+        await send({"type": "http.response.body", "body": response.body})
+
+    def _verb(self, name: str, fn: Callable[[bytes], Awaitable[Response]]) -> VerbHandler:
         hist = self.metrics.latency.labels(name)
 
-        async def handler(request: Request) -> Response:
+        async def handler(scope: Scope, receive: Receive) -> Response:
             start = time.perf_counter()
             try:
                 with self.share.request():
-                    body = await read_body(request, self.max_body_bytes, self.body_timeout_s)
+                    body = await receive_body(scope, receive, self.max_body_bytes, self.body_timeout_s)
                     return await fn(body)
             except BodyError as e:
                 self.metrics.bad_requests.labels(name).inc()
@@ -136,7 +160,7 @@ class Extender:
 
     # ---- verbs ---------------------------------------------------------------------------------
     async def filter(self, body: bytes) -> Response:
-        args = wire.decode_args(body)
+        args = wire.decode_args(body, self.names)
         assert args.Pod is not None
         names = wire.node_names(args)
         try:
@@ -151,7 +175,8 @@ class Extender:
         if not out.passed and out.reasons:
             self.metrics.unschedulable.labels(out.reasons.most_common(1)[0][0]).inc()
         if args.NodeNames is not None:
-            result = wire.ExtenderFilterResult(None, out.passed, out.failed, out.unresolvable)
+            passed = msgspec.Raw(self.names.answered(out.passed))  # prioritize is sent this list next
+            result = wire.ExtenderFilterResult(None, passed, out.failed, out.unresolvable)
         else:
             assert args.Nodes is not None
             keep = set(out.passed)
@@ -161,7 +186,7 @@ class Extender:
         return _json(wire.encode(result))
 
     async def prioritize(self, body: bytes) -> Response:
-        args = wire.decode_args(body)
+        args = wire.decode_args(body, self.names)
         assert args.Pod is not None
         names = wire.node_names(args)
         try:

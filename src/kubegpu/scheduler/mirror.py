@@ -21,6 +21,20 @@ from kubegpu.scheduler.reasons import ReasonCache
 
 MAX_MODEL_MASKS = 256  # distinct allowed-model lists whose node masks are kept (N bytes each)
 
+
+class _Kept:
+    """One GPU shape's candidates (N, G), their count per row (N,), and the row versions they are of."""
+
+    __slots__ = ("cand", "counts", "epoch", "read_only", "version")
+
+    def __init__(self, cand: np.ndarray, counts: np.ndarray, version: np.ndarray, epoch: int) -> None:
+        self.cand, self.counts, self.version, self.epoch = cand, counts, version, epoch
+        views = cand.view(), counts.view()
+        for v in views:
+            v.flags.writeable = False  # callers read; only a refresh writes (through the owning arrays)
+        self.read_only = views
+
+
 class ArrayMirror:
     """The ClusterState of the nodes with a known GPU state, with name -> row lookups."""
 
@@ -33,10 +47,11 @@ class ArrayMirror:
         # The last node list, its rows and each name's position (see rows_of).
         self._rows_memo: tuple[list[str], np.ndarray, dict[str, int]] | None = None
         self.passed_memo: tuple[list[str], np.ndarray] | None = None  # the last filter's passing nodes
-        # gpu_candidates per demand while no row changes ((layout, epoch) as of computing them): a pod's
-        # filter, the texts of the nodes it fails and its prioritize share one computation.
-        self._candidates: dict[Demand, np.ndarray] = {}
-        self._candidates_at = (-1, -1)
+        # gpu_candidates per GPU shape, and their count per row, with the row versions they are current
+        # at (see candidates): a pod's filter, the texts of the nodes it fails and its prioritize share them,
+        # and the next pod's refresh only the rows changed since.
+        self._candidates: dict[tuple[int, int, int, int, bool], _Kept] = {}
+        self._candidates_at = -1  # the layout they are kept for
         self.reasons = ReasonCache()  # the filter's per-node texts, kept by row version
         self.on_rebuild: Callable[[], None] = lambda: None
 
@@ -140,19 +155,33 @@ class ArrayMirror:
         return rows
 
     def candidates(self, demand: Demand) -> np.ndarray:
-        """``cluster.gpu_candidates(demand)`` (read-only), computed once while no row changes."""
+        """``cluster.gpu_candidates(demand)`` (read-only), kept per GPU shape and refreshed only on the rows
+        changed since (a bind changes one row of thousands)."""
+        return self._kept(demand)[0]
+
+    def candidate_counts(self, demand: Demand) -> np.ndarray:
+        """(N,) read-only: how many GPUs of each row could take one of the demand's GPU parts."""
+        return self._kept(demand)[1]
+
+    def _kept(self, demand: Demand) -> tuple[np.ndarray, np.ndarray]:
         cluster = self.cluster
-        at = (cluster.layout, cluster.epoch)
-        if at != self._candidates_at:
-            self._candidates.clear()
-            self._candidates_at = at
-        cand = self._candidates.get(demand)
-        if cand is None:
-            if len(self._candidates) >= MAX_MODEL_MASKS:  # pods choose the demands: keep it bounded
-                self._candidates.clear()
-            cand = self._candidates[demand] = cluster.gpu_candidates(demand)
-            cand.flags.writeable = False
-        return cand
+        key = (demand.count, demand.milli, demand.gpu_memory, demand.memory_ratio, demand.exclusive)
+        entry = self._candidates.get(key)
+        if entry is None or self._candidates_at != cluster.layout:
+            if self._candidates_at != cluster.layout or len(self._candidates) >= MAX_MODEL_MASKS:
+                self._candidates.clear()  # a new layout; or pods choose the shapes: keep it bounded
+                self._candidates_at = cluster.layout
+            cand = cluster.gpu_candidates(demand)
+            entry = self._candidates[key] = _Kept(cand, cand.sum(axis=1), cluster.version.copy(), cluster.epoch)
+        elif entry.epoch != cluster.epoch:
+            stale = np.flatnonzero(entry.version != cluster.version)
+            if len(stale):
+                entry.cand[stale] = cluster.gpu_candidates(demand, stale)
+                entry.counts[stale] = entry.cand[stale].sum(axis=1)
+                entry.version[stale] = cluster.version[stale]
+            entry.epoch = cluster.epoch
+        return entry.read_only
+
 
     def model_mask(self, models: frozenset[str] | None) -> np.ndarray:
         """(N,) bool over the rows: nodes whose GPU model (or product label) is allowed (GFD and trace

@@ -110,7 +110,7 @@ class Verbs:
         if simple is not None and not nvlink:
             demand = simple
             all_cand = self.mirror.candidates(demand)
-            enough = all_cand[rows].sum(axis=1) >= demand.count
+            enough = self.mirror.candidate_counts(demand)[rows] >= demand.count
             good = ok & enough
             passed.extend(compress(names_known, good.tolist()))
             self.mirror.passed_memo = (list(passed), rows[good])
@@ -131,7 +131,7 @@ class Verbs:
                 continue
             d = request_demand(req, None)
             d_cand = self.mirror.candidates(d)
-            short = ok & (d_cand[rows].sum(axis=1) < d.count)
+            short = ok & (self.mirror.candidate_counts(d)[rows] < d.count)
             bad = np.flatnonzero(short)
             if len(bad):
                 for i, text in zip(bad, self.mirror.reasons.insufficient(cluster, rows[bad], d, d_cand), strict=True):
@@ -141,7 +141,7 @@ class Verbs:
             if d.exclusive and not c.init:
                 whole_total += d.count
         if whole_total:
-            free_whole = cluster.gpu_candidates(Demand.whole(1))[rows].sum(axis=1)
+            free_whole = self.mirror.candidate_counts(Demand.whole(1))[rows]
             short = ok & (free_whole < whole_total)
             for i in np.flatnonzero(short):
                 failed[names_known[i]] = f"{whole_total} whole GPUs requested in all, {int(free_whole[i])} free"
@@ -224,13 +224,13 @@ class Verbs:
         scores = np.full(len(names), 0 if request.wants_gpu else MAX_PRIORITY, np.int64)
         if len(known):
             rows = all_rows[known]
-            cand = self.mirror.candidates(demand)[rows]
             feasible = ((cluster.cpu_free[rows] >= demand.cpu_milli) & (cluster.mem_free[rows] >= demand.memory_bytes)
                         & self.mirror.model_mask(demand.models if demand.count else None)[rows]
-                        & (cand.sum(axis=1) >= demand.count))
+                        & (self.mirror.candidate_counts(demand)[rows] >= demand.count))
             scores[known] = 0
             if feasible.any():
-                raw = self.node_scores(node_policy, demand, rows[feasible], cand[feasible])
+                fit_rows = rows[feasible]
+                raw = self.node_scores(node_policy, demand, fit_rows, self.mirror.candidates(demand)[fit_rows])
                 best = pick_best(raw, None, self.mirror.rank[rows[feasible]])
                 lo, hi = float(raw.min()), float(raw.max())
                 scaled = np.zeros(len(raw), np.int64) if hi - lo < 1e-12 else np.floor(

@@ -4,11 +4,20 @@ The Go types carry no JSON tags, so the keys are the capitalised field names.
 Nested Kubernetes objects (the Pod, the Nodes) stay plain dicts in their own
 lowerCamel JSON. Decoding never raises anything but :class:`WireError`, whose
 message is what the HTTP 400 answer says.
+
+With ``nodeCacheCapable`` kube-scheduler sends node names only, thousands per
+``/filter``, each time a window of the same node order starting at a rotating
+index, and sends ``/prioritize`` the very list ``/filter`` answered. Those lists
+are recognised by their bytes (:class:`NameMemo`) and answered with the name
+strings already held, so a repeat costs a few byte comparisons instead of
+thousands of new strings (and their hashes, and a lookup each).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from bisect import bisect_left
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import msgspec
 
@@ -26,10 +35,21 @@ class NodeList(msgspec.Struct, omit_defaults=False):
     metadata: dict[str, Any] = {}
 
 
-class ExtenderArgs(msgspec.Struct):
+class _ExtenderArgs(msgspec.Struct):
     Pod: dict[str, Any] | None = None
     Nodes: NodeList | None = None
-    NodeNames: list[str] | None = None
+    NodeNames: msgspec.Raw = msgspec.Raw()  # the JSON array as sent, read through a NameMemo
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderArgs:
+    """A decoded filter or prioritize body. ``NodeNames`` is None when kube-scheduler sent full
+    ``Nodes`` (not ``nodeCacheCapable``); the list may be shared with a :class:`NameMemo`: never
+    change it."""
+
+    Pod: dict[str, Any] | None
+    Nodes: NodeList | None
+    NodeNames: list[str] | None
 
 
 class ExtenderBindingArgs(msgspec.Struct):
@@ -41,7 +61,7 @@ class ExtenderBindingArgs(msgspec.Struct):
 
 class ExtenderFilterResult(msgspec.Struct):
     Nodes: NodeList | None
-    NodeNames: list[str] | None
+    NodeNames: list[str] | msgspec.Raw | None  # Raw: the names already encoded (NameMemo.answered)
     FailedNodes: dict[str, str]
     FailedAndUnresolvableNodes: dict[str, str]
     Error: str = ""
@@ -65,12 +85,95 @@ class ExtenderBindingResult(msgspec.Struct):
     Error: str = ""
 
 
-_args = msgspec.json.Decoder(ExtenderArgs)
+_args = msgspec.json.Decoder(_ExtenderArgs)
+_names = msgspec.json.Decoder(list[Annotated[str, msgspec.Meta(max_length=MAX_NAME)]])  # checked in C
 _bind = msgspec.json.Decoder(ExtenderBindingArgs)
 encode = msgspec.json.Encoder().encode
 
 
-def decode_args(body: bytes) -> ExtenderArgs:
+class NameMemo:
+    """The longest node-name list seen lately, by its canonical JSON bytes, and the last list a filter
+    answered: a list that is byte for byte a window of the first (cyclically: kube-scheduler starts each
+    cycle at a rotating node) or the second is answered with the strings held.
+
+    Correct by construction: a window is accepted only when it starts and ends on the boundaries of held
+    names and its bytes equal theirs, and the held bytes are the canonical encoding of the held names
+    (msgspec's, which decoding inverts), so the bytes decode to exactly those names. Anything else is
+    decoded in full (and, when it is at least as long, or the held list keeps missing, held next)."""
+
+    MISSES_BEFORE_REPLACING = 8
+
+    def __init__(self) -> None:
+        self._ring = b""  # the held list's inner bytes, twice, joined by a comma: every rotation is a slice
+        self._names: list[str] = []  # the held names, twice
+        self._starts: list[int] = []  # byte offset of each name of the ring (and the ring's length + 1)
+        self._at: dict[bytes, int] = {}  # each held name's JSON -> its index
+        self._misses = 0
+        self._answer: tuple[bytes, list[str]] = (b"[]", [])
+
+    def names(self, raw: bytes) -> list[str]:
+        """The names in ``raw`` (a JSON array of strings, any spelling). Raises :class:`WireError`."""
+        if raw == self._answer[0]:
+            return self._answer[1]
+        held = self._window(raw)
+        if held is not None:
+            self._misses = 0
+            return held
+        try:
+            names = _names.decode(raw)
+        except msgspec.ValidationError as e:
+            if "length" in str(e):
+                raise WireError(f"a node name longer than {MAX_NAME} characters") from None
+            raise WireError(f"not an ExtenderArgs JSON object: NodeNames: {str(e)[:200]}") from None
+        except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+            raise WireError("not an ExtenderArgs JSON object: NodeNames is not an array of strings "
+                            "(valid UTF-8)") from None
+        self._misses += 1
+        if names and (len(names) >= len(self._names) // 2 or self._misses >= self.MISSES_BEFORE_REPLACING):
+            self._hold(names, raw)
+        return names
+
+    def answered(self, names: list[str]) -> bytes:
+        """The JSON of a filter's passing names, remembered: prioritize is sent exactly this list."""
+        raw = encode(names)
+        self._answer = (raw, names)
+        return raw
+
+    def _window(self, raw: bytes) -> list[str] | None:
+        if not self._at or len(raw) < 2 or raw[0] != 0x5B or raw[-1] != 0x5D:  # [ ... ]
+            return None
+        inner = raw[1:-1]
+        if len(inner) * 2 + 1 > len(self._ring):  # longer than the held list
+            return None
+        cut = inner.find(b'",')
+        p = self._at.get(inner if cut < 0 else inner[:cut + 1])
+        if p is None:
+            return None
+        start = self._starts[p]
+        end = start + len(inner)
+        q = bisect_left(self._starts, end + 1)  # the window must end where a held name ends
+        if q >= len(self._starts) or self._starts[q] != end + 1 or q - p > len(self._at):
+            return None
+        if self._ring[start:end] != inner:
+            return None
+        return self._names[p:q]
+
+    def _hold(self, names: list[str], raw: bytes) -> None:
+        tokens = list(map(encode, names))
+        if b"[" + b",".join(tokens) + b"]" != raw or len(set(tokens)) != len(tokens):
+            self._at = {}  # not the canonical spelling (or repeats a name): nothing to match windows against
+            return
+        self._ring = b",".join(tokens + tokens)
+        self._names = names + names
+        starts = [0]
+        for t in tokens + tokens:
+            starts.append(starts[-1] + len(t) + 1)
+        self._starts = starts
+        self._at = {t: i for i, t in enumerate(tokens)}
+        self._misses = 0
+
+
+def decode_args(body: bytes, memo: NameMemo | None = None) -> ExtenderArgs:
     try:
         args = _args.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
@@ -79,19 +182,20 @@ def decode_args(body: bytes) -> ExtenderArgs:
         raise WireError("not an ExtenderArgs JSON object: nested too deeply") from None
     except UnicodeDecodeError:  # msgspec decodes strings as UTF-8 and raises this, not DecodeError
         raise WireError("not an ExtenderArgs JSON object: a string is not valid UTF-8") from None
+    raw = bytes(args.NodeNames)
+    names = None if raw in (b"", b"null") else (memo or NameMemo()).names(raw)
     if args.Pod is None:
         raise WireError("ExtenderArgs without a Pod")
-    if args.NodeNames is None and args.Nodes is None:
+    if names is None and args.Nodes is None:
         raise WireError("ExtenderArgs with neither NodeNames nor Nodes")
     if args.Nodes is not None:
         for i, item in enumerate(args.Nodes.items):
             meta = item.get("metadata")
             if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
                 raise WireError(f"Nodes.items[{i}] has no metadata.name")
-    names = node_names(args)
-    if names and max(map(len, names)) > MAX_NAME:  # thousands of names: the loop in C
-        raise WireError(f"a node name longer than {MAX_NAME} characters")
-    return args
+            if len(meta["name"]) > MAX_NAME:
+                raise WireError(f"a node name longer than {MAX_NAME} characters")
+    return ExtenderArgs(args.Pod, args.Nodes, names)
 
 
 def node_names(args: ExtenderArgs) -> list[str]:

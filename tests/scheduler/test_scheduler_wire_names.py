@@ -1,0 +1,67 @@
+"""Issue 23: kube-scheduler's node lists recognised by their bytes (wire.NameMemo) decode to exactly what a
+full decode gives, whatever the list: windows and rotations of the held list, other spellings, lists that
+only look like windows, hostile names."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kubegpu.scheduler.wire import MAX_NAME, NameMemo, WireError, decode_args
+
+NODES = [f"node-{i:03d}" for i in range(40)]
+
+
+def body(names: list[str], spelling: str = "msgspec") -> bytes:
+    pod: dict[str, object] = {"metadata": {"name": "p"}}
+    if spelling == "msgspec":
+        return msgspec.json.encode({"Pod": pod, "Nodes": None, "NodeNames": names})
+    return json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}, indent=1).encode()  # spaces, newlines
+
+
+def test_rotations_and_windows_are_the_held_strings() -> None:
+    memo = NameMemo()
+    first = decode_args(body(NODES), memo).NodeNames
+    assert first == NODES
+    for start in (0, 1, 17, 39):
+        for length in (1, 2, 23, 40):
+            want = (NODES + NODES)[start:start + length]
+            got = decode_args(body(want), memo).NodeNames
+            assert got == want
+            assert got is not None and all(a is b for a, b in zip(got, first[start:] + first[:start], strict=False))
+
+
+def test_prioritize_gets_the_answered_list_itself() -> None:
+    memo = NameMemo()
+    passed = ["node-003", "node-007"]
+    raw = memo.answered(passed)
+    assert decode_args(b'{"Pod": {}, "NodeNames": ' + raw + b"}", memo).NodeNames is passed
+
+
+@given(st.lists(st.text(alphabet='ab",\\\u00e9 ', max_size=4), min_size=1, max_size=8, unique=True),
+       st.lists(st.text(alphabet='ab",\\\u00e9 ', max_size=4), max_size=8), st.integers(0, 16), st.integers(0, 16),
+       st.booleans())
+@settings(max_examples=300, deadline=None)
+def test_any_list_decodes_as_a_full_decode_would(held: list[str], other: list[str], start: int, length: int,
+                                                 spaced: bool) -> None:
+    memo = NameMemo()
+    assert decode_args(body(held), memo).NodeNames == held
+    window = (held + held)[start % len(held):][:length]
+    for names in (window, other, window + other, other + window):
+        spelling = "json" if spaced else "msgspec"
+        assert decode_args(body(names, spelling), memo).NodeNames == names
+
+
+def test_names_no_kubernetes_object_can_have_are_refused_held_or_not() -> None:
+    memo = NameMemo()
+    decode_args(body(NODES), memo)
+    with pytest.raises(WireError, match=f"longer than {MAX_NAME}"):
+        decode_args(body([*NODES[:3], "n" * (MAX_NAME + 1)]), memo)
+    for bad in (b'{"Pod": {}, "NodeNames": ["\xff"]}', b'{"Pod": {}, "NodeNames": [1]}',
+                b'{"Pod": {}, "NodeNames": {"a": 1}}'):
+        with pytest.raises(WireError):
+            decode_args(bad, memo)
