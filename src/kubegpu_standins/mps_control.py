@@ -142,8 +142,12 @@ class _Daemon:
                 caps = []
                 if uuid in s.mem:
                     caps.append(_mib(s.mem[uuid]))
-                if uuid in self.visible and str(self.visible.index(uuid)) in s.mem:
-                    caps.append(_mib(s.mem[str(self.visible.index(uuid))]))
+                # A default by index counts in the daemon's CUDA_VISIBLE_DEVICES; without one the stand-in
+                # knows no node order and takes the client's ordinal (the H200 had one GPU: the same).
+                index = str(self.visible.index(uuid)) if uuid in self.visible else (
+                    str(ordinal) if not self.visible else "")
+                if index in s.mem:
+                    caps.append(_mib(s.mem[index]))
                 if str(ordinal) in env_mem:
                     caps.append(_mib(env_mem[str(ordinal)]))
                 mem[uuid] = min(caps) if caps else None
