@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from kubegpu.model.inventory import Gpu
 from kubegpu.node.mps.capability import gpu_enforcement, refusal
 from kubegpu.node.mps.spec import ShareShapeError, binding, replica_spec, share_spec
-from kubegpu.model.inventory import Gpu
 
 H200 = 150754820096  # bytes, as NVML reported the fixture's H200
 
