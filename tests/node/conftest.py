@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -70,3 +71,19 @@ def make_daemon(sockdir: Path) -> Iterator[DaemonFactory]:
     for d, b in started:
         d.stop()
         b.close()
+
+
+@pytest.fixture
+def mps_binary(sockdir: Path) -> Iterator[str]:
+    """The stand-in ``nvidia-cuda-mps-control``; any daemon it left running is killed afterwards."""
+    import os
+    import signal
+
+    from kubegpu_standins.mps_control import PID_FILE, install
+
+    bindir = sockdir / "bin"
+    bindir.mkdir()
+    yield install(bindir)
+    for pid_file in sockdir.rglob(PID_FILE):
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)

@@ -8,8 +8,10 @@ from typing import Any
 import grpc
 import pytest
 
+from kubegpu.node.allocate import AllocateError
 from kubegpu.node.daemon import DaemonInitError
 from kubegpu_standins.kubelet import StandinKubelet
+from kubegpu_standins.mps_control import connect_client
 
 
 def test_mig_mixed_serves_one_resource_per_profile(kubelet: StandinKubelet, make_daemon: Any) -> None:
@@ -77,10 +79,13 @@ def test_devices_selection_keeps_the_rest_whole(kubelet: StandinKubelet, make_da
     assert {idx[i] for i in kubelet.healthy("nvidia.com/gpu")} == {1, 3}
 
 
-def test_mps_sets_the_mps_environment(kubelet: StandinKubelet, make_daemon: Any, sockdir: Path) -> None:
+def test_mps_replicas_are_served_through_their_daemon(kubelet: StandinKubelet, make_daemon: Any, sockdir: Path,
+                                                      mps_binary: str) -> None:
     cfg = sockdir / "config.yaml"
     cfg.write_text("version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n")
-    d, _ = make_daemon("l4x8", flags={"config-file": str(cfg)})
+    root = sockdir / "mps"
+    d, _ = make_daemon("l4x8", flags={"config-file": str(cfg), "mps-control-binary": mps_binary,
+                                      "mps-root": str(root)})
     assert kubelet.wait_registered("nvidia.com/gpu", timeout_s=5)
     got = kubelet.allocate("nvidia.com/gpu", 1)
     envs = got.response.envs
@@ -88,8 +93,30 @@ def test_mps_sets_the_mps_environment(kubelet: StandinKubelet, make_daemon: Any,
     mib = d.inventory.gpu(uuid).memory_bytes // 4 // 2**20
     assert envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
     assert envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={mib}M"
-    assert envs["CUDA_MPS_PIPE_DIRECTORY"].startswith("/mps/")
-    assert any(m.container_path == envs["CUDA_MPS_PIPE_DIRECTORY"] for m in got.response.mounts)
+    assert envs["CUDA_MPS_PIPE_DIRECTORY"] == "/mps/nvidia.com_gpu/pipe"
+    mounts = {m.container_path: m.host_path for m in got.response.mounts}
+    assert mounts[envs["CUDA_MPS_PIPE_DIRECTORY"]] == mounts["/tmp/nvidia-mps"] == str(root / "nvidia.com_gpu/pipe")
+    assert mounts["/dev/shm"] == str(root / "shm")
+    # A client that raises its own limits through that pipe gets the daemon's defaults (the H200's ceilings).
+    client = connect_client({"CUDA_MPS_PIPE_DIRECTORY": mounts[envs["CUDA_MPS_PIPE_DIRECTORY"]],
+                             "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100",
+                             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=140G"}, [uuid])
+    assert client["mps"] and client["thread_percentage"] == 25 and client["memory_limit_mib"][uuid] == mib
+
+
+def test_mps_replicas_without_a_daemon_are_unhealthy_and_refused(kubelet: StandinKubelet, make_daemon: Any,
+                                                                 sockdir: Path) -> None:
+    cfg = sockdir / "config.yaml"
+    cfg.write_text("version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n")
+    d, _ = make_daemon("l4x8", flags={"config-file": str(cfg), "mps-control-binary": str(sockdir / "missing"),
+                                      "nvidia-driver-root": str(sockdir), "mps-root": str(sockdir / "mps")})
+    assert kubelet.wait_registered("nvidia.com/gpu", timeout_s=5)
+    assert not kubelet.healthy("nvidia.com/gpu") and kubelet.capacity("nvidia.com/gpu") == 32
+    (srv,) = d.servers
+    dev = srv.plan.devices[0]
+    assert "nvidia-cuda-mps-control not found" in srv.state.reason(dev.uuid)
+    with pytest.raises(AllocateError, match="nvidia-cuda-mps-control not found"):
+        srv.allocate_one([dev.id])
 
 
 def test_mps_on_mig_is_refused(make_daemon: Any, sockdir: Path) -> None:

@@ -4,7 +4,8 @@ Everything a container needs to see exactly its GPUs, under each device-list str
 (contracts.md §4–§5): ``envvar`` (``NVIDIA_VISIBLE_DEVICES``), ``volume-mounts`` (``/dev/null``
 mounts under ``/var/run/nvidia-container-devices``), ``cdi-annotations`` and ``cdi-cri``;
 the ``uuid`` / ``index`` device-ID strategies; ``passDeviceSpecs``; the MPS variables when
-MPS sharing is on; and the plain ``KUBEGPU_*`` variables describing a share. Checks that need
+MPS sharing or share enforcement is on (asked of the node's MPS side, never invented here);
+and the plain ``KUBEGPU_*`` variables describing a share. Checks that need
 no live state (unknown IDs, NVIDIA's ``failRequestsGreaterThanOne``) raise
 :class:`AllocateError` with NVIDIA's wording; health checks are the server's.
 """
@@ -17,6 +18,7 @@ from collections.abc import Mapping, Sequence
 
 from kubegpu.node.cdi import annotation_key, qualified_name
 from kubegpu.node.devspecs import CONTROL_DEVICES, MigMinors, mig_cap_paths
+from kubegpu.node.mps.spec import Binding
 from kubegpu.node.plugin_model import REPLICA_SEPARATOR, AdvertisedDevice, PluginSettings, ResourcePlan
 from kubegpu.node.proto import deviceplugin_pb2 as pb
 from kubegpu.node.resolver import ResolvedAllocation
@@ -25,7 +27,7 @@ VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
 VOLUME_MOUNTS_HOST = "/dev/null"
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 CDI_PLUGIN_NAME = "kubegpu-device-plugin"
-MPS_CONTAINER_ROOT = "/mps"
+MPS_CONTAINER_ROOT = "/mps"  # kept for the DRA driver's import; the layout lives in node.mps.spec
 
 ENV_VISIBLE_GPUS = "KUBEGPU_VISIBLE_GPUS"
 ENV_CORE = "KUBEGPU_GPU_CORE_PERCENT"
@@ -91,6 +93,26 @@ def _share_values(values: Sequence[int]) -> str:
     """One value when every GPU gets the same, else one per GPU in KUBEGPU_VISIBLE_GPUS order."""
     uniq = _unique([str(v) for v in values])
     return uniq[0] if len(uniq) == 1 else ",".join(str(v) for v in values)
+
+
+def _mps_binding(plan: ResourcePlan, settings: PluginSettings, gpus: Sequence[str],
+                 cores: Sequence[int] | None, mems: Sequence[int] | None) -> Binding | None:
+    """The MPS daemon that holds this container to its share, or None when nothing is to be enforced.
+
+    MPS replicas are never served without their daemon (the H200 showed their limits are void without
+    one); a fine-grained share is served through its daemon when enforcement is on."""
+    enforcer = settings.enforcer
+    try:
+        if plan.sharing == "mps":
+            if enforcer is None:
+                raise AllocateError(f"'{plan.name}' is shared with MPS but no MPS control daemon runs "
+                                    "on this node: its limits would be void")
+            return enforcer.for_replicas(plan.name, gpus)
+        if plan.sharing != "time-slicing" and enforcer is not None and cores is not None and mems is not None:
+            return enforcer.for_share(list(zip(gpus, cores, mems, strict=True)), gpus)
+    except RuntimeError as exc:  # MpsError: the daemon is down, the GPU cannot be enforced, ...
+        raise AllocateError(f"'{plan.name}': share cannot be enforced: {exc}") from exc
+    return None
 
 
 def build_response(plan: ResourcePlan, ids: Sequence[str], known: Mapping[str, AdvertisedDevice],
@@ -160,20 +182,11 @@ def build_response(plan: ResourcePlan, ids: Sequence[str], known: Mapping[str, A
         envs[ENV_CORE] = _share_values(cores)
         envs[ENV_MEMORY] = _share_values(mems)
 
-    if plan.sharing == "mps":
-        pipe = f"{MPS_CONTAINER_ROOT}/{plan.name.replace('/', '_')}/pipe"
-        envs["CUDA_MPS_PIPE_DIRECTORY"] = pipe
-        if cores is not None:
-            envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(min(cores))
-        if mems is not None:
-            # Ordinals as the client sees them: its visible devices, in order.
-            envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(
-                f"{i}={max(1, m // 2**20)}M" for i, m in enumerate(mems))
-        host_root = os.path.join(settings.mps_root, plan.name.replace("/", "_"))
-        resp.mounts.extend([
-            pb.Mount(container_path=pipe, host_path=os.path.join(host_root, "pipe")),
-            pb.Mount(container_path="/dev/shm", host_path=os.path.join(host_root, "shm")),
-        ])
+    share_gpus = [g.uuid for g in resolved.gpus] if resolved is not None else gpus
+    binding = _mps_binding(plan, settings, share_gpus, cores, mems)
+    if binding is not None:
+        envs.update(binding.env)
+        resp.mounts.extend(pb.Mount(container_path=c, host_path=h) for h, c in binding.mounts)
     for k, v in settings.extra_env:
         envs.setdefault(k, v)
     for k, v in envs.items():

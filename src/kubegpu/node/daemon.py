@@ -33,6 +33,8 @@ from kubegpu.node.devspecs import read_mig_minors
 from kubegpu.node.health import HealthMonitor, XidPolicy
 from kubegpu.node.health_state import HealthState
 from kubegpu.node.metrics import NodeMetrics
+from kubegpu.node.mps import MODE_MPS, MpsManager, find_binary, replica_spec
+from kubegpu.node.mps.enforcer import ShareEnforcer
 from kubegpu.node.plugin_model import PluginSettings, ResourcePlan
 from kubegpu.node.publisher import NodePublisher, NullPublisher
 from kubegpu.node.resolver import AllocationResolver
@@ -75,6 +77,9 @@ class NodeOptions:
     register_timeout_s: float = 5.0
     republish_s: float = 60.0  # the publisher is also called this often (API writes retried)
     write_cdi_spec: bool | None = None  # None: when a CDI strategy is on
+    share_enforcement: str = "none"  # mps: fine-grained shares are served through MPS daemons (node/mps)
+    mps_binary: str = ""  # "" = nvidia-cuda-mps-control under the driver root
+    mps_supervise_s: float = 5.0  # how often every MPS daemon is asked whether it answers
 
 
 class _DirWatch:
@@ -138,6 +143,8 @@ class NodeDaemon:
         self._kubelet_inode: int | None = None
         self._thread: threading.Thread | None = None
         self._watch: _DirWatch | None = None
+        self.mps: MpsManager | None = None
+        self.enforcer: ShareEnforcer | None = None
 
     # ----- start / stop / reload -------------------------------------------------------------
 
@@ -192,7 +199,9 @@ class NodeDaemon:
                                      on_xid=self._on_xid, mig_placement=placement)
         self.monitor.start()
         self.metrics.set_inventory(inv)
+        self._setup_mps(inv, plans)
         self.servers = [self._make_server(p, inv, state, minors) for p in plans]
+        self._refresh_enforcement()
         self.reg = {s.resource: _RegState() for s in self.servers}
         for s in self.servers:
             s.start()  # serve before Register
@@ -202,9 +211,60 @@ class NodeDaemon:
         self._update_device_gauges()
         self._publish()
 
+    def _setup_mps(self, inv: NodeInventory, plans: Sequence[ResourcePlan]) -> None:
+        """The MPS side: a daemon per ``sharing.mps`` resource (started now, as NVIDIA's plugin does) and,
+        with ``shareEnforcement: mps``, a daemon per share shape started when a share is served."""
+        opts = self.options
+        replica_plans = [p for p in plans if p.sharing == "mps"]
+        if not replica_plans and opts.share_enforcement != MODE_MPS:
+            self.enforcer = None
+            return
+        s = opts.settings
+        if self.mps is None or self.mps.mps_root != s.mps_root:
+            if self.mps is not None:
+                self.mps.stop()
+            binary = find_binary(s.driver_root, opts.mps_binary)
+            self.mps = MpsManager(binary, s.mps_root, interval_s=opts.mps_supervise_s)
+            self.mps.add_listener(self._refresh_enforcement)
+            self.mps.start()
+            if binary is None:
+                log.error("MPS: %s (driver root %s): MPS-enforced devices stay Unhealthy",
+                          self.mps.missing_reason, s.driver_root)
+        specs = {p.name: replica_spec(p.name, [(d.uuid, d.memory_bytes) for d in p.devices if d.replica is not None],
+                                      p.replicas) for p in replica_plans}
+        sliced = {d.uuid for p in plans if p.sharing == "time-slicing" for d in p.devices if d.replica is not None}
+        self.enforcer = ShareEnforcer(self.mps, opts.share_enforcement, inv, time_sliced=sliced,
+                                      replica_specs=specs)
+        for spec in specs.values():
+            self.mps.ensure(spec)
+
+    def _enforced_scope(self, plan: ResourcePlan) -> bool:
+        """Whether this resource's devices are served only while MPS enforces them."""
+        e = self.enforcer
+        return e is not None and (plan.sharing == "mps" or (plan.sharing == "slots" and e.selected == MODE_MPS))
+
+    def _refresh_enforcement(self) -> None:
+        """Hold back the MPS-enforced devices of every GPU whose shares cannot be enforced now (reason
+        given), and report each GPU's enforcement. Called at start and whenever a daemon goes up or down."""
+        e, state = self.enforcer, self.state
+        if e is None or state is None:
+            return
+        table = e.table()
+        for srv in list(self.servers):
+            if not self._enforced_scope(srv.plan):
+                continue
+            gpus = {d.gpu_uuid for d in srv.plan.devices}
+            state.set_blocked(srv.plan.name, {u: f"shares cannot be enforced: {t.reason}"
+                                              for u, t in table.items() if u in gpus and not t.enforced})
+        daemons = [(d.name, d.kind, d.limits, d.up, d.restarts) for d in (self.mps.states() if self.mps else [])]
+        self.metrics.set_enforcement({u: t.mode for u, t in table.items()}, daemons)
+        self._publish_pending = True
+        self._wake.set()
+
     def _make_server(self, plan: ResourcePlan, inv: NodeInventory, state: HealthState,
                      minors: dict[tuple[int, int, int], int]) -> PluginServer:
-        return PluginServer(plan, self.options.settings, state, inv, self.plugin_dir, resolver=self.resolver,
+        settings = replace(self.options.settings, enforcer=self.enforcer) if self.enforcer else self.options.settings
+        return PluginServer(plan, settings, state.view(plan.name), inv, self.plugin_dir, resolver=self.resolver,
                             metrics=self.metrics, mig_minors=minors, on_stream_end=self._on_stream_end,
                             kubelet_socket=self.options.kubelet_socket)
 
@@ -265,6 +325,9 @@ class NodeDaemon:
             self._watch = None
         with self._lock:
             self._stop_plugins()
+        if self.mps is not None:
+            self.mps.stop()  # quit every MPS daemon: their servers end once their clients have
+            self.mps = None
         self.publisher.close()
         log.info("node daemon stopped")
 
@@ -308,8 +371,8 @@ class NodeDaemon:
     def _update_device_gauges(self) -> None:
         if self.state is None:
             return
-        health = self.state.snapshot()
         for s in self.servers:
+            health = s.state.snapshot()
             ok = sum(1 for d in s.plan.devices if health.get(d.uuid, False))
             self.metrics.devices.labels(resource=s.resource, health="Healthy").set(ok)
             self.metrics.devices.labels(resource=s.resource, health="Unhealthy").set(len(s.plan.devices) - ok)
@@ -325,7 +388,10 @@ class NodeDaemon:
         # records a whole GPU or a share on one (the kubelet could not give it).
         replicated = {d.uuid for srv in self.servers if srv.plan.sharing in ("time-slicing", "mps")
                       for d in srv.plan.devices}
-        gpus = tuple(replace(g, healthy=health.get(g.uuid, g.healthy), replicated=g.uuid in replicated)
+        table = self.enforcer.table() if self.enforcer is not None else {}
+        gpus = tuple(replace(g, healthy=health.get(g.uuid, g.healthy), replicated=g.uuid in replicated,
+                             share_enforcement=table[g.uuid].mode if g.uuid in table else "none",
+                             share_enforcement_reason=table[g.uuid].reason if g.uuid in table else "")
                      for g in inv.gpus)
         try:
             current = NodeInventory(inv.name, gpus, inv.cpu_milli, inv.memory_bytes, inv.labels,
@@ -447,14 +513,18 @@ class NodeDaemon:
 
     def status(self) -> dict[str, object]:
         with self._lock:
-            health = self.state.snapshot() if self.state else {}
+            table = self.enforcer.table() if self.enforcer is not None else {}
             return {
+                "enforcement": {u: {"mode": t.mode, "reason": t.reason} for u, t in table.items()},
+                "mps_daemons": [{"name": d.name, "kind": d.kind, "limits": d.limits, "gpus": list(d.gpus),
+                                 "up": d.up, "reason": d.reason, "restarts": d.restarts}
+                                for d in (self.mps.states() if self.mps else [])],
                 "node": self.inventory.name if self.inventory else "",
                 "waiting": self.waiting_reason,
                 "reloads": self.reloads,
                 "resources": [
                     {"name": s.resource, "socket": str(s.socket_path), "devices": len(s.plan.devices),
-                     "healthy": sum(1 for d in s.plan.devices if health.get(d.uuid, False)),
+                     "healthy": sum(1 for d in s.plan.devices if s.state.is_healthy(d.uuid)),
                      "streams": s.active_streams, "registered": not self.reg[s.resource].needs}
                     for s in self.servers
                 ],

@@ -4,7 +4,8 @@ The node daemon writes it; the extender and the CLI read it back to rebuild the 
 inventory, so the conversion round-trips exactly (``inventory_from_device(device_object(inv))
 == inv``). The shape is the seed's (``spec.devices[]`` with ``type``, ``id``, ``minor``,
 ``health`` and the three ``kubegpu.io/*`` per-GPU resources) plus kubegpu's fields per GPU:
-``index``, ``model``, ``computeCapability``, ``topology`` (NUMA node, PCI bus id, NVLink peers
+``index``, ``model``, ``computeCapability``, ``shareEnforcement`` (``mode``: mps, none or unenforced,
+and the ``reason``), ``topology`` (NUMA node, PCI bus id, NVLink peers
 with link counts) and ``mig`` (capable, enabled, devices), and ``spec.node`` (CPU, memory,
 driver and CUDA versions, labels). ``kubegpu/install/crd-device.yaml`` (rendered into
 ``deploy/kubegpu.yaml``) is the schema of exactly this.
@@ -81,6 +82,11 @@ def gpu_entry(g: Gpu, peers: Mapping[str, int] | None = None) -> dict[str, Any]:
                         "devices": [_mig_to_dict(m) for m in g.mig_devices]}
     if g.replicated:  # only when set: objects of nodes without replicas keep the seed's shape
         entry["replicated"] = True
+    if g.share_enforcement:  # only when reported: how shares on this GPU are held to their limits
+        enf = {"mode": g.share_enforcement}
+        if g.share_enforcement_reason:
+            enf["reason"] = g.share_enforcement_reason
+        entry["shareEnforcement"] = enf
     return entry
 
 
@@ -201,6 +207,7 @@ def _parse_gpu(v: Any, path: str, position: int) -> Gpu:
             bad = res[R.GPU_MEMORY_RATIO]
             raise DeviceObjectError(
                 f"{path}.resources.{R.GPU_MEMORY_RATIO}: {bad!r} is not a quantity") from None
+    enf = F.mapping(d.get("shareEnforcement") or {}, f"{path}.shareEnforcement")
     cc = None
     if d.get("computeCapability") is not None:
         text = F.string(d["computeCapability"], f"{path}.computeCapability")
@@ -235,6 +242,8 @@ def _parse_gpu(v: Any, path: str, position: int) -> Gpu:
         core=core,
         mig_capable=F.boolean(mig.get("capable", False), f"{path}.mig.capable"),
         replicated=F.boolean(d.get("replicated", False), f"{path}.replicated"),
+        share_enforcement=F.string(enf.get("mode", ""), f"{path}.shareEnforcement.mode"),
+        share_enforcement_reason=F.string(enf.get("reason", ""), f"{path}.shareEnforcement.reason"),
     )
 
 

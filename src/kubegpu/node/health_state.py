@@ -3,6 +3,12 @@
 ListAndWatch streams block on :meth:`HealthState.wait_changed` and re-send their full
 device list whenever the version moves, so a health change reaches the kubelet at once.
 Keys are device UUIDs: physical GPUs (``GPU-…``) and MIG devices (``MIG-…``).
+
+Besides the GPUs' own health, a *scope* (one served resource) can hold devices back with a reason
+(:meth:`HealthState.set_blocked`): MPS-enforced resources are Unhealthy on a GPU while the MPS daemon
+that enforces them there is down, while the same GPU stays Healthy for the resources that need no daemon.
+Each server reads its resource's :meth:`HealthState.view`; one version counter covers both, so a
+stream wakes for either.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ class HealthState:
         self._children: dict[str, tuple[str, ...]] = {}
         self._parent: dict[str, str] = {}
         self._reason: dict[str, str] = {}
+        self._blocked: dict[str, dict[str, str]] = {}  # scope -> uuid -> reason
         for g in inventory.gpus:
             self._healthy[g.uuid] = g.healthy
             kids = tuple(m.uuid for m in g.mig_devices)
@@ -113,6 +120,32 @@ class HealthState:
                     log.exception("health listener failed")
         return changed
 
+    def set_blocked(self, scope: str, blocked: Mapping[str, str]) -> bool:
+        """Replace the devices ``scope`` holds back (uuid -> reason); True when that changed anything."""
+        with self._cond:
+            new = {u: r for u, r in blocked.items() if u in self._healthy}
+            if self._blocked.get(scope, {}) == new:
+                return False
+            self._blocked[scope] = new
+            self._version += 1
+            self._cond.notify_all()
+            listeners = list(self._listeners)
+            snap = dict(self._healthy)
+        for fn in listeners:
+            try:
+                fn(snap)
+            except Exception:
+                log.exception("health listener failed")
+        return True
+
+    def blocked(self, scope: str) -> dict[str, str]:
+        with self._cond:
+            return dict(self._blocked.get(scope, {}))
+
+    def view(self, scope: str) -> HealthView:
+        """This state as the resource ``scope`` sees it."""
+        return HealthView(self, scope)
+
     def wait_changed(self, since: int, timeout_s: float) -> int:
         """Block until the version differs from ``since`` (or timeout / close); return the version."""
         with self._cond:
@@ -142,3 +175,78 @@ class HealthState:
         """Bulk set (used when a reload keeps the previous health of known devices)."""
         for u, h in healthy.items():
             self.set_health([u], h, "carried over from before reload" if not h else "")
+
+
+class HealthView(HealthState):
+    """One resource's view of a :class:`HealthState`: a device is healthy when its GPU is and the resource
+    does not hold it back. Reads go to the shared state; writes go to it unchanged."""
+
+    def __init__(self, base: HealthState, scope: str) -> None:  # no super().__init__: it shares ``base``
+        self._base = base
+        self._scope = scope
+
+    def _held(self, uuid: str) -> str:
+        held = self._base.blocked(self._scope)
+        parent = self._base.parent(uuid)
+        return held.get(uuid) or (held.get(parent, "") if parent else "")
+
+    @property
+    def version(self) -> int:
+        return self._base.version
+
+    def uuids(self) -> tuple[str, ...]:
+        return self._base.uuids()
+
+    def gpu_uuids(self) -> tuple[str, ...]:
+        return self._base.gpu_uuids()
+
+    def children(self, uuid: str) -> tuple[str, ...]:
+        return self._base.children(uuid)
+
+    def parent(self, uuid: str) -> str | None:
+        return self._base.parent(uuid)
+
+    def is_healthy(self, uuid: str) -> bool:
+        return self._base.is_healthy(uuid) and not self._held(uuid)
+
+    def snapshot(self) -> dict[str, bool]:
+        snap = self._base.snapshot()
+        held = self._base.blocked(self._scope)
+        return {u: h and u not in held and (self._base.parent(u) or "") not in held for u, h in snap.items()}
+
+    def reason(self, uuid: str) -> str:
+        return self._base.reason(uuid) or self._held(uuid)
+
+    def unhealthy(self) -> tuple[str, ...]:
+        return tuple(u for u, h in self.snapshot().items() if not h)
+
+    def add_listener(self, fn: Listener) -> None:
+        self._base.add_listener(fn)
+
+    def set_health(self, uuids: Iterable[str], healthy: bool, reason: str = "") -> list[str]:
+        return self._base.set_health(uuids, healthy, reason)
+
+    def set_blocked(self, scope: str, blocked: Mapping[str, str]) -> bool:
+        return self._base.set_blocked(scope, blocked)
+
+    def blocked(self, scope: str) -> dict[str, str]:
+        return self._base.blocked(scope)
+
+    def view(self, scope: str) -> HealthView:
+        return self._base.view(scope)
+
+    def wait_changed(self, since: int, timeout_s: float) -> int:
+        return self._base.wait_changed(since, timeout_s)
+
+    def wake(self) -> None:
+        self._base.wake()
+
+    def close(self) -> None:
+        self._base.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._base.closed
+
+    def apply(self, healthy: Mapping[str, bool]) -> None:
+        self._base.apply(healthy)

@@ -14,7 +14,7 @@ import errno
 import json
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
@@ -50,6 +50,14 @@ class NodeMetrics:
                                           buckets=_LATENCY_BUCKETS, registry=r)
         self.devices = Gauge("kubegpu_node_devices", "Devices advertised per resource and health",
                              ["resource", "health"], registry=r)
+        self.share_enforced = Gauge("kubegpu_node_gpu_share_enforced",
+                                    "1 when shares on the GPU are held to their limits (by the mode named)",
+                                    [*DEVICE_LABELS, "mode"], registry=r)
+        self.mps_daemon_up = Gauge("kubegpu_node_mps_daemon_up", "1 while the MPS control daemon answers",
+                                   ["daemon", "kind", "limits"], registry=r)
+        self.mps_daemon_restarts = Gauge("kubegpu_node_mps_daemon_restarts",
+                                         "times the MPS control daemon was started again after it stopped "
+                                         "answering", ["daemon"], registry=r)
         self._labels: dict[str, dict[str, str]] = {}
 
     def set_inventory(self, inv: NodeInventory) -> None:
@@ -65,6 +73,17 @@ class NodeMetrics:
 
     def device_labels(self, uuid: str) -> dict[str, str]:
         return self._labels.get(uuid) or {"node": "", "index": "", "model": "", "uuid": uuid}
+
+    def set_enforcement(self, modes: Mapping[str, str],
+                        daemons: Sequence[tuple[str, str, str, bool, int]]) -> None:
+        """``modes``: GPU UUID -> mps / none / unenforced; ``daemons``: (name, kind, limits, up, restarts)."""
+        self.share_enforced.clear()
+        for uuid, mode in modes.items():
+            self.share_enforced.labels(**self.device_labels(uuid), mode=mode).set(1 if mode == "mps" else 0)
+        self.mps_daemon_up.clear()
+        for name, kind, limits, up, restarts in daemons:
+            self.mps_daemon_up.labels(daemon=name, kind=kind, limits=limits).set(1 if up else 0)
+            self.mps_daemon_restarts.labels(daemon=name).set(restarts)
 
     def set_health(self, health: Mapping[str, bool]) -> None:
         for uuid, ok in health.items():

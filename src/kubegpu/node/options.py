@@ -32,6 +32,8 @@ def node_options(config: Config, **overrides: Any) -> NodeOptions:
         "fail_on_init_error": config.flags.fail_on_init_error,
         "xid_policy": config.health,
         "recovery_interval_s": config.kubegpu.health_recovery_interval_s,
+        "share_enforcement": config.kubegpu.share_enforcement,
+        "mps_binary": config.kubegpu.mps_control_binary,
     }
     values.update(overrides)
     return NodeOptions(**values)

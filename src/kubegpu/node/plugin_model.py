@@ -7,8 +7,11 @@ the Allocate builder and GetPreferredAllocation never read config files or NVML.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
+
+from kubegpu.node.mps.spec import Binding
 
 Sharing = Literal["none", "time-slicing", "mps", "slots"]
 DeviceListStrategy = Literal["envvar", "volume-mounts", "cdi-annotations", "cdi-cri"]
@@ -61,6 +64,16 @@ class ResourcePlan:
         return self.sharing != "none"
 
 
+class Enforcer(Protocol):
+    """What Allocate asks of the node's MPS side (:class:`kubegpu.node.mps.enforcer.ShareEnforcer`);
+    both raise ``MpsError`` (a RuntimeError) when the share cannot be enforced now."""
+
+    def for_replicas(self, resource: str, order: Sequence[str]) -> Binding: ...
+
+    def for_share(self, parts: Sequence[tuple[str, int, int]],
+                  order: Sequence[str] | None = None) -> Binding | None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class PluginSettings:
     """The flags that shape Allocate answers and the servers (NVIDIA's ``flags.plugin`` and friends)."""
@@ -86,6 +99,8 @@ class PluginSettings:
     replica_policy: Literal["distributed", "packed"] = "distributed"
     pre_start_required: bool = False
     extra_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    # The node's MPS side (set by the daemon when MPS replicas or share enforcement are on).
+    enforcer: Enforcer | None = None
 
     @property
     def cdi_enabled(self) -> bool:

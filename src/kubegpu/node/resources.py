@@ -11,7 +11,8 @@ types (:mod:`kubegpu.node.plugin_model`):
 - time-slicing / MPS replicas ``<uuid>::<k>``, under ``rename``, ``<name>.shared`` with
   ``renameByDefault``, or the same name; the ``devices`` selection (all, a count, indexes or
   UUIDs) is honoured, unselected devices stay whole under the base name; a rename with one
-  replica is a plain rename (the sharing fork's ``mig-3g.20gb:gpu:1``); MPS refuses MIG;
+  replica is a plain rename (the sharing fork's ``mig-3g.20gb:gpu:1``); MPS refuses MIG and GPUs older
+  than Volta (``node.mps.capability``);
 - ``kubegpu.io/gpu.shared``: ``sharedSlots`` slots ``<uuid>::<k>`` per whole GPU.
 
 Health is not decided here: the daemon's health state marks devices by their ``gpu_uuid``.
@@ -27,6 +28,7 @@ from kubegpu.inventory.mig import PROFILE_RE
 from kubegpu.model import resources as R
 from kubegpu.model.inventory import Gpu, MigDevice, NodeInventory
 from kubegpu.node.config import Config, ReplicaDevices, ReplicatedResource, ResourcePattern
+from kubegpu.node.mps.capability import refusal as mps_refusal
 from kubegpu.node.plugin_model import REPLICA_SEPARATOR, AdvertisedDevice, PluginSettings, ResourcePlan
 
 
@@ -143,6 +145,11 @@ def expand(inv: NodeInventory, config: Config) -> list[ResourcePlan]:
         if strategy == "mps" and any(d.is_mig for d in base[rr.name]):
             raise ResourceError(f"{where}: sharing using MPS is not supported for MIG devices")
         chosen = _selected(base[rr.name], rr.devices, where)
+        if strategy == "mps":
+            for d in chosen:
+                why = mps_refusal(inv.gpu(d.gpu_uuid))
+                if why:
+                    raise ResourceError(f"{where}: sharing using MPS is not supported on GPU {d.index}: {why}")
         name = active.served_name(rr)
         ids = {d.id for d in chosen}
         plain[rr.name] = [d for d in plain[rr.name] if d.id not in ids]

@@ -18,6 +18,7 @@ from dra_harness import FIXTURES, Bed, fixture, make_bed, strip_server
 from kubegpu.node.dra.names import DRIVER
 from kubegpu.node.dra.prepare import cdi_spec_path
 from kubegpu_standins.dra_allocator import UNSCHEDULABLE
+from kubegpu_standins.mps_control import connect_client
 
 GROUP = "resource.k8s.io"
 
@@ -226,11 +227,14 @@ def test_consumable_capacity_three_shares_fourth_waits(root: Path) -> None:
         bed.close()
 
 
-def test_mps_variables_for_shares(root: Path) -> None:
+def test_shares_are_enforced_by_their_mps_daemon(root: Path) -> None:
+    from kubegpu_standins.mps_control import install
+
     bed = make_bed(root, shared="all")
+    mps_root = Path(tempfile.mkdtemp(prefix="kgm-", dir="/tmp"))  # unix socket paths stay short
     try:
         assert bed.settings is not None
-        bed.settings = replace(bed.settings, mps=True)
+        bed.settings = replace(bed.settings, mps=True, mps_root=str(mps_root), mps_binary=install(mps_root))
         _ready(bed)
         _classes(bed)
         _claim(bed, "s", {"deviceClassName": "shared-gpu.kubegpu.io", "allocationMode": "ExactCount", "count": 1,
@@ -239,12 +243,35 @@ def test_mps_variables_for_shares(root: Path) -> None:
         assert bed.run(pod) and bed.wait(lambda: bed.running(pod))
         uid = bed.claim("s")["metadata"]["uid"]
         spec = json.loads(cdi_spec_path(bed.cdi_dir, uid).read_text())
-        env = spec["containerEdits"]["env"]
-        assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in env
-        assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M" in env
-        assert any(m["containerPath"] == "/dev/shm" for m in spec["containerEdits"]["mounts"])
+        env = dict(e.split("=", 1) for e in spec["containerEdits"]["env"])
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
+        mounts = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
+        assert mounts["/dev/shm"] == str(mps_root / "shm")
+        # A client that raises its own limits gets the share: the daemon's defaults bind.
+        client = connect_client({**env, "CUDA_MPS_PIPE_DIRECTORY": mounts[env["CUDA_MPS_PIPE_DIRECTORY"]],
+                                 "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100",
+                                 "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=100G"}, env["KUBEGPU_VISIBLE_GPUS"].split(","))
+        assert client["thread_percentage"] == 25 and list(client["memory_limit_mib"].values()) == [4096]
+        assert {d["attributes"]["shareEnforcement"]["string"] for s in bed.slices()
+                for d in s["spec"].get("devices", []) if "shareEnforcement" in d["attributes"]} == {"mps"}
+        # A daemon that stops answering taints its GPU's shared device with the reason until it is back.
+        d = bed.daemon
+        assert d is not None and d.mps is not None
+        gpu = env["KUBEGPU_VISIBLE_GPUS"]
+        assert gpu not in d.status()["taints"]
+        for e in d.mps.manager._entries.values():
+            e.control.quit()
+            e.control.binary = str(mps_root / "gone")
+        d.mps.manager.supervise()
+        assert bed.wait(lambda: gpu in d.status()["taints"])
+        for e in d.mps.manager._entries.values():
+            e.control.binary, e.next_try = str(mps_root / "nvidia-cuda-mps-control"), 0.0
+        d.mps.manager.supervise()
+        assert bed.wait(lambda: gpu not in d.status()["taints"])
     finally:
         bed.close()
+        shutil.rmtree(mps_root, ignore_errors=True)
 
 
 def test_mig_claim_then_whole_gpu_waits(root: Path) -> None:

@@ -26,6 +26,7 @@ from kubegpu.node.config.model import (
     MIG_STRATEGIES,
     NVIDIA_DOMAIN,
     REPLICA_CHOICES,
+    SHARE_ENFORCEMENTS,
     SHARING_STRATEGIES,
     Config,
     ConfigError,
@@ -56,7 +57,8 @@ from kubegpu.node.config.parse import parse_duration, parse_resource_config, res
 __all__ = [
     "CONFIG_FILE_ENV", "CONFIG_FILE_FLAG", "CONFIG_VERSION", "DEFAULT_IGNORED_XIDS", "DEVICE_ID_STRATEGIES",
     "DEVICE_LIST_STRATEGIES", "DISCOVERY_STRATEGIES", "MIG_STRATEGIES", "NVIDIA_DOMAIN", "OPTIONS",
-    "OPTIONS_BY_FLAG", "OPTIONS_BY_KEY", "REPLICA_CHOICES", "SHARING_STRATEGIES", "Config", "ConfigError",
+    "OPTIONS_BY_FLAG", "OPTIONS_BY_KEY", "REPLICA_CHOICES", "SHARE_ENFORCEMENTS", "SHARING_STRATEGIES", "Config",
+    "ConfigError",
     "Flags", "GfdFlags", "Imex", "KubegpuSettings", "Option", "PluginFlags", "ReplicaDevices",
     "ReplicaSharing", "ReplicatedResource", "ResourcePattern", "Resources", "Sharing", "XidPolicy",
     "flag_help", "load_config", "parse_duration", "parse_resource_config", "read_config_file",

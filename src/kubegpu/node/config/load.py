@@ -207,6 +207,8 @@ def load_config(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] |
             metrics_address=v["kubegpu.metricsAddress"],
             resource_config=tuple(v["kubegpu.resourceConfig"]),
             pod_resources_socket=v["kubegpu.podResourcesSocket"],
+            share_enforcement=v["kubegpu.shareEnforcement"],
+            mps_control_binary=v["kubegpu.mpsControlBinary"],
         ),
         health=XidPolicy.from_env(env),
         config_file=source,

@@ -22,6 +22,7 @@ DEVICE_ID_STRATEGIES: Final = ("uuid", "index")
 DISCOVERY_STRATEGIES: Final = ("auto", "nvml", "tegra", "vfio")
 REPLICA_CHOICES: Final = ("distributed", "packed")
 SHARING_STRATEGIES: Final = ("none", "time-slicing", "mps")
+SHARE_ENFORCEMENTS: Final = ("none", "mps")
 
 # Xids NVIDIA's health checker treats as application errors (contracts.md §6.3).
 DEFAULT_IGNORED_XIDS: Final = frozenset({13, 31, 43, 45, 68, 109})
@@ -235,6 +236,10 @@ class KubegpuSettings:
     resource_config: tuple[str, ...] = ()  # the sharing fork's short forms, as given
     # The kubelet's PodResources API, used to verify the handoff (full mode).
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    # What holds a fine-grained share to its percent and memory: "mps" (a control daemon per share shape,
+    # docs/sharing.md) or "none" (the KUBEGPU_* variables only: a label, not a limit).
+    share_enforcement: str = "none"
+    mps_control_binary: str = ""  # "" = nvidia-cuda-mps-control under the driver root
 
     @property
     def kubelet_socket(self) -> str:

@@ -14,6 +14,7 @@ from kubegpu.node.config.model import (
     DISCOVERY_STRATEGIES,
     MIG_STRATEGIES,
     REPLICA_CHOICES,
+    SHARE_ENFORCEMENTS,
 )
 
 
@@ -111,6 +112,11 @@ OPTIONS: Final[tuple[Option, ...]] = (
     Option("kubegpu.podResourcesSocket", "pod-resources-socket", "KUBEGPU_POD_RESOURCES_SOCKET", "str",
            "/var/lib/kubelet/pod-resources/kubelet.sock",
            "the kubelet's PodResources socket, used to verify the handoff (full mode)"),
+    Option("kubegpu.shareEnforcement", "share-enforcement", "KUBEGPU_SHARE_ENFORCEMENT", "choice", "none",
+           "what holds fine-grained GPU shares to their limits: mps (an MPS control daemon per share shape) "
+           "or none (environment variables only)", SHARE_ENFORCEMENTS),
+    Option("kubegpu.mpsControlBinary", "mps-control-binary", "KUBEGPU_MPS_CONTROL_BINARY", "str", "",
+           "the nvidia-cuda-mps-control to run ('' = the one under the driver root)"),
 )
 
 OPTIONS_BY_KEY: Final = {o.key: o for o in OPTIONS}

@@ -55,8 +55,9 @@ def build_options(flags: Mapping[str, Any], env: Mapping[str, str], node_name: s
         raise ValueError(f"--dra-resync {dra['dra-resync']!r}: expected seconds") from None
     if resync <= 0:
         raise ValueError("--dra-resync must be positive")
-    settings = DraSettings(node_name=node_name, shared_gpus=shared, mps=config.sharing.strategy == "mps",
-                           mps_root=config.flags.mps_root)
+    mps = config.sharing.strategy == "mps" or config.kubegpu.share_enforcement == "mps"
+    settings = DraSettings(node_name=node_name, shared_gpus=shared, mps=mps, mps_root=config.flags.mps_root,
+                           mps_binary=config.kubegpu.mps_control_binary, driver_root=config.flags.nvidia_driver_root)
     return DraOptions(settings=settings, plugins_dir=dra.get("dra-plugins-dir", DEFAULT_PLUGINS_DIR),
                       registry_dir=dra.get("dra-registry-dir", DEFAULT_REGISTRY_DIR),
                       state_dir=dra.get("dra-state-dir", ""), cdi_dir=config.kubegpu.cdi_spec_dir,

@@ -39,6 +39,7 @@ from kubegpu.node.dra.slices import (
 )
 from kubegpu.node.health import HealthMonitor
 from kubegpu.node.health_state import HealthState
+from kubegpu.node.mps.dra import DraEnforcement
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ class DraDaemon:
         self.state: HealthState | None = None
         self.monitor: HealthMonitor | None = None
         self.preparer: Preparer | None = None
+        self.mps: DraEnforcement | None = None
         self.plugin: DraPlugin | None = None
         self.publisher: SlicePublisher | None = None
         self.taints: dict[str, DeviceTaint] = {}
@@ -107,6 +109,10 @@ class DraDaemon:
         inv = self.inventory
         health = self.state.snapshot()
         reasons = {u: self.state.reason(u) for u, ok in health.items() if not ok}
+        if self.mps is not None:  # a shared GPU whose shares MPS cannot enforce now is tainted with the reason
+            for u, why in self.mps.blocked().items():
+                if health.get(u, False) and self.options.settings.is_shared(inv.gpu(u)):
+                    health[u], reasons[u] = False, why
         with self._lock:
             self.taints = health_taints(inv, health, reasons, self.taints, _now())
             self.content = pool_content(inv, self.options.settings, self.taints)
@@ -173,6 +179,8 @@ class DraDaemon:
         previous = self.state.snapshot() if self.state is not None else None
         if self.monitor is not None:
             self.monitor.stop()
+        if self.mps is not None:
+            self.mps.set_inventory(inv)
         if self.state is not None:
             self.state.close()
         self._watch_health(inv, previous)
@@ -186,8 +194,13 @@ class DraDaemon:
     def start(self) -> None:
         opts = self.options
         self._watch_health(self.backend.discover())
+        if opts.settings.mps and self.inventory is not None:  # shares enforced by MPS daemons (node/mps)
+            self.mps = DraEnforcement(opts.settings.mps_root, opts.settings.driver_root, opts.settings.mps_binary,
+                                      on_change=lambda: self._on_health({}))
+            self.mps.start(self.inventory)
+            self._rebuild()
         self.preparer = Preparer(self.reader, self.table, opts.settings, cdi_dir=opts.cdi_dir,
-                                 state_dir=opts.state_path, fail=self.fail)
+                                 state_dir=opts.state_path, fail=self.fail, enforcer=self.mps)
         if self.client is not None:
             self.publisher = SlicePublisher(self.client, opts.settings.node_name, self.desired,
                                             resync_s=opts.resync_s, watch=opts.watch_slices,
@@ -226,6 +239,8 @@ class DraDaemon:
             self.publisher.stop()
         if self.monitor is not None:
             self.monitor.stop()
+        if self.mps is not None:
+            self.mps.stop()
         if self.state is not None:
             self.state.close()
 

@@ -13,8 +13,8 @@ wire); the allocation is read from the API server. Preparing a claim:
    devices are ``<claim uid>-<device>[-<share id>]`` with the GPU's device nodes, and whose
    claim-wide edits carry ``NVIDIA_VISIBLE_DEVICES``, ``KUBEGPU_VISIBLE_GPUS`` and for a share the
    same limits the device-plugin shares get (``KUBEGPU_GPU_CORE_PERCENT``,
-   ``KUBEGPU_GPU_MEMORY_BYTES``; with MPS ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``,
-   ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` and the pipe directory);
+   ``KUBEGPU_GPU_MEMORY_BYTES``; with MPS the share's daemon from ``node/mps``: its pipe directory,
+   ``/dev/shm`` and ``CUDA_MPS_*`` limits, or a refusal when it cannot enforce the share);
 4. record the claim in the checkpoint (one file per claim, atomic rename) before answering.
 
 Unprepare removes the spec and the checkpoint entry; an unknown claim is already unprepared.
@@ -34,11 +34,12 @@ from pathlib import Path
 from typing import Any, Final, Protocol
 
 from kubegpu.model.quantity import QuantityError, parse_int
-from kubegpu.node.allocate import ENV_CORE, ENV_MEMORY, ENV_VISIBLE_GPUS, MPS_CONTAINER_ROOT, VISIBLE_DEVICES
+from kubegpu.node.allocate import ENV_CORE, ENV_MEMORY, ENV_VISIBLE_GPUS, VISIBLE_DEVICES
 from kubegpu.node.devspecs import CONTROL_DEVICES, mig_cap_paths
 from kubegpu.node.dra.names import CDI_CLASS, CDI_KIND, CDI_VENDOR, DRIVER, TYPE_MIG, TYPE_SHARED, cdi_device_id
 from kubegpu.node.dra.names import cdi_device_name as _cdi_name
 from kubegpu.node.dra.slices import DraSettings, PublishedDevice
+from kubegpu.node.mps.dra import DraEnforcement
 
 log = logging.getLogger(__name__)
 
@@ -176,8 +177,10 @@ class Preparer:
 
     def __init__(self, reader: ClaimReader, table: Callable[[], Mapping[str, PublishedDevice]],
                  settings: DraSettings, *, cdi_dir: str | os.PathLike[str], state_dir: str | os.PathLike[str],
-                 fail: Callable[[str, str], str | None] | None = None) -> None:
+                 fail: Callable[[str, str], str | None] | None = None,
+                 enforcer: DraEnforcement | None = None) -> None:
         self.reader = reader
+        self.enforcer = enforcer  # MPS: what holds a share to its limits (node/mps)
         self.table = table
         self.settings = settings
         self.cdi_dir = Path(cdi_dir)
@@ -257,6 +260,7 @@ class Preparer:
         cores: list[int] = []
         mems: list[int] = []
         shares: list[str] = []
+        share_gpus: list[str] = []
         for dev, r in used:
             share = r.get("shareID") or None
             cdi_devices.append({"name": _cdi_name(uid, dev.name, share),
@@ -270,6 +274,7 @@ class Preparer:
                 consumed = r.get("consumedCapacity") or {}
                 cores.append(_quantity(consumed.get("compute", "100"), f"{dev.name} compute"))
                 mems.append(_quantity(consumed.get("memory", dev.memory_bytes), f"{dev.name} memory"))
+                share_gpus.append(dev.gpu_uuid)
                 if share:
                     shares.append(share)
         env = [f"{ENV_DRIVER}={DRIVER}", f"{ENV_CLAIM}={namespace}/{name}",
@@ -281,17 +286,16 @@ class Preparer:
             if shares:
                 env.append(f"{ENV_SHARE_IDS}={','.join(shares)}")
             if self.settings.mps:
-                key = f"claim_{uid}"
-                pipe = f"{MPS_CONTAINER_ROOT}/{key}/pipe"
-                env += [f"CUDA_MPS_PIPE_DIRECTORY={pipe}",
-                        f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={min(cores)}",
-                        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=" + ",".join(
-                            f"{i}={max(1, m // 2**20)}M" for i, m in enumerate(mems))]
-                host = os.path.join(self.settings.mps_root, key)
-                edits["mounts"] = [
-                    {"hostPath": os.path.join(host, "pipe"), "containerPath": pipe, "options": ["rbind", "rw"]},
-                    {"hostPath": os.path.join(host, "shm"), "containerPath": "/dev/shm", "options": ["rbind", "rw"]},
-                ]
+                if self.enforcer is None:
+                    raise PrepareError(f"ResourceClaim {namespace}/{name}: MPS is on but no MPS daemon runs here")
+                try:
+                    bound = self.enforcer.for_share(list(zip(share_gpus, cores, mems, strict=True)), share_gpus)
+                except RuntimeError as exc:  # MpsError
+                    raise PrepareError(f"ResourceClaim {namespace}/{name}: share cannot be enforced: {exc}") from exc
+                if bound is not None:
+                    env += [f"{k}={v}" for k, v in bound.env]
+                    edits["mounts"] = [{"hostPath": h, "containerPath": c, "options": ["rbind", "rw"]}
+                                       for h, c in bound.mounts]
         edits["env"] = env
         return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": cdi_devices, "containerEdits": edits}
 

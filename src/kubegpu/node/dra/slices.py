@@ -68,8 +68,10 @@ class DraSettings:
     share_default_memory: int = 10 * GI
     share_memory_step: int = GI
     sysfs_root: str = "/sys"
-    mps: bool = False  # prepared shares also get the MPS variables
+    mps: bool = False  # shares are enforced through MPS daemons (node/mps), refused when they cannot be
     mps_root: str = "/run/nvidia/mps"
+    mps_binary: str = ""  # "" = nvidia-cuda-mps-control under driver_root
+    driver_root: str = "/"
 
     def is_shared(self, gpu: Gpu) -> bool:
         return not gpu.mig_enabled and (self.shared_gpus is None or gpu.index in self.shared_gpus)
@@ -328,6 +330,8 @@ def pool_content(inv: NodeInventory, settings: DraSettings,
                                     m.gi, m.ci))
         elif settings.is_shared(g):
             attrs["type"] = {"string": TYPE_SHARED}
+            # How a share here is held to its limits (a daemon that is down taints the device instead).
+            attrs["shareEnforcement"] = {"string": "mps" if settings.mps else "none"}
             step = settings.share_memory_step
             mem_max = g.memory_bytes - g.memory_bytes % step
             if mem_max < step:

@@ -1,0 +1,61 @@
+"""The MPS side of the DRA driver: consumable-capacity shares enforced like device-plugin shares.
+
+``NodePrepareResources`` asks :meth:`DraEnforcement.for_share` for a claim's binding (pipe, shared memory,
+limits); a share that cannot be enforced is refused with the reason. While a GPU's shares cannot be
+enforced (daemon down, binary missing, GPU MPS cannot limit) :meth:`DraEnforcement.blocked` names it with
+the reason, and the driver taints its shared device, so the scheduler places no new share there.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+from kubegpu.model.inventory import NodeInventory
+from kubegpu.node.mps.capability import MODE_MPS, Enforcement
+from kubegpu.node.mps.control import MpsError, find_binary
+from kubegpu.node.mps.enforcer import ShareEnforcer
+from kubegpu.node.mps.manager import MpsManager
+from kubegpu.node.mps.spec import Binding
+
+
+class DraEnforcement:
+    """One MPS manager for the DRA driver; ``on_change()`` is called when a daemon goes up or down."""
+
+    def __init__(self, mps_root: str, driver_root: str, binary: str = "", *,
+                 on_change: Callable[[], None] | None = None, interval_s: float = 5.0) -> None:
+        self.manager = MpsManager(find_binary(driver_root, binary), mps_root, interval_s=interval_s)
+        if on_change is not None:
+            self.manager.add_listener(on_change)
+        self._enforcer: ShareEnforcer | None = None
+        self._lock = threading.Lock()
+
+    def start(self, inventory: NodeInventory) -> None:
+        self.set_inventory(inventory)
+        self.manager.start()
+
+    def set_inventory(self, inventory: NodeInventory) -> None:
+        with self._lock:
+            self._enforcer = ShareEnforcer(self.manager, MODE_MPS, inventory)
+
+    def _current(self) -> ShareEnforcer:
+        with self._lock:
+            if self._enforcer is None:
+                raise MpsError("the MPS side of the DRA driver has no inventory yet")
+            return self._enforcer
+
+    def for_share(self, parts: Sequence[tuple[str, int, int]], order: Sequence[str]) -> Binding | None:
+        return self._current().for_share(parts, order)
+
+    def table(self) -> dict[str, Enforcement]:
+        try:
+            return self._current().table()
+        except MpsError:
+            return {}
+
+    def blocked(self) -> dict[str, str]:
+        """GPU UUID -> why shares on it cannot be enforced now."""
+        return {u: f"shares cannot be enforced: {e.reason}" for u, e in self.table().items() if not e.enforced}
+
+    def stop(self) -> None:
+        self.manager.stop()

@@ -1,0 +1,217 @@
+"""The node's MPS control daemons: started on demand, defaults set first, supervised, stopped with the node.
+
+Both kubelet paths (device-plugin ``Allocate``, DRA ``NodePrepareResources``) ask :meth:`MpsManager.serve`
+for a share's binding and never talk to MPS themselves. ``serve`` answers only once the share's daemon
+runs, holds the share's defaults and answers ``get_server_list``; otherwise it raises :class:`MpsError`
+and the caller refuses the container: a limit nothing enforces is never handed out.
+
+A supervisor pass (:meth:`supervise`, every ``interval_s`` on its own thread) asks every daemon for its
+server list; a daemon that does not answer is down: its GPUs are reported (``on_change``) so the node
+marks the devices it serves Unhealthy with the reason, and it is started again with a capped exponential
+back-off. Decisions are made from what each daemon answers now, never from event order.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from kubegpu.node.mps.control import MpsControl, MpsError
+from kubegpu.node.mps.spec import Binding, DaemonSpec, binding
+
+log = logging.getLogger(__name__)
+
+MAX_DAEMONS = 128  # distinct share shapes on one node; more is refused, never unbounded
+
+
+@dataclass
+class _Entry:
+    spec: DaemonSpec
+    control: MpsControl
+    up: bool = False
+    reason: str = "not started"
+    failures: int = 0
+    next_try: float = 0.0
+    restarts: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonState:
+    """What status, metrics and health see of one daemon."""
+
+    name: str
+    kind: str
+    gpus: tuple[str, ...]
+    limits: str
+    up: bool
+    reason: str
+    restarts: int
+
+
+class MpsManager:
+    """Owns every control daemon of the node. Thread-safe."""
+
+    def __init__(self, binary: str | None, mps_root: str, *, timeout_s: float = 5.0, backoff_s: float = 1.0,
+                 backoff_max_s: float = 60.0, interval_s: float = 5.0,
+                 base_env: Mapping[str, str] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.binary = binary
+        self.mps_root = mps_root
+        self.timeout_s = timeout_s
+        self.backoff_s = backoff_s
+        self.backoff_max_s = backoff_max_s
+        self.interval_s = interval_s
+        self.base_env = base_env
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._entries: dict[str, _Entry] = {}
+        self._listeners: list[Callable[[], None]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ----- what callers use ---------------------------------------------------------------------
+
+    @property
+    def missing_reason(self) -> str:
+        """Why no daemon can run at all ("" when the binary is there)."""
+        return "" if self.binary else "nvidia-cuda-mps-control not found under the driver root"
+
+    def add_listener(self, fn: Callable[[], None]) -> None:
+        """``fn()`` is called after any daemon goes up or down (health, status and metrics re-read)."""
+        self._listeners.append(fn)
+
+    def serve(self, spec: DaemonSpec, order: Sequence[str] | None = None) -> Binding:
+        """The binding of ``spec``'s daemon, started and checked first. Raises MpsError."""
+        entry = self._entry(spec)
+        with entry.lock:
+            if not entry.up:
+                if entry.failures and self.clock() < entry.next_try:
+                    raise MpsError(f"MPS daemon {spec.name} ({spec.describe()}) is down: {entry.reason}")
+                self._bring_up(entry)
+        return binding(spec, self.mps_root, order)
+
+    def ensure(self, spec: DaemonSpec) -> bool:
+        """Start ``spec``'s daemon if it is not up (the eager path for replica resources); True when up."""
+        try:
+            self.serve(spec)
+        except MpsError as exc:
+            log.warning("%s", exc)
+            return False
+        return True
+
+    def states(self) -> list[DaemonState]:
+        with self._lock:
+            entries = list(self._entries.values())
+        return [DaemonState(e.spec.name, e.spec.kind, e.spec.uuids, e.spec.describe(), e.up, e.reason, e.restarts)
+                for e in entries]
+
+    def down(self) -> dict[str, tuple[DaemonState, ...]]:
+        """GPU UUID -> the daemons on it that are down (with their reasons)."""
+        out: dict[str, list[DaemonState]] = {}
+        for s in self.states():
+            if not s.up:
+                for u in s.gpus:
+                    out.setdefault(u, []).append(s)
+        return {u: tuple(v) for u, v in out.items()}
+
+    # ----- supervision --------------------------------------------------------------------------
+
+    def supervise(self) -> None:
+        """One pass: check every daemon; restart those that are down and due."""
+        with self._lock:
+            entries = list(self._entries.values())
+        changed = False
+        for e in entries:
+            with e.lock:
+                was = e.up
+                if e.up and not e.control.answers():
+                    e.up, e.failures, e.next_try = False, 0, self.clock()
+                    e.reason = "the control daemon stopped answering get_server_list"
+                    log.warning("MPS daemon %s: %s; restarting", e.spec.name, e.reason)
+                if not e.up and self.clock() >= e.next_try:
+                    try:
+                        self._bring_up(e)
+                        e.restarts += 1
+                    except MpsError:
+                        pass
+                changed |= was != e.up
+        if changed:
+            self._notify()
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="kubegpu-mps-supervisor", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.supervise()
+            except Exception:
+                log.exception("MPS supervision pass failed; retrying")
+
+    def stop(self) -> None:
+        """Stop supervising and quit every daemon (their servers end once their clients have)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.timeout_s + 2)
+            self._thread = None
+        with self._lock:
+            entries = list(self._entries.values())
+            self._entries.clear()
+        for e in entries:
+            with e.lock:
+                if e.up:
+                    e.control.quit()
+                e.up = False
+
+    # ----- internals ----------------------------------------------------------------------------
+
+    def _entry(self, spec: DaemonSpec) -> _Entry:
+        with self._lock:
+            e = self._entries.get(spec.name)
+            if e is not None:
+                if e.spec != spec:  # a name is a hash of the shape: a clash is a bug, never served
+                    raise MpsError(f"MPS daemon {spec.name} already serves {e.spec.describe()}, "
+                                   f"not {spec.describe()}")
+                return e
+            if self.binary is None:
+                raise MpsError(f"cannot enforce {spec.describe()}: {self.missing_reason}")
+            if len(self._entries) >= MAX_DAEMONS:
+                raise MpsError(f"this node already runs {MAX_DAEMONS} MPS daemons (one per share shape); "
+                               f"refusing a new shape {spec.describe()}")
+            e = _Entry(spec, MpsControl(self.binary, self.mps_root, spec, timeout_s=self.timeout_s,
+                                        base_env=self.base_env))
+            self._entries[spec.name] = e
+            return e
+
+    def _bring_up(self, e: _Entry) -> None:
+        """Start, set the defaults, verify them and the server list. Caller holds ``e.lock``."""
+        try:
+            e.control.start()
+            e.control.set_defaults()
+            wrong = e.control.check_defaults()
+            if wrong:
+                raise MpsError(f"MPS daemon {e.spec.name} holds {wrong}")
+            e.control.server_list()
+        except MpsError as exc:
+            e.up, e.reason = False, str(exc)
+            e.failures += 1
+            delay = min(self.backoff_max_s, self.backoff_s * 2 ** min(e.failures - 1, 10))
+            e.next_try = self.clock() + delay
+            log.warning("MPS daemon %s: %s; next try in %.1fs", e.spec.name, exc, delay)
+            self._notify()
+            raise
+        e.up, e.reason, e.failures = True, "", 0
+        self._notify()
+
+    def _notify(self) -> None:
+        for fn in list(self._listeners):
+            try:
+                fn()
+            except Exception:  # health and metrics listeners must never break supervision
+                log.exception("MPS listener failed")
