@@ -100,6 +100,8 @@ def _image_block(raw: dict[str, Any], out: Prepared) -> None:
     if not isinstance(block, dict):
         return  # absent, null, or a type error msgspec reports
     repo = block.get("repository")
+    if repo is not None and not isinstance(repo, str):
+        return  # a type error msgspec reports
     explicit = raw.get("kubegpuImage") is not None
     if isinstance(repo, str) and is_kubegpu_repository(repo):
         return
