@@ -124,6 +124,11 @@ def test_everything_kubegpu_cannot_honour_is_reported_at_once_naming_the_file(tm
     assert all(f"  - {key}:" in result.stderr for key in keys)
 
 
+def test_a_subchart_section_is_named_as_such() -> None:
+    with pytest.raises(ValuesError, match="give what is under nvidia-device-plugin as the values file"):
+        values_from_dict({"nvidia-device-plugin": {"migStrategy": "none"}})
+
+
 @pytest.mark.parametrize(("image", "ref"), [
     ({"repository": "ghcr.io/kubegpu/kubegpu", "tag": ""}, KUBEGPU_IMAGE),
     ({"repository": "mirror.corp/kubegpu", "tag": "1.2.3"}, "mirror.corp/kubegpu:1.2.3"),

@@ -198,6 +198,10 @@ def _walk(raw: dict[str, Any], schema: type[msgspec.Struct] | None, prefix: str,
             if not rule.accepts(value):
                 out.problems.append(f"{path}: {show(value)} cannot be honoured: {rule.why}")
             continue
+        if not prefix and key == "nvidia-device-plugin" and isinstance(value, dict):
+            out.problems.append(f"{path}: NVIDIA's chart values as a subchart's section: give what is under "
+                                f"{key} as the values file (kubegpu reads them at the top level)")
+            continue
         known = list(fields) + [p[len(prefix):].split(".", 1)[0] for p in RULES if p.startswith(prefix)]
         close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
         hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
