@@ -168,6 +168,7 @@ def test_nvidia_keys_kubegpu_honours_under_their_names() -> None:
     assert spec["containers"][0]["securityContext"] == {"privileged": True}
     for obj in objs:
         kubernetes_validate.validate(obj, "1.30.0", strict=True)
+    assert any("metrics port 9400" in n for n in notes(values_from_dict({"devicePlugin": {"enableHostNetwork": True}})))
 
 
 def test_printed_instructions_follow_the_rendered_namespace(tmp_path: Path) -> None:
