@@ -124,6 +124,11 @@ def test_everything_kubegpu_cannot_honour_is_reported_at_once_naming_the_file(tm
     assert all(f"  - {key}:" in result.stderr for key in keys)
 
 
+def test_a_subchart_section_is_named_as_such() -> None:
+    with pytest.raises(ValuesError, match="give what is under nvidia-device-plugin as the values file"):
+        values_from_dict({"nvidia-device-plugin": {"migStrategy": "none"}})
+
+
 @pytest.mark.parametrize(("image", "ref"), [
     ({"repository": "ghcr.io/kubegpu/kubegpu", "tag": ""}, KUBEGPU_IMAGE),
     ({"repository": "mirror.corp/kubegpu", "tag": "1.2.3"}, "mirror.corp/kubegpu:1.2.3"),
@@ -163,6 +168,7 @@ def test_nvidia_keys_kubegpu_honours_under_their_names() -> None:
     assert spec["containers"][0]["securityContext"] == {"privileged": True}
     for obj in objs:
         kubernetes_validate.validate(obj, "1.30.0", strict=True)
+    assert any("metrics port 9400" in n for n in notes(values_from_dict({"devicePlugin": {"enableHostNetwork": True}})))
 
 
 def test_printed_instructions_follow_the_rendered_namespace(tmp_path: Path) -> None:

@@ -100,6 +100,8 @@ def _image_block(raw: dict[str, Any], out: Prepared) -> None:
     if not isinstance(block, dict):
         return  # absent, null, or a type error msgspec reports
     repo = block.get("repository")
+    if repo is not None and not isinstance(repo, str):
+        return  # a type error msgspec reports
     explicit = raw.get("kubegpuImage") is not None
     if isinstance(repo, str) and is_kubegpu_repository(repo):
         return
@@ -195,6 +197,10 @@ def _walk(raw: dict[str, Any], schema: type[msgspec.Struct] | None, prefix: str,
         if rule is not None:
             if not rule.accepts(value):
                 out.problems.append(f"{path}: {show(value)} cannot be honoured: {rule.why}")
+            continue
+        if not prefix and key == "nvidia-device-plugin" and isinstance(value, dict):
+            out.problems.append(f"{path}: NVIDIA's chart values as a subchart's section: give what is under "
+                                f"{key} as the values file (kubegpu reads them at the top level)")
             continue
         known = list(fields) + [p[len(prefix):].split(".", 1)[0] for p in RULES if p.startswith(prefix)]
         close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)

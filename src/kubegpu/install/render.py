@@ -530,6 +530,10 @@ def notes(v: Values) -> list[str]:
         out.append("NVIDIA's chart would deploy node-feature-discovery with gfd.enabled; kubegpu does not: the node "
                    "DaemonSet's default affinity needs NFD's feature.node.kubernetes.io/pci-10de.present (install "
                    "NFD from its own chart) or the label nvidia.com/gpu.present=true on each GPU node")
+    if v.device_plugin.enable_host_network:
+        out.append(f"devicePlugin.enableHostNetwork: the node daemon binds its metrics port {v.metrics_port} "
+                   "(metricsPort) on every GPU node's own network, where dcgm-exporter's default is 9400 too; "
+                   "NetworkPolicies do not apply to it there")
     if v.mode == "full" and not has_match_conditions(v):
         out.append(f"Kubernetes {v.kube_version or 'release'} has no webhook matchConditions: the webhook is sent "
                    f"every pod outside the excluded namespaces, so its failurePolicy is "

@@ -318,15 +318,19 @@ def gpu_resources(v: Values) -> tuple[str, ...]:
     from kubegpu.node.config import ConfigError, load_config
 
     names = set(v.gpu_resources)
+    bad: list[str] = []  # every entry that does not load, not the first only
     for entry, text in v.config.map.items():
         try:
             doc = yaml.safe_load(text) or {}
             cfg = load_config(file=doc)
         except (yaml.YAMLError, ConfigError) as exc:
-            raise ValuesError(f"config.map.{entry}: {exc}") from None
+            bad.append(f"config.map.{entry}: {exc}")
+            continue
         for section in (cfg.sharing.time_slicing, cfg.sharing.mps):
             names.update(section.served_name(r) for r in section.resources)
         names.update(p.name for p in (*cfg.resources.gpus, *cfg.resources.migs))
+    if bad:
+        raise ValuesError(bad)
     return tuple(sorted(n for n in names if n))
 
 
