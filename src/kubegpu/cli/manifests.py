@@ -30,8 +30,8 @@ def manifests(
                                                help="With --dra: serve nvidia.com/gpu requests through DRA too."),
     dra_all_nodes: bool = typer.Option(False, "--dra-all-nodes", help="With --dra: every GPU node uses DRA "
                                        "(no device-plugin DaemonSet)."),
-    dra_shared_gpus: str = typer.Option("none", "--dra-shared-gpus", metavar="GPUS",
-                                        help="With --dra: GPUs published as shares "
+    dra_shared_gpus: str = typer.Option("all", "--dra-shared-gpus", metavar="GPUS",
+                                        help="With --dra: GPUs that take shares beside whole claims "
                                         "(all, none or indexes like 0,2-3)."),
 ) -> None:
     """Render the install manifests (namespace, CRD, RBAC, DaemonSet, scheduler, webhook, ...) as multi-doc YAML.

@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 from dra_harness import FIXTURES, Bed, fixture, make_bed, strip_server
 
+from kubegpu.install.dra import device_classes
+from kubegpu.install.values import Values
 from kubegpu.node.dra.names import DRIVER
 from kubegpu.node.dra.prepare import cdi_spec_path
 from kubegpu_standins.dra_allocator import UNSCHEDULABLE
@@ -46,8 +48,9 @@ def _ready(bed: Bed, n_slices: int = 1) -> None:
 
 
 def _classes(bed: Bed) -> None:
-    for f in ("s1-deviceclass.json", "s3-deviceclass-mig.json", "s4-deviceclass.json"):
-        bed.put(fixture(f))
+    # kubegpu's own classes (what `manifests --dra` installs), so the stand-in allocator checks them.
+    for c in device_classes(Values()):
+        bed.put(c)
 
 
 def _claim(bed: Bed, name: str, request: dict, ns: str = "default") -> dict:
@@ -210,18 +213,67 @@ def test_consumable_capacity_three_shares_fourth_waits(root: Path) -> None:
         # Pod 1 ends: the waiting claim now fits and is prepared.
         bed.delete(pods[0])
         assert bed.run(pods[3]) and bed.wait(lambda: bed.running(pods[3]))
-        # Without capacity.requests: the policy defaults (10 %, 10Gi).
+        # Without capacity.requests: the policy defaults, which are the whole GPU (100 %, 80Gi): it
+        # does not fit beside the shares (recorded s4: a claim without requests consumes the defaults).
         _claim(bed, "slice-default", {"deviceClassName": "shared-gpu.kubegpu.io", "allocationMode": "ExactCount",
                                       "count": 1})
-        pd = bed.pod("s4-pod-default", [{"name": "gpu", "resourceClaimName": "slice-default"}])
-        assert bed.run(pd)
-        got = bed.claim("slice-default")["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"]
-        want = fixture("s4-claim-slice-default.json")["status"]["allocation"]["devices"]["results"][0]
-        assert got == want["consumedCapacity"]
+        assert not bed.run(bed.pod("s4-pod-default", [{"name": "gpu", "resourceClaimName": "slice-default"}]))
+        assert bed.claim("slice-default").get("status", {}) == {}
         # compute: 150 is accepted by the API and cannot be allocated.
         _claim(bed, "slice-bad", {"deviceClassName": "shared-gpu.kubegpu.io", "allocationMode": "ExactCount",
                                   "count": 1, "capacity": {"requests": {"compute": "150"}}})
         assert not bed.run(bed.pod("s4-pod-bad", [{"name": "gpu", "resourceClaimName": "slice-bad"}]))
+    finally:
+        bed.close()
+
+
+def test_a_gpu_serves_whole_claims_and_shares_as_demand_comes(root: Path) -> None:
+    """Every GPU takes either one whole claim or shares up to its capacity, decided per claim by the
+    allocator (no start-up split): wholes and shares interleave and nothing is over 100 %."""
+    bed = make_bed(root, FIXTURES / "gpu-node-1.yaml", shared="all")
+    try:
+        _ready(bed)
+        _classes(bed)
+        whole = {"deviceClassName": "gpu.kubegpu.io", "allocationMode": "ExactCount", "count": 1}
+        share = {"deviceClassName": "shared-gpu.kubegpu.io", "allocationMode": "ExactCount", "count": 1,
+                 "capacity": {"requests": {"compute": "50", "memory": "40Gi"}}}
+        order = [("w1", whole), ("s1", share), ("s2", share), ("s3", share), ("w2", whole)]
+        pods = {}
+        for name, req in order:
+            _claim(bed, name, req)
+            pods[name] = bed.pod(f"p-{name}", [{"name": "gpu", "resourceClaimName": name}])
+            assert bed.run(pods[name]) and bed.wait(lambda n=name: bed.running(pods[n])), name
+        res = {n: bed.claim(n)["status"]["allocation"]["devices"]["results"][0] for n, _ in order}
+        # First fit in slice order, as the recorded allocator: a share skips the GPU a whole claim
+        # holds, a whole claim skips the GPU a share is on.
+        assert {n: r["device"] for n, r in res.items()} == {
+            "w1": "gpu-0", "s1": "gpu-1", "s2": "gpu-1", "s3": "gpu-2", "w2": "gpu-3"}
+        # A whole claim consumes all the capacity (the policy defaults), so no share lands beside it.
+        assert res["w1"]["consumedCapacity"] == {"compute": "100", "memory": "80Gi"}
+        used: dict[str, int] = {}
+        for r in res.values():
+            used[r["device"]] = used.get(r["device"], 0) + int(r["consumedCapacity"]["compute"])
+        assert used == {"gpu-0": 100, "gpu-1": 100, "gpu-2": 50, "gpu-3": 100}
+
+        def env(n: str) -> list[str]:
+            return json.loads(cdi_spec_path(bed.cdi_dir, bed.claim(n)["metadata"]["uid"]).read_text())[
+                "containerEdits"]["env"]
+        # A whole claim's container is a whole-GPU container (no share limits); a share's has its limits.
+        assert not any(e.startswith("KUBEGPU_GPU_CORE_PERCENT") for e in env("w1"))
+        assert "KUBEGPU_GPU_CORE_PERCENT=50" in env("s1")
+        # No GPU is whole-free (gpu-2 is half used): a third whole claim waits, a share still fits.
+        _claim(bed, "w3", whole)
+        p_w3 = bed.pod("p-w3", [{"name": "gpu", "resourceClaimName": "w3"}])
+        assert not bed.run(p_w3)
+        _claim(bed, "s4", share)
+        assert bed.run(bed.pod("p-s4", [{"name": "gpu", "resourceClaimName": "s4"}]))
+        assert bed.claim("s4")["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-2"
+        # gpu-1 is whole-free only once both its shares are gone; then the waiting whole claim gets it.
+        bed.delete(pods["s1"])
+        assert not bed.run(p_w3)
+        bed.delete(pods["s2"])
+        assert bed.run(p_w3) and bed.wait(lambda: bed.running(p_w3))
+        assert bed.claim("w3")["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-1"
     finally:
         bed.close()
 

@@ -85,7 +85,8 @@ def test_classes_select_the_devices_the_node_publishes() -> None:
     def chosen(cls: str) -> list[str]:
         return [d["name"] for d in devices
                 if cel_matches(classes[cls], Candidate("gpu.kubegpu.io", inv.name, inv.name, d).cel_view())]
-    assert chosen("gpu.kubegpu.io") == ["gpu-2", "gpu-0", "gpu-1"]  # plain GPUs first, then MIG parents
+    # Plain GPUs first (the one taking shares too), then MIG parents.
+    assert chosen("gpu.kubegpu.io") == ["gpu-2", "gpu-3", "gpu-0", "gpu-1"]
     assert chosen("shared-gpu.kubegpu.io") == ["gpu-3"]
     assert len(chosen("mig.kubegpu.io")) == 6
     assert chosen("mig-1g.10gb.kubegpu.io") == ["gpu-0-mig-1g10gb-13", "gpu-0-mig-1g10gb-14"]

@@ -3,7 +3,8 @@ the admission policy that keeps each node's driver to its own node's ResourceSli
 
 - **DeviceClasses** (``resource.k8s.io/v1``): ``gpu.kubegpu.io`` (whole GPUs), ``mig.kubegpu.io``
   (any MIG device) and one per MIG profile (``mig-1g.10gb.kubegpu.io``, ...), ``shared-gpu.kubegpu.io``
-  (consumable-capacity shares: ``capacity.requests: {compute: 30, memory: 8Gi}``); with
+  (consumable-capacity shares: ``capacity.requests: {compute: 30, memory: 8Gi}``, on the same GPUs
+  that serve whole claims, see ``kubegpu.node.dra.slices``); with
   ``extended_resource`` also ``gpu-extended.kubegpu.io`` carrying ``extendedResourceName:
   nvidia.com/gpu``, so pods asking ``nvidia.com/gpu: 1`` are served by DRA (DRAExtendedResource).
 - **DaemonSet** ``kubegpu-dra-node`` running ``kubegpu node --kubelet-plugin dra`` with the
@@ -41,6 +42,15 @@ def _type_is(t: str) -> str:
     return f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "{t}"'
 
 
+def shared_selector() -> str:
+    """Shares: a ``gpu`` device that takes several allocations (``device.allowMultipleAllocations``, in
+    the DRA CEL environment since 1.34), or the ``shared-gpu`` devices drivers before on-demand sharing
+    published, so a rolling upgrade keeps serving share claims on both."""
+    a = f'device.attributes["{DRIVER}"].type'
+    return (f'device.driver == "{DRIVER}" && ({a} == "{TYPE_SHARED}" || '
+            f'({a} == "{TYPE_GPU}" && device.allowMultipleAllocations == true))')
+
+
 def device_class(name: str, expression: str, v: Values, **spec: Any) -> Obj:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
             "metadata": {"name": name, "labels": _labels(v)},
@@ -50,7 +60,7 @@ def device_class(name: str, expression: str, v: Values, **spec: Any) -> Obj:
 def device_classes(v: Values, *, extended_resource: bool = False) -> list[Obj]:
     out = [device_class(DRIVER, _type_is(TYPE_GPU), v),
            device_class(f"mig.{DRIVER.split('.', 1)[1]}", _type_is(TYPE_MIG), v),
-           device_class(f"shared-gpu.{DRIVER.split('.', 1)[1]}", _type_is(TYPE_SHARED), v)]
+           device_class(f"shared-gpu.{DRIVER.split('.', 1)[1]}", shared_selector(), v)]
     for p in MIG_PROFILES:
         out.append(device_class(f"mig-{p}.{DRIVER.split('.', 1)[1]}",
                                 _type_is(TYPE_MIG) + f' && device.attributes["{DRIVER}"].profile == "{p}"', v))
@@ -124,7 +134,7 @@ def _affinity(v: Values, operator: str) -> Obj:
     return aff
 
 
-def daemonset(v: Values, *, all_nodes: bool = False, shared_gpus: str = "none") -> Obj:
+def daemonset(v: Values, *, all_nodes: bool = False, shared_gpus: str = "all") -> Obj:
     kubelet = "/var/lib/kubelet"
     mounts = [
         {"name": "plugins", "mountPath": f"{kubelet}/plugins"},
@@ -168,7 +178,7 @@ def daemonset(v: Values, *, all_nodes: bool = False, shared_gpus: str = "none") 
 
 
 def apply_dra(objs: list[Obj], v: Values, *, extended_resource: bool = False, all_nodes: bool = False,
-              shared_gpus: str = "none") -> list[Obj]:
+              shared_gpus: str = "all") -> list[Obj]:
     """``objs`` (the rendered install) with the DRA objects added and the device-plugin DaemonSet kept
     off DRA nodes (or dropped, with ``all_nodes``)."""
     from kubegpu.node.dra.slices import DraSettings

@@ -19,7 +19,7 @@ CDI_KIND: Final = f"{CDI_VENDOR}/{CDI_CLASS}"
 # Device types (the ``type`` attribute DeviceClasses select on).
 TYPE_GPU: Final = "gpu"
 TYPE_MIG: Final = "mig"
-TYPE_SHARED: Final = "shared-gpu"
+TYPE_SHARED: Final = "shared-gpu"  # published before GPUs took whole claims and shares alike; still selected
 
 # Taints the driver puts on unhealthy devices.
 TAINT_XID: Final = DRIVER + "/xid-error"

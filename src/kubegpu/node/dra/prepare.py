@@ -35,8 +35,8 @@ from typing import Any, Final, Protocol
 
 from kubegpu.model.quantity import QuantityError, parse_int
 from kubegpu.node.allocate import ENV_CORE, ENV_MEMORY, ENV_VISIBLE_GPUS, MPS_CONTAINER_ROOT, VISIBLE_DEVICES
-from kubegpu.node.devspecs import CONTROL_DEVICES, mig_cap_paths
-from kubegpu.node.dra.names import CDI_CLASS, CDI_KIND, CDI_VENDOR, DRIVER, TYPE_MIG, TYPE_SHARED, cdi_device_id
+from kubegpu.node.devspecs import CONTROL_DEVICES, MigMinors, mig_cap_paths, read_mig_minors
+from kubegpu.node.dra.names import CDI_CLASS, CDI_KIND, CDI_VENDOR, DRIVER, TYPE_MIG, cdi_device_id
 from kubegpu.node.dra.names import cdi_device_name as _cdi_name
 from kubegpu.node.dra.slices import DraSettings, PublishedDevice
 
@@ -164,11 +164,30 @@ def _quantity(value: Any, what: str) -> int:
         raise PrepareError(f"{what}: {value!r} is not a quantity") from exc
 
 
-def _device_nodes(dev: PublishedDevice) -> list[dict[str, str]]:
+def _device_nodes(dev: PublishedDevice, minors: MigMinors) -> list[dict[str, str]]:
+    """The GPU's node, and for a MIG device its GI and CI capability nodes (the device-plugin path's rule)."""
     paths = [f"/dev/nvidia{dev.minor}"]
     if dev.type == TYPE_MIG and dev.gi is not None and dev.ci is not None:
-        paths += mig_cap_paths(dev.minor, dev.gi, dev.ci, {})
+        caps = mig_cap_paths(dev.minor, dev.gi, dev.ci, minors)
+        if len(caps) < 2:  # as the device-plugin path: served without, but said (a container needs them)
+            log.warning("MIG device %s: no capability minors for GPU minor %d GI %d CI %d in the mig-minors "
+                        "file; its container may not be able to open it", dev.name, dev.minor, dev.gi, dev.ci)
+        paths += caps
     return [{"path": p} for p in paths]
+
+
+def share_limits(dev: PublishedDevice, result: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(compute percent, memory bytes) when the allocation ``result`` is a share of ``dev``; None when it
+    holds the device whole (an exclusive device, or one whose allocation consumed all its capacity, as a
+    claim naming no capacity does). The one rule for "is this a share" (env, MPS limits)."""
+    consumed = result.get("consumedCapacity")
+    if not consumed or not dev.share_memory_max:
+        return None
+    got = {"compute": _quantity(consumed.get("compute", "100"), f"{dev.name} compute"),
+           "memory": _quantity(consumed.get("memory", dev.memory_bytes), f"{dev.name} memory")}
+    if dev.whole(got):
+        return None
+    return got["compute"], got["memory"]
 
 
 class Preparer:
@@ -251,6 +270,8 @@ class Preparer:
 
     def _spec(self, namespace: str, name: str, uid: str,
               used: list[tuple[PublishedDevice, dict[str, Any]]]) -> dict[str, Any]:
+        minors = read_mig_minors(self.settings.mig_minors_file) if any(
+            d.type == TYPE_MIG for d, _ in used) else {}
         cdi_devices: list[dict[str, Any]] = []
         visible: list[str] = []
         gpus: list[str] = []
@@ -260,16 +281,16 @@ class Preparer:
         for dev, r in used:
             share = r.get("shareID") or None
             cdi_devices.append({"name": _cdi_name(uid, dev.name, share),
-                                "containerEdits": {"deviceNodes": _device_nodes(dev),
+                                "containerEdits": {"deviceNodes": _device_nodes(dev, minors),
                                                    "env": [f"KUBEGPU_REQUEST={r.get('request', '')}"]}})
             if dev.uuid not in visible:
                 visible.append(dev.uuid)
             if dev.gpu_uuid not in gpus:
                 gpus.append(dev.gpu_uuid)
-            if dev.type == TYPE_SHARED:
-                consumed = r.get("consumedCapacity") or {}
-                cores.append(_quantity(consumed.get("compute", "100"), f"{dev.name} compute"))
-                mems.append(_quantity(consumed.get("memory", dev.memory_bytes), f"{dev.name} memory"))
+            limits = share_limits(dev, r)
+            if limits is not None:
+                cores.append(limits[0])
+                mems.append(limits[1])
                 if share:
                     shares.append(share)
         env = [f"{ENV_DRIVER}={DRIVER}", f"{ENV_CLAIM}={namespace}/{name}",
