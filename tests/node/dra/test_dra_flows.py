@@ -74,6 +74,15 @@ def test_registration_handshake_as_recorded(bed: Bed) -> None:
     assert p.health == {("gpu-node-1", f"gpu-{i}"): "HEALTHY" for i in range(4)}
 
 
+def test_slices_are_owned_by_their_node(bed: Bed) -> None:
+    node = bed.api.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-node-1"}})
+    _ready(bed)
+    assert bed.wait(lambda: all(s["metadata"].get("ownerReferences") for s in bed.slices()))
+    for s in bed.slices():
+        assert s["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Node", "name": "gpu-node-1",
+                                                     "uid": node["metadata"]["uid"], "controller": True}]
+
+
 def test_v1beta1_when_the_kubelet_prefers_it(root: Path) -> None:
     bed = make_bed(root, kubelet_versions=("v1beta1.DRAPlugin",))
     try:
@@ -302,6 +311,12 @@ def test_mps_variables_for_shares(root: Path) -> None:
 def test_mig_claim_then_whole_gpu_waits(root: Path) -> None:
     bed = make_bed(root, topology="a100-mig")
     try:
+        # The driver's list of MIG capability minors (the format of /proc/driver/nvidia-caps/mig-minors).
+        minors = root / "mig-minors"
+        minors.write_text("config 1\nmonitor 2\ngpu0/gi13/access 120\ngpu0/gi13/ci0/access 121\n"
+                          "gpu0/gi14/access 129\n")
+        assert bed.settings is not None
+        bed.settings = replace(bed.settings, mig_minors_file=str(minors))
         _ready(bed, n_slices=2)
         _classes(bed)
         mig = {"deviceClassName": "mig.kubegpu.io", "allocationMode": "ExactCount", "count": 1,
@@ -312,7 +327,12 @@ def test_mig_claim_then_whole_gpu_waits(root: Path) -> None:
         [r] = bed.claim("mig-1g")["status"]["allocation"]["devices"]["results"]
         assert r["device"] == "gpu-0-mig-1g10gb-13"
         uid = bed.claim("mig-1g")["metadata"]["uid"]
-        env = json.loads(cdi_spec_path(bed.cdi_dir, uid).read_text())["containerEdits"]["env"]
+        spec = json.loads(cdi_spec_path(bed.cdi_dir, uid).read_text())
+        env = spec["containerEdits"]["env"]
+        # The GI and CI capability nodes ride with the MIG device, as on the device-plugin path.
+        assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
+            {"path": "/dev/nvidia0"}, {"path": "/dev/nvidia-caps/nvidia-cap120"},
+            {"path": "/dev/nvidia-caps/nvidia-cap121"}]
         mig_uuid = next(m.uuid for g in bed.backend.discover().gpus for m in g.mig_devices if m.gi == 13)
         assert f"NVIDIA_VISIBLE_DEVICES={mig_uuid}" in env
         # The parent of a used MIG device cannot be given whole (counters), another GPU can.

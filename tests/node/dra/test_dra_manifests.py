@@ -60,6 +60,13 @@ def test_rbac_reads_claims_and_writes_only_own_node_slices() -> None:
     assert by_res == called_by_dra_code()
     vap = next(o for o in objs if o["kind"] == "ValidatingAdmissionPolicy")
     assert "authentication.kubernetes.io/node-name" in vap["spec"]["variables"][0]["expression"]
+    # Denials are 403 Forbidden like kubegpu's other policies (recorded: without a reason, a 422 with an
+    # empty field path, dra-node-policy-checks.log).
+    own = next(o for o in objs if o["metadata"]["name"] == "kubegpu-dra-node-own-slices"
+               and o["kind"] == "ValidatingAdmissionPolicy")
+    assert all(v.get("reason") == "Forbidden" for o in objs if o["kind"] == "ValidatingAdmissionPolicy"
+               for v in o["spec"]["validations"])
+    assert [v.get("reason") for v in own["spec"]["validations"]] == ["Forbidden", "Forbidden"]
     assert any(o["kind"] == "ValidatingAdmissionPolicyBinding" for o in objs)
 
 
@@ -67,7 +74,8 @@ def called_by_dra_code() -> dict[str, set[str]]:
     """resource -> verbs, from the client calls in kubegpu.node.dra (a new call without a grant fails)."""
     verbs = {"get": "get", "list": "list", "watch": "watch", "create": "create", "replace": "update",
              "delete": "delete", "patch": "patch"}
-    kinds = {"ResourceClaim": "resourceclaims", "ResourceSlice": "resourceslices", "DeviceClass": "deviceclasses"}
+    kinds = {"ResourceClaim": "resourceclaims", "ResourceSlice": "resourceslices", "DeviceClass": "deviceclasses",
+             "Node": "nodes"}
     out: dict[str, set[str]] = {}
     for path in sorted((Path(kubegpu.node.dra.__file__).parent).glob("*.py")):
         for verb, kind in re.findall(r"client\.(\w+)\(\s*([A-Z]\w*)", path.read_text()):

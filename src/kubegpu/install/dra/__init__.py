@@ -75,6 +75,7 @@ def rbac(v: Values) -> list[Obj]:
     # and its own node's slices (narrowed to them by the ValidatingAdmissionPolicy below).
     rules = [
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},  # its Node's UID: the slices' owner
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
          "verbs": ["list", "watch", "create", "update", "delete"]},
     ]
@@ -96,10 +97,10 @@ def rbac(v: Values) -> list[Obj]:
                  "expression": '(request.operation == "DELETE" ? oldObject : object).spec.?nodeName.orValue("")'},
             ],
             "validations": [
-                {"expression": 'variables.userNodeName != ""',
+                {"expression": 'variables.userNodeName != ""', "reason": "Forbidden",
                  "message": "no node association found for the kubegpu DRA driver's token "
                             "(it must run in a pod, with ServiceAccountTokenPodNodeInfo enabled)"},
-                {"expression": "variables.userNodeName == variables.objectNodeName",
+                {"expression": "variables.userNodeName == variables.objectNodeName", "reason": "Forbidden",
                  "messageExpression": "'the kubegpu DRA driver on node ' + variables.userNodeName + "
                                       "' may not modify ' + (variables.objectNodeName == '' ? "
                                       "'cluster-wide ResourceSlices' : 'ResourceSlices of node ' + "
