@@ -56,5 +56,15 @@ def test_status_shows_claims_on_dra_nodes(tmp_path: Path) -> None:
         holders = [h["pod"] for g in node["gpus"] for h in g["holders"]]
         assert "ml/trainer" in holders and "ml/tiny" in holders
         assert view["totals"]["healthy_gpus"] == 3  # the tainted GPU
+        # The MIG layout: each device at its position on the parent with its GPU-instance slices; a
+        # 1g.10gb counts 1 of 7 slices (14 %), as on the device-plugin path.
+        assert [(m["index"], m["profile"], m["slices"]) for m in by_index[0]["mig"]] == [
+            (0, "3g.40gb", 3), (1, "2g.20gb", 2), (2, "1g.10gb", 1), (3, "1g.10gb", 1)]
+        assert by_index[0]["core_used"] == 14
+        # Every healthy GPU counted once: allocated + free = healthy GPUs (MIG GPU 0's other devices are
+        # free; MIG GPU 1 is held whole through its parent device).
+        t = view["totals"]
+        assert round(t["allocated_gpu"] + t["free_gpu"], 2) == t["healthy_gpus"] == 3
+        assert (by_index[1]["core_used"], [h["pod"] for h in by_index[1]["holders"]]) == (100, ["ml/trainer"])
     finally:
         api.stop()

@@ -21,12 +21,11 @@ from __future__ import annotations
 from typing import Any, Final
 
 from kubegpu.install.values import Values, default_affinity
-from kubegpu.node.dra.names import DRIVER, TYPE_GPU, TYPE_MIG, TYPE_SHARED
+from kubegpu.node.dra.names import DRIVER, MODE_LABEL, TYPE_GPU, TYPE_MIG, TYPE_SHARED
 
 Obj = dict[str, Any]
 APP: Final = "kubegpu"
 NAME: Final = f"{APP}-dra-node"
-MODE_LABEL: Final = "kubegpu.io/kubelet-plugin"
 # MIG profiles of the current data-centre GPUs (A100 40/80 GB, H100/H200, A30).
 MIG_PROFILES: Final = ("1g.5gb", "1g.10gb", "1g.12gb", "1g.18gb", "1g.20gb", "1g.23gb", "1g.24gb", "2g.10gb",
                        "2g.20gb", "2g.24gb", "2g.35gb", "2g.45gb", "3g.20gb", "3g.40gb", "3g.47gb", "3g.71gb",

@@ -25,6 +25,9 @@ TYPE_SHARED: Final = "shared-gpu"  # published before GPUs took whole claims and
 TAINT_XID: Final = DRIVER + "/xid-error"
 TAINT_UNHEALTHY: Final = DRIVER + "/unhealthy"
 
+# The node label choosing the kubelet plugin (``dra`` for this driver), see kubegpu.install.dra.
+MODE_LABEL: Final = "kubegpu.io/kubelet-plugin"
+
 PCIE_ROOT_ATTRIBUTE: Final = "resource.kubernetes.io/pcieRoot"
 
 API_GROUP: Final = "resource.k8s.io"
