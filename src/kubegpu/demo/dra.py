@@ -239,7 +239,8 @@ def _run(console: Console, workdir: Path | None, quiet: bool, held: _Held) -> Dr
                           f"[red]demo failed[/]: {len(res.checks) - passed} of {len(res.checks)} checks failed")
                          + f" in {total_s:.1f} s (DRA)")
         res.summary = {"ok": res.ok, "mode": "dra", "checks": [{"name": n, "ok": o} for n, o in res.checks],
-                       "passed": passed, "prepares": sum(1 for c in kubelet.calls if c.method == "NodePrepareResources"),
+                       "passed": passed,
+                       "prepares": sum(1 for c in kubelet.calls if c.method == "NodePrepareResources"),
                        "node_log_warnings": len(held.records), "timings": {"total_s": total_s}}
         return res
     finally:
