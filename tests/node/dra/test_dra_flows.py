@@ -20,6 +20,7 @@ from kubegpu.install.values import Values
 from kubegpu.node.dra.names import DRIVER
 from kubegpu.node.dra.prepare import cdi_spec_path
 from kubegpu_standins.dra_allocator import UNSCHEDULABLE
+from kubegpu_standins.dra_cdi import inject, toolkit_devices
 
 GROUP = "resource.k8s.io"
 
@@ -171,6 +172,39 @@ def test_one_pod_two_claims_one_call(bed: Bed) -> None:
     assert devs == ["gpu-0", "gpu-1"]
     assert len(bed.delete(pod)) == 2
     assert len(bed.kubelet.calls[-1].claims) == 2
+
+
+def test_a_container_with_several_claims_sees_all_their_gpus(root: Path) -> None:
+    """#21: one container on two claims (a whole GPU and a share), a second container on one of them.
+    Through the real DRA gRPC, then the runtime's CDI injection in the kubelet's order: each container's
+    device nodes and toolkit device list hold exactly the GPUs of its claims."""
+    bed = make_bed(root, shared="all")
+    try:
+        _ready(bed)
+        _classes(bed)
+        _claim(bed, "whole", {"deviceClassName": "gpu.kubegpu.io", "allocationMode": "ExactCount", "count": 1})
+        _claim(bed, "part", {"deviceClassName": "shared-gpu.kubegpu.io", "allocationMode": "ExactCount", "count": 1,
+                             "capacity": {"requests": {"compute": "25", "memory": "10Gi"}}})
+        claims = [{"name": "w", "resourceClaimName": "whole"}, {"name": "p", "resourceClaimName": "part"}]
+        pod = bed.pod("multi", claims, containers=[
+            {"name": "both", "image": "cuda", "resources": {"claims": [{"name": "w"}, {"name": "p"}]}},
+            {"name": "one", "image": "cuda", "resources": {"claims": [{"name": "w"}]}}])
+        assert bed.run(pod) and bed.wait(lambda: bed.running(pod))
+        gpus = {g.index: g for g in bed.backend.discover().gpus}
+        dev = {n: bed.claim(n)["status"]["allocation"]["devices"]["results"][0]["device"] for n in ("whole", "part")}
+        assert dev == {"whole": "gpu-0", "part": "gpu-1"}
+        per_ctr = bed.kubelet.pod_resources(pod["metadata"]["uid"])
+        ids = {c: [d["name"] for r in res for cr in r["claim_resources"] for d in cr["cdi_devices"]]
+               for c, res in per_ctr.items()}
+        both, one = inject(bed.cdi_dir, ids["both"]), inject(bed.cdi_dir, ids["one"])
+        assert toolkit_devices(both, volume_mounts=True) == [gpus[0].uuid, gpus[1].uuid]
+        assert {"/dev/nvidia0", "/dev/nvidia1"} <= set(both.device_nodes)
+        assert toolkit_devices(one, volume_mounts=True) == [gpus[0].uuid]
+        assert "/dev/nvidia1" not in one.device_nodes
+        # A single-claim container keeps the plain variable too (the toolkit's default mode).
+        assert toolkit_devices(one, volume_mounts=False) == [gpus[0].uuid]
+    finally:
+        bed.close()
 
 
 def test_consumable_capacity_three_shares_fourth_waits(root: Path) -> None:

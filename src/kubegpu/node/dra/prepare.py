@@ -10,7 +10,10 @@ wire); the allocation is read from the API server. Preparing a claim:
    refused), take the results for this driver and pool, and look each device up in what this
    node publishes;
 3. write one CDI spec per claim (``k8s.gpu.kubegpu.io-claim_<uid>.json``, atomically) whose
-   devices are ``<claim uid>-<device>[-<share id>]`` with the GPU's device nodes, and whose
+   devices are ``<claim uid>-<device>[-<share id>]`` with the GPU's device nodes (a MIG device's
+   capability nodes from the driver's mig-minors list, the device-plugin path's rule) and its
+   ``/var/run/nvidia-container-devices/<uuid>`` mount, which add up over the claims a container
+   uses, and whose
    claim-wide edits carry ``NVIDIA_VISIBLE_DEVICES``, ``KUBEGPU_VISIBLE_GPUS`` and for a share the
    same limits the device-plugin shares get (``KUBEGPU_GPU_CORE_PERCENT``,
    ``KUBEGPU_GPU_MEMORY_BYTES``; with MPS ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``,
@@ -34,7 +37,15 @@ from pathlib import Path
 from typing import Any, Final, Protocol
 
 from kubegpu.model.quantity import QuantityError, parse_int
-from kubegpu.node.allocate import ENV_CORE, ENV_MEMORY, ENV_VISIBLE_GPUS, MPS_CONTAINER_ROOT, VISIBLE_DEVICES
+from kubegpu.node.allocate import (
+    ENV_CORE,
+    ENV_MEMORY,
+    ENV_VISIBLE_GPUS,
+    MPS_CONTAINER_ROOT,
+    VISIBLE_DEVICES,
+    VOLUME_MOUNTS_HOST,
+    VOLUME_MOUNTS_ROOT,
+)
 from kubegpu.node.devspecs import CONTROL_DEVICES, MigMinors, mig_cap_paths, read_mig_minors
 from kubegpu.node.dra.names import CDI_CLASS, CDI_KIND, CDI_VENDOR, DRIVER, TYPE_MIG, cdi_device_id
 from kubegpu.node.dra.names import cdi_device_name as _cdi_name
@@ -176,6 +187,14 @@ def _device_nodes(dev: PublishedDevice, minors: MigMinors) -> list[dict[str, str
     return [{"path": p} for p in paths]
 
 
+def _device_list_mount(uuid: str) -> dict[str, Any]:
+    """NVIDIA's ``volume-mounts`` device list entry (``/dev/null`` at ``/var/run/nvidia-container-devices/<uuid>``):
+    the container toolkit reads the container's GPUs from these when it accepts volume mounts, and
+    mounts of several claims add up."""
+    return {"hostPath": VOLUME_MOUNTS_HOST, "containerPath": f"{VOLUME_MOUNTS_ROOT}/{uuid}",
+            "options": ["ro", "nosuid", "nodev", "bind"]}
+
+
 def share_limits(dev: PublishedDevice, result: Mapping[str, Any]) -> tuple[int, int] | None:
     """(compute percent, memory bytes) when the allocation ``result`` is a share of ``dev``; None when it
     holds the device whole (an exclusive device, or one whose allocation consumed all its capacity, as a
@@ -280,9 +299,13 @@ class Preparer:
         shares: list[str] = []
         for dev, r in used:
             share = r.get("shareID") or None
+            # Per device, what adds up when a container uses several claims: its device nodes and its
+            # entry in the toolkit's volume-mount device list (environment variables do not add up: the
+            # runtime applies the claims' specs in turn and a later value replaces an earlier one).
             cdi_devices.append({"name": _cdi_name(uid, dev.name, share),
                                 "containerEdits": {"deviceNodes": _device_nodes(dev, minors),
-                                                   "env": [f"KUBEGPU_REQUEST={r.get('request', '')}"]}})
+                                                   "env": [f"KUBEGPU_REQUEST={r.get('request', '')}"],
+                                                   "mounts": [_device_list_mount(dev.uuid)]}})
             if dev.uuid not in visible:
                 visible.append(dev.uuid)
             if dev.gpu_uuid not in gpus:
