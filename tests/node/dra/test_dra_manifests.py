@@ -8,6 +8,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 import kubegpu.node.dra
@@ -19,6 +20,7 @@ from kubegpu.inventory.fake import FakeBackend
 from kubegpu.node.dra.slices import DraSettings, pool_content, slice_bodies
 from kubegpu_standins.dra_allocator import Candidate, cel_matches
 from kubegpu_standins.dra_validation import validate
+from kubegpu_standins.scheduler import StandinScheduler
 
 K8S = "1.34.0"  # resource.k8s.io/v1 is GA from 1.34
 
@@ -111,3 +113,25 @@ def test_cli(args: list[str], code: int, out: str) -> None:
     r = CliRunner().invoke(app, args)
     assert r.exit_code == code
     assert out in r.output
+
+
+def _managed(objs: list[dict[str, Any]]) -> set[str]:
+    cm = next(o for o in objs if o["kind"] == "ConfigMap" and "scheduler-config.yaml" in o.get("data", {}))
+    cfg = yaml.safe_load(cm["data"]["scheduler-config.yaml"])
+    return {r["name"] for e in cfg["extenders"] for r in e["managedResources"]}
+
+
+def test_full_mode_sends_nvidia_gpu_pods_past_the_extender_when_dra_serves_them() -> None:
+    """Recorded (ext-pod-full-mode-pending.yaml): with --dra-extended-resource, an nvidia.com/gpu pod moved to
+    kubegpu-scheduler stayed Pending, the extender failing every DRA node (no Device object). Only pods asking
+    kubegpu's other resources go to the extender then; kube-scheduler serves nvidia.com/gpu itself."""
+    pod = {"spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    share = {"spec": {"containers": [{"name": "c", "resources": {"limits": {"kubegpu.io/gpu-core": "25",
+                                                                            "kubegpu.io/gpu-memory": "8Gi"}}}]}}
+    plain, dra = _managed(_objs()), _managed(_objs(extended_resource=True))
+    assert "nvidia.com/gpu" in plain and "nvidia.com/gpu" not in dra
+    assert dra == plain - {"nvidia.com/gpu"}
+    # kube-scheduler calls the extender only for pods asking a managed resource (the stand-in does the same).
+    assert StandinScheduler(None, "", plain).interested(pod)
+    assert not StandinScheduler(None, "", dra).interested(pod)
+    assert StandinScheduler(None, "", dra).interested(share)

@@ -188,6 +188,8 @@ def apply_dra(objs: list[Obj], v: Values, *, extended_resource: bool = False, al
     for o in objs:
         if all_nodes and o.get("kind") == "Service" and o["metadata"]["name"] == f"{APP}-node-metrics":
             continue  # it would select no pod
+        if extended_resource and o.get("kind") == "ConfigMap" and "scheduler-config.yaml" in (o.get("data") or {}):
+            o = _whole_gpus_past_the_extender(o)
         if o.get("kind") == "DaemonSet" and o["metadata"]["name"] == f"{APP}-node":
             if all_nodes:
                 continue
@@ -196,6 +198,22 @@ def apply_dra(objs: list[Obj], v: Values, *, extended_resource: bool = False, al
         out.append(o)
     return out + device_classes(v, extended_resource=extended_resource) + rbac(v) + [
         daemonset(v, all_nodes=all_nodes, shared_gpus=shared_gpus)] + claim_webhook(out)
+
+
+def _whole_gpus_past_the_extender(cm: Obj) -> Obj:
+    """With ``nvidia.com/gpu`` served by DRA too, kubegpu-scheduler must not send those pods to the
+    extender: it fails every node without a kubegpu ``Device`` object, which is every DRA node
+    (recorded: ``ext-pod-full-mode-pending.yaml``, Pending with ``no GPUs known``). Taken out of the
+    extender's ``managedResources``, a pod asking only ``nvidia.com/gpu`` is placed by kube-scheduler
+    itself: on DRA nodes through the DeviceClass's ``extendedResourceName`` (DRAExtendedResource), on
+    device-plugin nodes by the node's ``nvidia.com/gpu`` count as the default scheduler does. Pods
+    asking any other kubegpu resource still go through the extender."""
+    import yaml
+
+    cfg = yaml.safe_load(cm["data"]["scheduler-config.yaml"])
+    for ext in cfg.get("extenders") or []:
+        ext["managedResources"] = [r for r in ext.get("managedResources") or [] if r.get("name") != "nvidia.com/gpu"]
+    return {**cm, "data": {**cm["data"], "scheduler-config.yaml": yaml.safe_dump(cfg, sort_keys=False)}}
 
 
 def claim_webhook(objs: list[Obj]) -> list[Obj]:
