@@ -49,7 +49,12 @@ def build_options(flags: Mapping[str, Any], env: Mapping[str, str], node_name: s
 
     dra, rest = split_flags(flags)
     config = load_config(flags=rest, env=env)
-    shared = DraSettings.parse_shared(dra.get("dra-shared-gpus", env.get("KUBEGPU_DRA_SHARED_GPUS", "all")))
+    shared_text = dra.get("dra-shared-gpus", env.get("KUBEGPU_DRA_SHARED_GPUS", "all"))
+    shared = DraSettings.parse_shared(shared_text)
+    if shared is not None:
+        # The flag's meaning changed (it used to make the listed GPUs shares only): say what it does now.
+        log.info("--dra-shared-gpus %s: %s take shares beside whole claims; the others whole claims only",
+                 shared_text, "GPUs " + ",".join(map(str, sorted(shared))) if shared else "no GPU")
     try:
         resync = float(dra.get("dra-resync", "30"))
     except ValueError:
