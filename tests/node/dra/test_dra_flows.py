@@ -321,6 +321,21 @@ def test_a_gpu_serves_whole_claims_and_shares_as_demand_comes(root: Path) -> Non
         bed.close()
 
 
+def test_capacity_requests_only_filter_devices_given_whole(bed: Bed) -> None:
+    """Upstream: on a device without allowMultipleAllocations, capacity.requests is a filter (as a CEL
+    capacity >= request), and the device is still given whole (no consumedCapacity)."""
+    _ready(bed)
+    _classes(bed)
+    big = {"deviceClassName": "gpu.kubegpu.io", "allocationMode": "ExactCount", "count": 1,
+           "capacity": {"requests": {"memory": "100Gi"}}}
+    _claim(bed, "too-big", big)
+    assert not bed.run(bed.pod("p-big", [{"name": "gpu", "resourceClaimName": "too-big"}]))
+    _claim(bed, "fits", dict(big, capacity={"requests": {"memory": "40Gi"}}))
+    assert bed.run(bed.pod("p-fits", [{"name": "gpu", "resourceClaimName": "fits"}]))
+    [r] = bed.claim("fits")["status"]["allocation"]["devices"]["results"]
+    assert r["device"] == "gpu-0" and "consumedCapacity" not in r and "shareID" not in r
+
+
 def test_mps_variables_for_shares(root: Path) -> None:
     bed = make_bed(root, shared="all")
     try:
