@@ -9,6 +9,10 @@ change, and the node daemon's memory in DRA mode.
   (median and max over the repetitions), with an in-process daemon; ``slice_untaint_ms`` is the same
   for the recovery (from the GPU answering again, so it includes one health-poll interval of 50 ms).
 - ``rss_mb``: VmRSS of the daemon process after the prepare workload.
+- ``mixed_*``: whole claims and 25 %/20Gi shares in a shuffled order (a demand no fixed split of the
+  8 GPUs into "whole" and "shared" serves: 2 whole + 24 shares) through the stand-in allocator and
+  kubelet to the in-process driver: ``mixed_running`` of ``mixed_claims``, ``mixed_over_capacity_gpus``
+  (compute or memory summed per GPU over the allocations, target 0) and ``mixed_burst_s``.
 
 Prints progress to stderr and one JSON object as the last line of stdout.
 Usage: ``python bench/dra.py [--claims 300] [--health 10]``.
@@ -171,6 +175,69 @@ def bench_health(root: Path, reps: int) -> dict[str, Any]:
         api.stop()
 
 
+def bench_mixed(root: Path, seed: int = 7) -> dict[str, Any]:
+    import random
+
+    from kubegpu.install.dra import device_classes
+    from kubegpu.install.values import Values
+    from kubegpu.model.quantity import parse_int
+    from kubegpu_standins.dra_allocator import Allocator, ClaimController
+
+    api = ApiServer().start()
+    kubelet = DraKubelet(api, root / "m" / "kubelet", NODE, retry_s=0.5)
+    kubelet.start()
+    opts = DraOptions(settings=DraSettings(node_name=NODE, shared_gpus=None),
+                      plugins_dir=str(root / "m" / "kubelet" / "plugins"),
+                      registry_dir=str(root / "m" / "kubelet" / "plugins_registry"), cdi_dir=str(root / "m" / "cdi"))
+    daemon = DraDaemon(FakeBackend(TOPOLOGY, node_name=NODE), opts, make_client(api.write_kubeconfig(root / "kc3")))
+    daemon.start()
+    try:
+        if not kubelet.wait(lambda: DRIVER in kubelet.plugins and bool(api.objects("resourceslices",
+                                                                                    "resource.k8s.io")), 60):
+            raise RuntimeError("the DRA daemon did not register and publish")
+        for c in device_classes(Values()):
+            api.put_object(c)
+        alloc, ctl = Allocator(api), ClaimController(api)
+        whole = {"deviceClassName": "gpu.kubegpu.io", "allocationMode": "ExactCount", "count": 1}
+        share = {"deviceClassName": "shared-gpu.kubegpu.io", "allocationMode": "ExactCount", "count": 1,
+                 "capacity": {"requests": {"compute": "25", "memory": "20Gi"}}}
+        demand = [whole] * 2 + [share] * 24
+        random.Random(seed).shuffle(demand)
+        t0 = time.perf_counter()
+        pods = []
+        for i, req in enumerate(demand):
+            api.put_object({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                            "metadata": {"name": f"mixed-{i}", "namespace": "default"},
+                            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": req}]}}})
+            pod = api.put_object({"apiVersion": "v1", "kind": "Pod",
+                                  "metadata": {"name": f"mixed-{i}", "namespace": "default", "uid": str(uuid.uuid4())},
+                                  "spec": {"nodeName": NODE, "resourceClaims": [{"name": "gpu",
+                                                                                 "resourceClaimName": f"mixed-{i}"}],
+                                           "containers": [{"name": "c", "image": "x",
+                                                           "resources": {"claims": [{"name": "gpu"}]}}]}})
+            if ctl.schedule(alloc, pod):
+                kubelet.add_pod(api.get_object("pods", pod["metadata"]["name"], "default"))
+                pods.append(pod["metadata"]["uid"])
+        kubelet.wait(lambda: all(u in kubelet.running for u in pods), 60)
+        burst_s = time.perf_counter() - t0
+        running = sum(u in kubelet.running for u in pods)
+        used: dict[str, list[int]] = {}
+        for c in api.objects("resourceclaims", "resource.k8s.io", "default"):
+            for r in (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []:
+                u = used.setdefault(r["device"], [0, 0])
+                u[0] += parse_int(r["consumedCapacity"]["compute"])
+                u[1] += parse_int(r["consumedCapacity"]["memory"])
+        over = sum(1 for c, m in used.values() if c > 100 or m > 80 * 2**30)
+        print(f"mixed: {running}/{len(demand)} running in {burst_s:.2f} s, {over} GPU(s) over capacity",
+              file=sys.stderr)
+        return {"mixed_claims": len(demand), "mixed_running": running, "mixed_over_capacity_gpus": over,
+                "mixed_gpus_used": len(used), "mixed_burst_s": round(burst_s, 3)}
+    finally:
+        daemon.stop()
+        kubelet.stop()
+        api.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--claims", type=int, default=300, help="claims prepared per kind (whole, share)")
@@ -180,10 +247,12 @@ def main() -> None:
     try:
         res = bench_prepare(root, a.claims)
         res.update(bench_health(root, a.health))
+        res.update(bench_mixed(root))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     res.update({"topology": TOPOLOGY, "targets": {"prepare_p99_ms": 5, "prepare_share_p99_ms": 10,
-                                                  "slice_publish_ms": 1000, "rss_mb": 80}})
+                                                  "slice_publish_ms": 1000, "rss_mb": 80,
+                                                  "mixed_over_capacity_gpus": 0}})
     print(json.dumps(res))
 
 

@@ -10,7 +10,8 @@ Allocation (:meth:`Allocator.allocate`), per request of a claim (``exactly`` or 
   attribute names are in the driver's domain; a selector that errors does not match);
 - a device with a ``NoSchedule`` / ``NoExecute`` taint is skipped unless the request tolerates
   it; the tolerations are copied into the result;
-- a device is given once, unless it has ``allowMultipleAllocations``: then each capacity
+- a device is given once (``capacity.requests`` then only filter: each named capacity must be at
+  least the request), unless it has ``allowMultipleAllocations``: then each capacity
   ``requests`` entry (or the request policy's default) is checked against ``validRange`` /
   ``validValues``, rounded up to the step, and must fit beside what other claims consume;
   the result carries ``consumedCapacity`` and a fresh ``shareID``;
@@ -252,6 +253,16 @@ class Allocator:
                 slot[n] = slot.get(n, Decimal(0)) + v
         return True
 
+    @staticmethod
+    def _capacity_filter(c: Candidate, sub: Mapping[str, Any]) -> bool:
+        """On a device given whole, ``capacity.requests`` only filters: each named capacity must exist and
+        be at least the request (upstream: as a CEL ``capacity.compareTo(request) >= 0``)."""
+        caps = c.device.get("capacity") or {}
+        for name, want in ((sub.get("capacity") or {}).get("requests") or {}).items():
+            if name not in caps or _q(caps[name].get("value")) < _q(want):
+                return False
+        return True
+
     def _capacity(self, c: Candidate, sub: Mapping[str, Any], use: _Usage) -> dict[str, Decimal] | None:
         requested = (sub.get("capacity") or {}).get("requests") or {}
         out: dict[str, Decimal] = {}
@@ -310,6 +321,8 @@ class Allocator:
                 continue
             multi = bool(c.device.get("allowMultipleAllocations"))
             if not multi and c.key in use.exclusive:
+                continue
+            if not multi and not self._capacity_filter(c, sub):
                 continue
             consumed = self._capacity(c, sub, use) if multi else None
             if multi and consumed is None:

@@ -37,6 +37,7 @@ DRA_TABLE: dict[str, dict[tuple[str, str], set[str]]] = {
     "kubegpu-dra-node": {
         ("resource.k8s.io", "resourceclaims"): {"get"},
         ("resource.k8s.io", "resourceslices"): {"list", "watch", "create", "update", "delete"},
+        ("", "nodes"): {"get"},  # its Node's UID, the slices' owner reference
     },
 }
 # The DRA driver (node/dra) runs under its own service account, rendered only with --dra.

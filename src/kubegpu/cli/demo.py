@@ -70,7 +70,7 @@ def demo(
         from kubegpu.demo.dra import run_dra_demo
 
         try:
-            dra_result = run_dra_demo(console, workdir=workdir)
+            dra_result = run_dra_demo(console, workdir=workdir, quiet=quiet)
         except Exception as exc:
             console.print(f"[red]the DRA demo failed:[/] {type(exc).__name__}: {exc}")
             if as_json:

@@ -38,8 +38,8 @@ def manifests(
     dra_all_nodes: bool = typer.Option(False, "--dra-all-nodes", help="With --dra: every GPU node uses DRA "
                                        "(no device-plugin DaemonSet)."),
     dra_shared_gpus: str | None = typer.Option(None, "--dra-shared-gpus", metavar="GPUS",
-                                               help="With --dra: GPUs published as shares "
-                                               "(all, none or indexes like 0,2-3; default none)."),
+                                               help="With --dra: GPUs that take shares beside whole claims "
+                                               "(all, none or indexes like 0,2-3; default all)."),
 ) -> None:
     """Render the install manifests (namespace, CRD, RBAC, DaemonSet, scheduler, webhook, ...) as multi-doc YAML.
 
@@ -93,7 +93,7 @@ def manifests(
 
         try:
             objs = apply_dra(objs, resolved(v), extended_resource=dra_extended_resource, all_nodes=dra_all_nodes,
-                             shared_gpus=dra_shared_gpus or "none")
+                             shared_gpus=dra_shared_gpus or "all")
         except ValueError as exc:
             raise fail(str(exc)) from None
     if fmt == "json":

@@ -2,21 +2,27 @@
 
 It runs the stand-in API server (real HTTP), the stand-in kubelet DRA manager (real gRPC on unix
 sockets), kube-scheduler's allocator and the claim controller (``kubegpu_standins``), and kubegpu's
-DRA driver on a fake 4-GPU A100 node: GPU 0 and 1 split by MIG, GPU 2 whole, GPU 3 shared. It
-installs the DeviceClasses ``kubegpu manifests --dra`` ships, then runs:
+DRA driver on a fake 4-GPU A100 node: GPU 0 and 1 split by MIG, GPU 2 and 3 taking a whole claim or
+shares, as claims come. It installs the DeviceClasses ``kubegpu manifests --dra`` ships, then runs:
 
 1. a whole GPU from a ResourceClaimTemplate;
 2. a 1g.10gb MIG device by profile class;
-3. three 30 % shares of the shared GPU, and a fourth that waits until one ends;
+3. three 30 % shares, which skip the GPU the whole claim holds and share the other one, and a
+   fourth that waits until one ends;
 4. ``nvidia.com/gpu: 1`` served by DRA (extended-resource mapping);
 5. an Xid: the GPU is tainted in its ResourceSlice, then recovers;
 
-and prints each container's CDI environment and ``kubegpu status``.
+and prints each container's CDI environment and ``kubegpu status``, then the verdict
+(``demo passed: N/N checks``, as the plain demo). ``quiet`` prints only the verdict. The node
+daemon's own log lines (the Xid warning the demo causes on purpose) are kept out of the output and
+counted in the summary (``node_log_warnings``); ``--debug`` shows them.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import shutil
 import tempfile
 import time
@@ -52,7 +58,33 @@ def _wait(cond: Callable[[], bool], timeout_s: float = 15.0) -> bool:
     return cond()
 
 
-def run_dra_demo(console: Console, *, workdir: Path | None = None) -> DraDemoResult:
+class _Held(logging.Handler):
+    """Keeps the node daemon's log records for the summary instead of the demo's output."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def run_dra_demo(console: Console, *, workdir: Path | None = None, quiet: bool = False) -> DraDemoResult:
+    """Run the DRA demo; the verdict goes to ``console``, the rest too unless ``quiet``."""
+    node_log = logging.getLogger("kubegpu.node")
+    held = _Held()
+    propagate = node_log.propagate
+    if not node_log.isEnabledFor(logging.DEBUG):  # --debug shows everything as it happens
+        node_log.addHandler(held)
+        node_log.propagate = False
+    try:
+        return _run(console, workdir, quiet, held)
+    finally:
+        node_log.removeHandler(held)
+        node_log.propagate = propagate
+
+
+def _run(console: Console, workdir: Path | None, quiet: bool, held: _Held) -> DraDemoResult:
     from kubegpu.install.dra import device_classes
     from kubegpu.install.values import Values
     from kubegpu.inventory.fake import FakeBackend
@@ -71,6 +103,9 @@ def run_dra_demo(console: Console, *, workdir: Path | None = None) -> DraDemoRes
                            f"installed ({exc}); pip install 'kubegpu[dev]' or cel-python") from None
     from kubegpu_standins.dra_kubelet import DraKubelet
 
+    verdict_to = console
+    if quiet:
+        console = Console(file=io.StringIO())
     root = workdir or Path(tempfile.mkdtemp(prefix="kgdra-", dir="/tmp"))
     root.mkdir(parents=True, exist_ok=True)
     res = DraDemoResult()
@@ -82,7 +117,7 @@ def run_dra_demo(console: Console, *, workdir: Path | None = None) -> DraDemoRes
         kubelet.start()
         backend = FakeBackend("a100-mig", node_name=NODE)
         client = make_client(api.write_kubeconfig(root / "kubeconfig"))
-        opts = DraOptions(settings=DraSettings(node_name=NODE, shared_gpus=frozenset({3})),
+        opts = DraOptions(settings=DraSettings(node_name=NODE, shared_gpus=None),
                           plugins_dir=str(root / "kubelet" / "plugins"),
                           registry_dir=str(root / "kubelet" / "plugins_registry"), cdi_dir=str(root / "cdi"),
                           recovery_interval_s=0.5, health_wait_s=0.05, socket_check_s=0.2)
@@ -99,7 +134,8 @@ def run_dra_demo(console: Console, *, workdir: Path | None = None) -> DraDemoRes
             for d in s["spec"].get("devices") or []:
                 a = d["attributes"]
                 cap = ", ".join(f"{k} {v['value']}" for k, v in d.get("capacity", {}).items())
-                table.add_row(d["name"], a["type"]["string"], a.get("profile", {}).get("string") or cap)
+                kind = a["type"]["string"] + (" (whole or shares)" if d.get("allowMultipleAllocations") else "")
+                table.add_row(d["name"], kind, a.get("profile", {}).get("string") or cap)
         console.print(table)
 
         alloc, ctl = Allocator(api), ClaimController(api)
@@ -154,7 +190,12 @@ def run_dra_demo(console: Console, *, workdir: Path | None = None) -> DraDemoRes
             shares.append(pod(f"infer-{i}", [{"name": "gpu", "resourceClaimName": f"share-{i}"}]))
         three = all(run(p) for p in shares[:3])
         fourth_waits = not ctl.schedule(alloc, shares[3])
-        res.checks.append(("three 30 % shares share one GPU, the fourth waits", three and fourth_waits))
+        trainer_gpu = gen[0]["status"]["allocation"]["devices"]["results"][0]["device"] if gen and (
+            api.get_object("resourceclaims", gen[0]["metadata"]["name"], "demo", GROUP).get("status")) else ""
+        share_gpus = {api.get_object("resourceclaims", f"share-{i}", "demo", GROUP)["status"]["allocation"][
+            "devices"]["results"][0]["device"] for i in range(1, 4)} if three else set()
+        res.checks.append(("three 30 % shares share one GPU beside the whole one, the fourth waits",
+                           three and fourth_waits and len(share_gpus) == 1 and trainer_gpu not in share_gpus))
         console.print(f"[bold]infer-1[/] (30 % share): {', '.join(env_of('share-1'))}")
         console.print(f"[bold]infer-4[/] waits: {alloc.last_failure}")
         kubelet.remove_pod(shares[0])
@@ -184,14 +225,23 @@ def run_dra_demo(console: Console, *, workdir: Path | None = None) -> DraDemoRes
             st.add_column(col)
         for n in view.nodes:
             for g in n.gpus:
-                st.add_row(str(g.index), ", ".join(h.pod for h in g.holders) or "-", str(g.core_used))
+                st.add_row(str(g.index), ", ".join(h.pod for h in g.holders) or "-", f"{g.core_used} %")
         console.print(st)
         res.checks.append(("kubegpu status shows the claims", any(g.holders for n in view.nodes for g in n.gpus)))
+        # A 1g.10gb is 1 of 7 GPU-instance slices, counted as the device-plugin path counts it (14 %).
+        mig_core = [h.core for n in view.nodes for g in n.gpus for h in g.holders if h.pod == "demo/notebook"]
+        res.checks.append(("the 1g.10gb claim counts 14 % of its GPU in kubegpu status", mig_core == [14]))
         for name, ok in res.checks:
             console.print(("[green]✓[/] " if ok else "[red]✗[/] ") + name)
+        total_s = round(time.monotonic() - started, 2)
+        passed = sum(ok for _, ok in res.checks)
+        verdict_to.print((f"[green]demo passed[/]: {passed}/{len(res.checks)} checks" if res.ok else
+                          f"[red]demo failed[/]: {len(res.checks) - passed} of {len(res.checks)} checks failed")
+                         + f" in {total_s:.1f} s (DRA)")
         res.summary = {"ok": res.ok, "mode": "dra", "checks": [{"name": n, "ok": o} for n, o in res.checks],
+                       "passed": passed,
                        "prepares": sum(1 for c in kubelet.calls if c.method == "NodePrepareResources"),
-                       "timings": {"total_s": round(time.monotonic() - started, 2)}}
+                       "node_log_warnings": len(held.records), "timings": {"total_s": total_s}}
         return res
     finally:
         if daemon is not None:

@@ -6,14 +6,17 @@ This turns both into the view's own types, so DRA allocations appear beside devi
 
 - each ``gpu`` / ``shared-gpu`` device is a GPU (uuid, index, minor, product, memory, NUMA; a
   taint makes it unhealthy); MIG devices are attached to their parent;
-- each allocated claim is a record for every pod in ``reservedFor``: a whole GPU or MIG device is
-  100 % of it, a share holds its ``consumedCapacity`` (compute percent, memory bytes).
+- each allocated claim is a record for every pod in ``reservedFor``: a whole GPU is 100 % of it, a
+  MIG device its GPU-instance slices of 7 (a 1g.10gb is 14 %, as the device-plugin path counts it),
+  a share its ``consumedCapacity`` (compute percent, memory bytes). MIG devices carry their
+  position on the parent and their slices (the ``compute-slices`` they consume), for the MIG layout.
 
 A cluster without ``resource.k8s.io/v1`` (before 1.34) simply contributes nothing.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -21,7 +24,7 @@ from typing import Any
 from kubegpu.model.allocation import ContainerAllocation, DeviceGrant, PodAllocation
 from kubegpu.model.inventory import Gpu, MigDevice, NodeInventory
 from kubegpu.model.quantity import QuantityError, parse_int
-from kubegpu.node.dra.names import DRIVER, TYPE_GPU, TYPE_MIG, TYPE_SHARED
+from kubegpu.node.dra.names import DRIVER, MODE_LABEL, TYPE_GPU, TYPE_MIG, TYPE_SHARED
 from kubegpu.status.view import PodRecord
 
 _Obj = Mapping[str, Any]
@@ -37,6 +40,16 @@ def _qty(value: Any, default: int = 0) -> int:
         return parse_int(value)
     except (QuantityError, ValueError, TypeError):
         return default
+
+
+def _mig_slices(dev: _Obj) -> int:
+    """The GPU-instance slices a MIG device takes: its ``compute-slices`` counter, else its profile's ``<n>g``."""
+    for cc in dev.get("consumesCounters") or []:
+        v = ((cc.get("counters") or {}).get("compute-slices") or {}).get("value")
+        if v is not None:
+            return _qty(v)
+    m = re.match(r"(?:\d+c\.)?(\d+)g\.", str(_attr(dev, "profile") or ""))
+    return int(m.group(1)) if m else 0
 
 
 def inventories(slices: Iterable[_Obj]) -> tuple[list[NodeInventory], dict[tuple[str, str], tuple[str, _Obj]]]:
@@ -69,16 +82,20 @@ def inventories(slices: Iterable[_Obj]) -> tuple[list[NodeInventory], dict[tuple
                     numa_node=_attr(d, "numaNode"), pci_bus_id=str(_attr(d, "pciBusID") or ""))
             elif t == TYPE_MIG:
                 parent = str(_attr(d, "parentUUID") or "")
+                n_slices = _mig_slices(d)
                 migs.setdefault(node, []).append((parent, MigDevice(
                     uuid=uuid, profile=str(_attr(d, "profile") or ""), parent_uuid=parent,
-                    gi=int(_attr(d, "gi") or 0), ci=int(_attr(d, "ci") or 0), memory_bytes=mem, healthy=healthy)))
+                    gi=int(_attr(d, "gi") or 0), ci=int(_attr(d, "ci") or 0), memory_bytes=mem, healthy=healthy,
+                    attributes={"slices.gi": n_slices} if n_slices else {})))
     out = []
     for node, by_uuid in sorted(gpus.items()):
-        for parent, m in migs.get(node, []):
+        for parent, m in sorted(migs.get(node, []), key=lambda pm: (pm[1].gi, pm[1].ci)):
             g = by_uuid.get(parent)
-            if g is not None:
+            if g is not None:  # index: the position on the parent, as NVML numbers them
+                m = replace(m, index=len(g.mig_devices))
                 by_uuid[parent] = replace(g, mig_enabled=True, mig_devices=(*g.mig_devices, m))
-        out.append(NodeInventory(node, tuple(sorted(by_uuid.values(), key=lambda g: g.index))))
+        out.append(NodeInventory(node, tuple(sorted(by_uuid.values(), key=lambda g: g.index)),
+                                 labels={MODE_LABEL: "dra"}))
     return out, where
 
 
@@ -101,7 +118,9 @@ def records(claims: Iterable[_Obj], where: Mapping[tuple[str, str], tuple[str, _
             uuid = str(_attr(dev, "uuid") or "") if dev else ""
             if uuid in mig_parent:
                 g, m = mig_parent[uuid]
-                grants.append(DeviceGrant(g.minor, g.uuid, 100, m.memory_bytes, 100, m.uuid, m.profile))
+                core = min(100, int(m.attributes.get("slices.gi", 7)) * 100 // 7)  # placement's MIG rule
+                ratio = max(1, round(100 * m.memory_bytes / g.memory_bytes)) if g.memory_bytes else 100
+                grants.append(DeviceGrant(g.minor, g.uuid, core, m.memory_bytes, ratio, m.uuid, m.profile))
             elif uuid in gpu_by_uuid:
                 g = gpu_by_uuid[uuid]
                 used = r.get("consumedCapacity") or {}

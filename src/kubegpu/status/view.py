@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from kubegpu.model.allocation import ContainerAllocation, PodAllocation
 from kubegpu.model.inventory import NodeInventory
+from kubegpu.node.dra.names import MODE_LABEL as DRA_NODE_LABEL
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,14 +106,21 @@ class GpuView:
     mig: tuple[MigView, ...] = ()  # its MIG devices when MIG is enabled
     mig_enabled: bool = False
     replica_only: bool = False  # offered to the kubelet only as time-slicing / MPS replicas
+    # On a DRA node a MIG GPU is published whole too (its parent device takes all the MIG counters):
+    # idle it is a free whole GPU, in use its other MIG devices are free (status.dra, docs/dra.md).
+    dra_mig: bool = False
 
     @property
     def placeable(self) -> bool:
         """Can the extender give it (or part of it) to a whole-GPU or share request."""
+        if self.dra_mig:
+            return self.healthy and not self.holders
         return self.healthy and not self.mig_enabled and not self.replica_only
 
     @property
     def core_free(self) -> int:
+        if self.dra_mig:
+            return max(0, 100 - self.core_used) if self.healthy else 0
         return max(0, 100 - self.core_used) if self.placeable else 0
 
     @property
@@ -331,7 +339,8 @@ def build_view(
                          for m in sorted(g.mig_devices, key=lambda m: m.index)) if g.mig_enabled else ()
             gv = GpuView(inv.name, g.index, g.minor, g.uuid, g.model, g.healthy, g.memory_bytes,
                          sum(h.core for h in hs), sum(h.memory_bytes for h in hs), tuple(hs), migs,
-                         g.mig_enabled, g.replicated or (mark_replicas and not g.mig_enabled))
+                         g.mig_enabled, g.replicated or (mark_replicas and not g.mig_enabled),
+                         g.mig_enabled and inv.labels.get(DRA_NODE_LABEL) == "dra")
             if gv.overcommitted:
                 problems.append(f"{inv.name} GPU {g.index}: overcommitted ({gv.core_used} % compute, "
                                 f"{gv.memory_used} of {gv.memory_bytes} bytes)")

@@ -26,11 +26,16 @@ def test_recorded_claims_pass() -> None:
 
 
 @pytest.mark.parametrize(("request_", "message"), [
-    ({"deviceClassName": "shared-gpu.kubegpu.io", "capacity": {"requests": {"compute": "150"}}},
+    ({"deviceClassName": "shared-gpu.kubegpu.io", "capacity": {"requests": {"compute": "150", "memory": "8Gi"}}},
      "could never be allocated"),
-    ({"deviceClassName": "shared-gpu.kubegpu.io", "capacity": {"requests": {"memory": "seven"}}},
+    ({"deviceClassName": "shared-gpu.kubegpu.io", "capacity": {"requests": {"compute": "30", "memory": "seven"}}},
      "is not a quantity"),
-    ({"deviceClassName": "shared-gpu.kubegpu.io", "capacity": {"requests": {"sm": "3"}}}, "only compute and memory"),
+    ({"deviceClassName": "shared-gpu.kubegpu.io", "capacity": {"requests": {"compute": "30", "memory": "8Gi",
+                                                                            "sm": "3"}}}, "only compute and memory"),
+    # A capacity not named defaults to the whole GPU's (the GPU serves whole claims too).
+    ({"deviceClassName": "shared-gpu.kubegpu.io", "capacity": {"requests": {"compute": "30"}}},
+     "would take all of the GPU's memory"),
+    ({"deviceClassName": "shared-gpu.kubegpu.io"}, "takes a whole GPU"),
     ({"deviceClassName": "gpu.kubegpu.io", "capacity": {"requests": {"compute": "30"}}}, "needs shared-gpu"),
     ({"deviceClassName": "gpus.kubegpu.io"}, "is not one kubegpu installs"),
     ({"deviceClassName": "mig-9g.99gb.kubegpu.io"}, "is not one kubegpu installs"),
@@ -56,7 +61,7 @@ def test_cli(tmp_path: Path) -> None:
     assert "DRA gpu: 2 x gpu.kubegpu.io" in r.output
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(_tpl({"deviceClassName": "shared-gpu.kubegpu.io",
-                                        "capacity": {"requests": {"compute": "150"}}})))
+                                        "capacity": {"requests": {"compute": "150", "memory": "8Gi"}}})))
     r = CliRunner().invoke(app, ["check", "--json", str(bad)])
     assert r.exit_code == 1
     out = json.loads(r.stdout)

@@ -43,8 +43,10 @@ def test_dry_run_prints_valid_slices() -> None:
     bodies = json.loads(r.stdout)
     assert [b["metadata"]["name"] for b in bodies] == ["a100-mig-gpu.kubegpu.io", "a100-mig-gpu.kubegpu.io-counters"]
     assert all(validate("ResourceSlice", b) == [] for b in bodies)
-    types = {d["name"]: d["attributes"]["type"]["string"] for d in bodies[0]["spec"]["devices"]}
-    assert types["gpu-3"] == "shared-gpu" and types["gpu-2"] == "gpu"
+    devs = {d["name"]: d for d in bodies[0]["spec"]["devices"]}
+    # GPU 3 takes shares beside whole claims; GPU 2 is whole only; both are plain GPUs to whole claims.
+    assert devs["gpu-3"]["attributes"]["type"] == devs["gpu-2"]["attributes"]["type"] == {"string": "gpu"}
+    assert devs["gpu-3"].get("allowMultipleAllocations") is True and "allowMultipleAllocations" not in devs["gpu-2"]
 
 
 @pytest.mark.parametrize(("args", "code", "message"), [

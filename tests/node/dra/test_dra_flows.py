@@ -15,9 +15,12 @@ from typing import Any
 import pytest
 from dra_harness import FIXTURES, Bed, fixture, make_bed, strip_server
 
+from kubegpu.install.dra import device_classes
+from kubegpu.install.values import Values
 from kubegpu.node.dra.names import DRIVER
 from kubegpu.node.dra.prepare import cdi_spec_path
 from kubegpu_standins.dra_allocator import UNSCHEDULABLE
+from kubegpu_standins.dra_cdi import inject, toolkit_devices
 from kubegpu_standins.mps_control import connect_client
 
 GROUP = "resource.k8s.io"
@@ -47,8 +50,9 @@ def _ready(bed: Bed, n_slices: int = 1) -> None:
 
 
 def _classes(bed: Bed) -> None:
-    for f in ("s1-deviceclass.json", "s3-deviceclass-mig.json", "s4-deviceclass.json"):
-        bed.put(fixture(f))
+    # kubegpu's own classes (what `manifests --dra` installs), so the stand-in allocator checks them.
+    for c in device_classes(Values()):
+        bed.put(c)
 
 
 def _claim(bed: Bed, name: str, request: dict, ns: str = "default") -> dict:
@@ -70,6 +74,15 @@ def test_registration_handshake_as_recorded(bed: Bed) -> None:
     # NodeWatchResources opened right after: every device HEALTHY, as in the recording.
     assert bed.wait(lambda: len(p.health) == 4)
     assert p.health == {("gpu-node-1", f"gpu-{i}"): "HEALTHY" for i in range(4)}
+
+
+def test_slices_are_owned_by_their_node(bed: Bed) -> None:
+    node = bed.api.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-node-1"}})
+    _ready(bed)
+    assert bed.wait(lambda: all(s["metadata"].get("ownerReferences") for s in bed.slices()))
+    for s in bed.slices():
+        assert s["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Node", "name": "gpu-node-1",
+                                                     "uid": node["metadata"]["uid"], "controller": True}]
 
 
 def test_v1beta1_when_the_kubelet_prefers_it(root: Path) -> None:
@@ -162,6 +175,39 @@ def test_one_pod_two_claims_one_call(bed: Bed) -> None:
     assert len(bed.kubelet.calls[-1].claims) == 2
 
 
+def test_a_container_with_several_claims_sees_all_their_gpus(root: Path) -> None:
+    """#21: one container on two claims (a whole GPU and a share), a second container on one of them.
+    Through the real DRA gRPC, then the runtime's CDI injection in the kubelet's order: each container's
+    device nodes and toolkit device list hold exactly the GPUs of its claims."""
+    bed = make_bed(root, shared="all")
+    try:
+        _ready(bed)
+        _classes(bed)
+        _claim(bed, "whole", {"deviceClassName": "gpu.kubegpu.io", "allocationMode": "ExactCount", "count": 1})
+        _claim(bed, "part", {"deviceClassName": "shared-gpu.kubegpu.io", "allocationMode": "ExactCount", "count": 1,
+                             "capacity": {"requests": {"compute": "25", "memory": "10Gi"}}})
+        claims = [{"name": "w", "resourceClaimName": "whole"}, {"name": "p", "resourceClaimName": "part"}]
+        pod = bed.pod("multi", claims, containers=[
+            {"name": "both", "image": "cuda", "resources": {"claims": [{"name": "w"}, {"name": "p"}]}},
+            {"name": "one", "image": "cuda", "resources": {"claims": [{"name": "w"}]}}])
+        assert bed.run(pod) and bed.wait(lambda: bed.running(pod))
+        gpus = {g.index: g for g in bed.backend.discover().gpus}
+        dev = {n: bed.claim(n)["status"]["allocation"]["devices"]["results"][0]["device"] for n in ("whole", "part")}
+        assert dev == {"whole": "gpu-0", "part": "gpu-1"}
+        per_ctr = bed.kubelet.pod_resources(pod["metadata"]["uid"])
+        ids = {c: [d["name"] for r in res for cr in r["claim_resources"] for d in cr["cdi_devices"]]
+               for c, res in per_ctr.items()}
+        both, one = inject(bed.cdi_dir, ids["both"]), inject(bed.cdi_dir, ids["one"])
+        assert toolkit_devices(both, volume_mounts=True) == [gpus[0].uuid, gpus[1].uuid]
+        assert {"/dev/nvidia0", "/dev/nvidia1"} <= set(both.device_nodes)
+        assert toolkit_devices(one, volume_mounts=True) == [gpus[0].uuid]
+        assert "/dev/nvidia1" not in one.device_nodes
+        # A single-claim container keeps the plain variable too (the toolkit's default mode).
+        assert toolkit_devices(one, volume_mounts=False) == [gpus[0].uuid]
+    finally:
+        bed.close()
+
+
 def test_consumable_capacity_three_shares_fourth_waits(root: Path) -> None:
     bed = make_bed(root, shared="0")
     try:
@@ -211,20 +257,84 @@ def test_consumable_capacity_three_shares_fourth_waits(root: Path) -> None:
         # Pod 1 ends: the waiting claim now fits and is prepared.
         bed.delete(pods[0])
         assert bed.run(pods[3]) and bed.wait(lambda: bed.running(pods[3]))
-        # Without capacity.requests: the policy defaults (10 %, 10Gi).
+        # Without capacity.requests: the policy defaults, which are the whole GPU (100 %, 80Gi): it
+        # does not fit beside the shares (recorded s4: a claim without requests consumes the defaults).
         _claim(bed, "slice-default", {"deviceClassName": "shared-gpu.kubegpu.io", "allocationMode": "ExactCount",
                                       "count": 1})
-        pd = bed.pod("s4-pod-default", [{"name": "gpu", "resourceClaimName": "slice-default"}])
-        assert bed.run(pd)
-        got = bed.claim("slice-default")["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"]
-        want = fixture("s4-claim-slice-default.json")["status"]["allocation"]["devices"]["results"][0]
-        assert got == want["consumedCapacity"]
+        assert not bed.run(bed.pod("s4-pod-default", [{"name": "gpu", "resourceClaimName": "slice-default"}]))
+        assert bed.claim("slice-default").get("status", {}) == {}
         # compute: 150 is accepted by the API and cannot be allocated.
         _claim(bed, "slice-bad", {"deviceClassName": "shared-gpu.kubegpu.io", "allocationMode": "ExactCount",
                                   "count": 1, "capacity": {"requests": {"compute": "150"}}})
         assert not bed.run(bed.pod("s4-pod-bad", [{"name": "gpu", "resourceClaimName": "slice-bad"}]))
     finally:
         bed.close()
+
+
+def test_a_gpu_serves_whole_claims_and_shares_as_demand_comes(root: Path) -> None:
+    """Every GPU takes either one whole claim or shares up to its capacity, decided per claim by the
+    allocator (no start-up split): wholes and shares interleave and nothing is over 100 %."""
+    bed = make_bed(root, FIXTURES / "gpu-node-1.yaml", shared="all")
+    try:
+        _ready(bed)
+        _classes(bed)
+        whole = {"deviceClassName": "gpu.kubegpu.io", "allocationMode": "ExactCount", "count": 1}
+        share = {"deviceClassName": "shared-gpu.kubegpu.io", "allocationMode": "ExactCount", "count": 1,
+                 "capacity": {"requests": {"compute": "50", "memory": "40Gi"}}}
+        order = [("w1", whole), ("s1", share), ("s2", share), ("s3", share), ("w2", whole)]
+        pods = {}
+        for name, req in order:
+            _claim(bed, name, req)
+            pods[name] = bed.pod(f"p-{name}", [{"name": "gpu", "resourceClaimName": name}])
+            assert bed.run(pods[name]) and bed.wait(lambda n=name: bed.running(pods[n])), name
+        res = {n: bed.claim(n)["status"]["allocation"]["devices"]["results"][0] for n, _ in order}
+        # First fit in slice order, as the recorded allocator: a share skips the GPU a whole claim
+        # holds, a whole claim skips the GPU a share is on.
+        assert {n: r["device"] for n, r in res.items()} == {
+            "w1": "gpu-0", "s1": "gpu-1", "s2": "gpu-1", "s3": "gpu-2", "w2": "gpu-3"}
+        # A whole claim consumes all the capacity (the policy defaults), so no share lands beside it.
+        assert res["w1"]["consumedCapacity"] == {"compute": "100", "memory": "80Gi"}
+        used: dict[str, int] = {}
+        for r in res.values():
+            used[r["device"]] = used.get(r["device"], 0) + int(r["consumedCapacity"]["compute"])
+        assert used == {"gpu-0": 100, "gpu-1": 100, "gpu-2": 50, "gpu-3": 100}
+
+        def env(n: str) -> list[str]:
+            return json.loads(cdi_spec_path(bed.cdi_dir, bed.claim(n)["metadata"]["uid"]).read_text())[
+                "containerEdits"]["env"]
+        # A whole claim's container is a whole-GPU container (no share limits); a share's has its limits.
+        assert not any(e.startswith("KUBEGPU_GPU_CORE_PERCENT") for e in env("w1"))
+        assert "KUBEGPU_GPU_CORE_PERCENT=50" in env("s1")
+        # No GPU is whole-free (gpu-2 is half used): a third whole claim waits, a share still fits.
+        _claim(bed, "w3", whole)
+        p_w3 = bed.pod("p-w3", [{"name": "gpu", "resourceClaimName": "w3"}])
+        assert not bed.run(p_w3)
+        _claim(bed, "s4", share)
+        assert bed.run(bed.pod("p-s4", [{"name": "gpu", "resourceClaimName": "s4"}]))
+        assert bed.claim("s4")["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-2"
+        # gpu-1 is whole-free only once both its shares are gone; then the waiting whole claim gets it.
+        bed.delete(pods["s1"])
+        assert not bed.run(p_w3)
+        bed.delete(pods["s2"])
+        assert bed.run(p_w3) and bed.wait(lambda: bed.running(p_w3))
+        assert bed.claim("w3")["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-1"
+    finally:
+        bed.close()
+
+
+def test_capacity_requests_only_filter_devices_given_whole(bed: Bed) -> None:
+    """Upstream: on a device without allowMultipleAllocations, capacity.requests is a filter (as a CEL
+    capacity >= request), and the device is still given whole (no consumedCapacity)."""
+    _ready(bed)
+    _classes(bed)
+    big = {"deviceClassName": "gpu.kubegpu.io", "allocationMode": "ExactCount", "count": 1,
+           "capacity": {"requests": {"memory": "100Gi"}}}
+    _claim(bed, "too-big", big)
+    assert not bed.run(bed.pod("p-big", [{"name": "gpu", "resourceClaimName": "too-big"}]))
+    _claim(bed, "fits", dict(big, capacity={"requests": {"memory": "40Gi"}}))
+    assert bed.run(bed.pod("p-fits", [{"name": "gpu", "resourceClaimName": "fits"}]))
+    [r] = bed.claim("fits")["status"]["allocation"]["devices"]["results"]
+    assert r["device"] == "gpu-0" and "consumedCapacity" not in r and "shareID" not in r
 
 
 def test_shares_are_enforced_by_their_mps_daemon(root: Path) -> None:
@@ -277,6 +387,12 @@ def test_shares_are_enforced_by_their_mps_daemon(root: Path) -> None:
 def test_mig_claim_then_whole_gpu_waits(root: Path) -> None:
     bed = make_bed(root, topology="a100-mig")
     try:
+        # The driver's list of MIG capability minors (the format of /proc/driver/nvidia-caps/mig-minors).
+        minors = root / "mig-minors"
+        minors.write_text("config 1\nmonitor 2\ngpu0/gi13/access 120\ngpu0/gi13/ci0/access 121\n"
+                          "gpu0/gi14/access 129\n")
+        assert bed.settings is not None
+        bed.settings = replace(bed.settings, mig_minors_file=str(minors))
         _ready(bed, n_slices=2)
         _classes(bed)
         mig = {"deviceClassName": "mig.kubegpu.io", "allocationMode": "ExactCount", "count": 1,
@@ -287,7 +403,12 @@ def test_mig_claim_then_whole_gpu_waits(root: Path) -> None:
         [r] = bed.claim("mig-1g")["status"]["allocation"]["devices"]["results"]
         assert r["device"] == "gpu-0-mig-1g10gb-13"
         uid = bed.claim("mig-1g")["metadata"]["uid"]
-        env = json.loads(cdi_spec_path(bed.cdi_dir, uid).read_text())["containerEdits"]["env"]
+        spec = json.loads(cdi_spec_path(bed.cdi_dir, uid).read_text())
+        env = spec["containerEdits"]["env"]
+        # The GI and CI capability nodes ride with the MIG device, as on the device-plugin path.
+        assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
+            {"path": "/dev/nvidia0"}, {"path": "/dev/nvidia-caps/nvidia-cap120"},
+            {"path": "/dev/nvidia-caps/nvidia-cap121"}]
         mig_uuid = next(m.uuid for g in bed.backend.discover().gpus for m in g.mig_devices if m.gi == 13)
         assert f"NVIDIA_VISIBLE_DEVICES={mig_uuid}" in env
         # The parent of a used MIG device cannot be given whole (counters), another GPU can.

@@ -8,6 +8,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 import kubegpu.node.dra
@@ -19,6 +20,7 @@ from kubegpu.inventory.fake import FakeBackend
 from kubegpu.node.dra.slices import DraSettings, pool_content, slice_bodies
 from kubegpu_standins.dra_allocator import Candidate, cel_matches
 from kubegpu_standins.dra_validation import validate
+from kubegpu_standins.scheduler import StandinScheduler
 
 K8S = "1.34.0"  # resource.k8s.io/v1 is GA from 1.34
 
@@ -60,6 +62,13 @@ def test_rbac_reads_claims_and_writes_only_own_node_slices() -> None:
     assert by_res == called_by_dra_code()
     vap = next(o for o in objs if o["kind"] == "ValidatingAdmissionPolicy")
     assert "authentication.kubernetes.io/node-name" in vap["spec"]["variables"][0]["expression"]
+    # Denials are 403 Forbidden like kubegpu's other policies (recorded: without a reason, a 422 with an
+    # empty field path, dra-node-policy-checks.log).
+    own = next(o for o in objs if o["metadata"]["name"] == "kubegpu-dra-node-own-slices"
+               and o["kind"] == "ValidatingAdmissionPolicy")
+    assert all(v.get("reason") == "Forbidden" for o in objs if o["kind"] == "ValidatingAdmissionPolicy"
+               for v in o["spec"]["validations"])
+    assert [v.get("reason") for v in own["spec"]["validations"]] == ["Forbidden", "Forbidden"]
     assert any(o["kind"] == "ValidatingAdmissionPolicyBinding" for o in objs)
 
 
@@ -67,7 +76,8 @@ def called_by_dra_code() -> dict[str, set[str]]:
     """resource -> verbs, from the client calls in kubegpu.node.dra (a new call without a grant fails)."""
     verbs = {"get": "get", "list": "list", "watch": "watch", "create": "create", "replace": "update",
              "delete": "delete", "patch": "patch"}
-    kinds = {"ResourceClaim": "resourceclaims", "ResourceSlice": "resourceslices", "DeviceClass": "deviceclasses"}
+    kinds = {"ResourceClaim": "resourceclaims", "ResourceSlice": "resourceslices", "DeviceClass": "deviceclasses",
+             "Node": "nodes"}
     out: dict[str, set[str]] = {}
     for path in sorted((Path(kubegpu.node.dra.__file__).parent).glob("*.py")):
         for verb, kind in re.findall(r"client\.(\w+)\(\s*([A-Z]\w*)", path.read_text()):
@@ -85,7 +95,8 @@ def test_classes_select_the_devices_the_node_publishes() -> None:
     def chosen(cls: str) -> list[str]:
         return [d["name"] for d in devices
                 if cel_matches(classes[cls], Candidate("gpu.kubegpu.io", inv.name, inv.name, d).cel_view())]
-    assert chosen("gpu.kubegpu.io") == ["gpu-2", "gpu-0", "gpu-1"]  # plain GPUs first, then MIG parents
+    # Plain GPUs first (the one taking shares too), then MIG parents.
+    assert chosen("gpu.kubegpu.io") == ["gpu-2", "gpu-3", "gpu-0", "gpu-1"]
     assert chosen("shared-gpu.kubegpu.io") == ["gpu-3"]
     assert len(chosen("mig.kubegpu.io")) == 6
     assert chosen("mig-1g.10gb.kubegpu.io") == ["gpu-0-mig-1g10gb-13", "gpu-0-mig-1g10gb-14"]
@@ -102,3 +113,25 @@ def test_cli(args: list[str], code: int, out: str) -> None:
     r = CliRunner().invoke(app, args)
     assert r.exit_code == code
     assert out in r.output
+
+
+def _managed(objs: list[dict[str, Any]]) -> set[str]:
+    cm = next(o for o in objs if o["kind"] == "ConfigMap" and "scheduler-config.yaml" in o.get("data", {}))
+    cfg = yaml.safe_load(cm["data"]["scheduler-config.yaml"])
+    return {r["name"] for e in cfg["extenders"] for r in e["managedResources"]}
+
+
+def test_full_mode_sends_nvidia_gpu_pods_past_the_extender_when_dra_serves_them() -> None:
+    """Recorded (ext-pod-full-mode-pending.yaml): with --dra-extended-resource, an nvidia.com/gpu pod moved to
+    kubegpu-scheduler stayed Pending, the extender failing every DRA node (no Device object). Only pods asking
+    kubegpu's other resources go to the extender then; kube-scheduler serves nvidia.com/gpu itself."""
+    pod = {"spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    share = {"spec": {"containers": [{"name": "c", "resources": {"limits": {"kubegpu.io/gpu-core": "25",
+                                                                            "kubegpu.io/gpu-memory": "8Gi"}}}]}}
+    plain, dra = _managed(_objs()), _managed(_objs(extended_resource=True))
+    assert "nvidia.com/gpu" in plain and "nvidia.com/gpu" not in dra
+    assert dra == plain - {"nvidia.com/gpu"}
+    # kube-scheduler calls the extender only for pods asking a managed resource (the stand-in does the same).
+    assert StandinScheduler(None, "", plain).interested(pod)
+    assert not StandinScheduler(None, "", dra).interested(pod)
+    assert StandinScheduler(None, "", dra).interested(share)

@@ -61,10 +61,14 @@ def test_shared_gpu_matches_the_recorded_consumable_capacity_shape(tmp_path: Pat
     b = _build(tmp_path, shared_gpus=frozenset({1}))[0]
     dev = next(d for d in b["spec"]["devices"] if d["name"] == "gpu-1")
     assert dev["allowMultipleAllocations"] is True
-    assert dev["capacity"] == rec["capacity"]
-    assert dev["attributes"]["type"] == rec["attributes"]["type"] == {"string": "shared-gpu"}
-    # The other GPUs stay whole: one GPU is served one way.
-    assert [d["attributes"]["type"]["string"] for d in b["spec"]["devices"]] == ["gpu", "shared-gpu", "gpu", "gpu"]
+    # The recorded shape, except that the policy defaults are the whole GPU: a claim naming no capacity
+    # (a whole-GPU claim) takes all of it, so the same device serves whole claims and shares.
+    want = {k: dict(v, requestPolicy=dict(v["requestPolicy"], default=v["value"]))
+            for k, v in rec["capacity"].items()}
+    assert dev["capacity"] == want
+    assert dev["attributes"]["type"] == {"string": "gpu"}
+    # The other GPUs take whole claims only.
+    assert [("allowMultipleAllocations" in d) for d in b["spec"]["devices"]] == [False, True, False, False]
 
 
 def test_mig_devices_share_counters_with_their_parent(tmp_path: Path) -> None:

@@ -3,7 +3,8 @@ the admission policy that keeps each node's driver to its own node's ResourceSli
 
 - **DeviceClasses** (``resource.k8s.io/v1``): ``gpu.kubegpu.io`` (whole GPUs), ``mig.kubegpu.io``
   (any MIG device) and one per MIG profile (``mig-1g.10gb.kubegpu.io``, ...), ``shared-gpu.kubegpu.io``
-  (consumable-capacity shares: ``capacity.requests: {compute: 30, memory: 8Gi}``); with
+  (consumable-capacity shares: ``capacity.requests: {compute: 30, memory: 8Gi}``, on the same GPUs
+  that serve whole claims, see ``kubegpu.node.dra.slices``); with
   ``extended_resource`` also ``gpu-extended.kubegpu.io`` carrying ``extendedResourceName:
   nvidia.com/gpu``, so pods asking ``nvidia.com/gpu: 1`` are served by DRA (DRAExtendedResource).
 - **DaemonSet** ``kubegpu-dra-node`` running ``kubegpu node --kubelet-plugin dra`` with the
@@ -20,12 +21,11 @@ from __future__ import annotations
 from typing import Any, Final
 
 from kubegpu.install.values import Values, default_affinity, node_fullname
-from kubegpu.node.dra.names import DRIVER, TYPE_GPU, TYPE_MIG, TYPE_SHARED
+from kubegpu.node.dra.names import DRIVER, MODE_LABEL, TYPE_GPU, TYPE_MIG, TYPE_SHARED
 
 Obj = dict[str, Any]
 APP: Final = "kubegpu"
 NAME: Final = f"{APP}-dra-node"
-MODE_LABEL: Final = "kubegpu.io/kubelet-plugin"
 # MIG profiles of the current data-centre GPUs (A100 40/80 GB, H100/H200, A30).
 MIG_PROFILES: Final = ("1g.5gb", "1g.10gb", "1g.12gb", "1g.18gb", "1g.20gb", "1g.23gb", "1g.24gb", "2g.10gb",
                        "2g.20gb", "2g.24gb", "2g.35gb", "2g.45gb", "3g.20gb", "3g.40gb", "3g.47gb", "3g.71gb",
@@ -41,6 +41,15 @@ def _type_is(t: str) -> str:
     return f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "{t}"'
 
 
+def shared_selector() -> str:
+    """Shares: a ``gpu`` device that takes several allocations (``device.allowMultipleAllocations``, in
+    the DRA CEL environment since 1.34), or the ``shared-gpu`` devices drivers before on-demand sharing
+    published, so a rolling upgrade keeps serving share claims on both."""
+    a = f'device.attributes["{DRIVER}"].type'
+    return (f'device.driver == "{DRIVER}" && ({a} == "{TYPE_SHARED}" || '
+            f'({a} == "{TYPE_GPU}" && device.allowMultipleAllocations == true))')
+
+
 def device_class(name: str, expression: str, v: Values, **spec: Any) -> Obj:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
             "metadata": {"name": name, "labels": _labels(v)},
@@ -50,7 +59,7 @@ def device_class(name: str, expression: str, v: Values, **spec: Any) -> Obj:
 def device_classes(v: Values, *, extended_resource: bool = False) -> list[Obj]:
     out = [device_class(DRIVER, _type_is(TYPE_GPU), v),
            device_class(f"mig.{DRIVER.split('.', 1)[1]}", _type_is(TYPE_MIG), v),
-           device_class(f"shared-gpu.{DRIVER.split('.', 1)[1]}", _type_is(TYPE_SHARED), v)]
+           device_class(f"shared-gpu.{DRIVER.split('.', 1)[1]}", shared_selector(), v)]
     for p in MIG_PROFILES:
         out.append(device_class(f"mig-{p}.{DRIVER.split('.', 1)[1]}",
                                 _type_is(TYPE_MIG) + f' && device.attributes["{DRIVER}"].profile == "{p}"', v))
@@ -65,6 +74,7 @@ def rbac(v: Values) -> list[Obj]:
     # and its own node's slices (narrowed to them by the ValidatingAdmissionPolicy below).
     rules = [
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},  # its Node's UID: the slices' owner
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
          "verbs": ["list", "watch", "create", "update", "delete"]},
     ]
@@ -86,10 +96,10 @@ def rbac(v: Values) -> list[Obj]:
                  "expression": '(request.operation == "DELETE" ? oldObject : object).spec.?nodeName.orValue("")'},
             ],
             "validations": [
-                {"expression": 'variables.userNodeName != ""',
+                {"expression": 'variables.userNodeName != ""', "reason": "Forbidden",
                  "message": "no node association found for the kubegpu DRA driver's token "
                             "(it must run in a pod, with ServiceAccountTokenPodNodeInfo enabled)"},
-                {"expression": "variables.userNodeName == variables.objectNodeName",
+                {"expression": "variables.userNodeName == variables.objectNodeName", "reason": "Forbidden",
                  "messageExpression": "'the kubegpu DRA driver on node ' + variables.userNodeName + "
                                       "' may not modify ' + (variables.objectNodeName == '' ? "
                                       "'cluster-wide ResourceSlices' : 'ResourceSlices of node ' + "
@@ -124,7 +134,7 @@ def _affinity(v: Values, operator: str) -> Obj:
     return aff
 
 
-def daemonset(v: Values, *, all_nodes: bool = False, shared_gpus: str = "none") -> Obj:
+def daemonset(v: Values, *, all_nodes: bool = False, shared_gpus: str = "all") -> Obj:
     kubelet = "/var/lib/kubelet"
     mounts = [
         {"name": "plugins", "mountPath": f"{kubelet}/plugins"},
@@ -168,7 +178,7 @@ def daemonset(v: Values, *, all_nodes: bool = False, shared_gpus: str = "none") 
 
 
 def apply_dra(objs: list[Obj], v: Values, *, extended_resource: bool = False, all_nodes: bool = False,
-              shared_gpus: str = "none") -> list[Obj]:
+              shared_gpus: str = "all") -> list[Obj]:
     """``objs`` (the rendered install) with the DRA objects added and the device-plugin DaemonSet kept
     off DRA nodes (or dropped, with ``all_nodes``)."""
     from kubegpu.node.dra.slices import DraSettings
@@ -178,6 +188,8 @@ def apply_dra(objs: list[Obj], v: Values, *, extended_resource: bool = False, al
     for o in objs:
         if all_nodes and o.get("kind") == "Service" and o["metadata"]["name"] == f"{node_fullname(v)}-metrics":
             continue  # it would select no pod
+        if extended_resource and o.get("kind") == "ConfigMap" and "scheduler-config.yaml" in (o.get("data") or {}):
+            o = _whole_gpus_past_the_extender(o)
         if o.get("kind") == "DaemonSet" and o["metadata"]["name"] == node_fullname(v):
             if all_nodes:
                 continue
@@ -186,6 +198,22 @@ def apply_dra(objs: list[Obj], v: Values, *, extended_resource: bool = False, al
         out.append(o)
     return out + device_classes(v, extended_resource=extended_resource) + rbac(v) + [
         daemonset(v, all_nodes=all_nodes, shared_gpus=shared_gpus)] + claim_webhook(out)
+
+
+def _whole_gpus_past_the_extender(cm: Obj) -> Obj:
+    """With ``nvidia.com/gpu`` served by DRA too, kubegpu-scheduler must not send those pods to the
+    extender: it fails every node without a kubegpu ``Device`` object, which is every DRA node
+    (recorded: ``ext-pod-full-mode-pending.yaml``, Pending with ``no GPUs known``). Taken out of the
+    extender's ``managedResources``, a pod asking only ``nvidia.com/gpu`` is placed by kube-scheduler
+    itself: on DRA nodes through the DeviceClass's ``extendedResourceName`` (DRAExtendedResource), on
+    device-plugin nodes by the node's ``nvidia.com/gpu`` count as the default scheduler does. Pods
+    asking any other kubegpu resource still go through the extender."""
+    import yaml
+
+    cfg = yaml.safe_load(cm["data"]["scheduler-config.yaml"])
+    for ext in cfg.get("extenders") or []:
+        ext["managedResources"] = [r for r in ext.get("managedResources") or [] if r.get("name") != "nvidia.com/gpu"]
+    return {**cm, "data": {**cm["data"], "scheduler-config.yaml": yaml.safe_dump(cfg, sort_keys=False)}}
 
 
 def claim_webhook(objs: list[Obj]) -> list[Obj]:

@@ -42,6 +42,16 @@ def _request_problems(where: str, sub: Mapping[str, Any]) -> list[str]:
     if requests and cls != SHARED:
         out.append(f"{where}: capacity.requests needs {SHARED} (whole GPUs and MIG devices are not shared); "
                    f"{cls} devices are given whole")
+    if cls == SHARED:
+        # A capacity a claim does not name defaults to all of it (the GPU takes whole claims too), so a
+        # share names both, as a device-plugin share declares its memory (gpu-core alone is refused).
+        missing = [c for c in SHARE_CAPACITIES if c not in requests]
+        if len(missing) == 2:
+            out.append(f"{where}: a {SHARED} claim needs capacity.requests compute and memory; without them it "
+                       f"takes a whole GPU (use gpu.kubegpu.io for that)")
+        elif missing:
+            out.append(f"{where}: capacity.requests names no {missing[0]}, so the share would take all of the "
+                       f"GPU's {missing[0]}; name both compute and memory")
     for name, value in requests.items():
         if cls != SHARED:
             break

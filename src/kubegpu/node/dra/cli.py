@@ -3,7 +3,8 @@
 Kept apart from ``cli/node.py`` so that command gains one branch only. DRA-only flags (taken out
 before the rest goes to the node config loader, which keeps its own validation):
 
-- ``--dra-shared-gpus all|none|0,2-3``: GPUs published as consumable-capacity shares (default none);
+- ``--dra-shared-gpus all|none|0,2-3``: GPUs that take shares beside whole claims (default all;
+  ``none`` serves whole GPUs only, as this flag's default did when a shared GPU could not be claimed whole);
 - ``--dra-plugins-dir`` (``/var/lib/kubelet/plugins``), ``--dra-registry-dir``
   (``/var/lib/kubelet/plugins_registry``), ``--dra-state-dir`` (default: the plugin's own dir);
 - ``--dra-resync`` seconds between full slice reconciles (default 30; the watch repairs sooner).
@@ -48,7 +49,12 @@ def build_options(flags: Mapping[str, Any], env: Mapping[str, str], node_name: s
 
     dra, rest = split_flags(flags)
     config = load_config(flags=rest, env=env)
-    shared = DraSettings.parse_shared(dra.get("dra-shared-gpus", env.get("KUBEGPU_DRA_SHARED_GPUS", "none")))
+    shared_text = dra.get("dra-shared-gpus", env.get("KUBEGPU_DRA_SHARED_GPUS", "all"))
+    shared = DraSettings.parse_shared(shared_text)
+    if shared is not None:
+        # The flag's meaning changed (it used to make the listed GPUs shares only): say what it does now.
+        log.info("--dra-shared-gpus %s: %s take shares beside whole claims; the others whole claims only",
+                 shared_text, "GPUs " + ",".join(map(str, sorted(shared))) if shared else "no GPU")
     try:
         resync = float(dra.get("dra-resync", "30"))
     except ValueError:

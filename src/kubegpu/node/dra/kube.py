@@ -6,6 +6,11 @@ reconcile, not a one-off: :class:`SlicePublisher` compares what should exist wit
 and writes the difference. It runs on a thread, woken by a watch on the node's slices (a
 deletion is repaired at once), by health changes, and by a periodic resync. Every change of
 content bumps the pool generation, so schedulers drop the old slices of the pool.
+
+Slices are owned by their Node (``ownerReferences``, as the upstream kubelet-plugin helper sets),
+so the garbage collector removes them with a deleted Node. The Node's UID is read once (GET, the
+driver's only read of a Node); if it cannot be read, slices are published without the owner and
+it is added at a later reconcile.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 
 from lightkube import ApiError, Client
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
+from lightkube.resources.core_v1 import Node
 
 from kubegpu.node.dra.names import API_GROUP, API_VERSION, DRIVER
 from kubegpu.node.dra.prepare import PrepareError
@@ -52,6 +58,11 @@ def _content(spec: dict[str, Any]) -> dict[str, Any]:
     return dict(spec, pool=pool)
 
 
+def _owners(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{k: o.get(k) for k in ("apiVersion", "kind", "name", "uid")}
+            for o in (obj.get("metadata") or {}).get("ownerReferences") or []]
+
+
 class SlicePublisher:
     """Keeps ``desired()`` published as the node's ResourceSlices of this driver."""
 
@@ -71,6 +82,8 @@ class SlicePublisher:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._synced = threading.Event()
+        self._owner: dict[str, Any] | None = None
+        self._owner_warned = False
 
     # ----- lifecycle ---------------------------------------------------------------------------
 
@@ -147,22 +160,47 @@ class SlicePublisher:
                 out[d["metadata"]["name"]] = d
         return out
 
+    def node_owner(self) -> dict[str, Any] | None:
+        """The owner reference to this node (cached once read); None while the Node cannot be read."""
+        if self._owner is None:
+            try:
+                node = self.client.get(Node, self.node)
+            except Exception as exc:
+                if not self._owner_warned:
+                    log.warning("cannot read Node %s (%s): ResourceSlices are published without their owner "
+                                "reference until it can be read", self.node, exc)
+                    self._owner_warned = True
+                return None
+            uid = node.metadata.uid if node.metadata is not None else None
+            if uid:
+                self._owner = {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": uid,
+                               "controller": True}
+        return self._owner
+
+    def _desired(self, generation: int) -> list[dict[str, Any]]:
+        owner = self.node_owner()
+        want = self.desired(generation)
+        if owner is None:
+            return want
+        return [dict(b, metadata=dict(b["metadata"], ownerReferences=[owner])) for b in want]
+
     def reconcile(self) -> int:
         """Write what differs; returns the number of writes."""
         have = self.current()
         gens = [int(((o.get("spec") or {}).get("pool") or {}).get("generation", 0)) for o in have.values()]
         if self.generation == 0:
             self.generation = max(gens, default=0) or 1
-        want = self.desired(self.generation)
+        want = self._desired(self.generation)
         want_names = {b["metadata"]["name"] for b in want}
         same = (set(have) == want_names and
-                all(_content(have[b["metadata"]["name"]]["spec"]) == _content(b["spec"]) for b in want))
+                all(_content(have[b["metadata"]["name"]]["spec"]) == _content(b["spec"]) for b in want) and
+                all(_owners(have[b["metadata"]["name"]]) == _owners(b) for b in want))
         writes = 0
         if same and all(g == self.generation for g in gens):
             return 0
         if not same:
             self.generation = max([self.generation, *gens]) + 1 if have else self.generation
-            want = self.desired(self.generation)
+            want = self._desired(self.generation)
         for body in want:
             name = body["metadata"]["name"]
             old = have.get(name)

@@ -19,11 +19,14 @@ CDI_KIND: Final = f"{CDI_VENDOR}/{CDI_CLASS}"
 # Device types (the ``type`` attribute DeviceClasses select on).
 TYPE_GPU: Final = "gpu"
 TYPE_MIG: Final = "mig"
-TYPE_SHARED: Final = "shared-gpu"
+TYPE_SHARED: Final = "shared-gpu"  # published before GPUs took whole claims and shares alike; still selected
 
 # Taints the driver puts on unhealthy devices.
 TAINT_XID: Final = DRIVER + "/xid-error"
 TAINT_UNHEALTHY: Final = DRIVER + "/unhealthy"
+
+# The node label choosing the kubelet plugin (``dra`` for this driver), see kubegpu.install.dra.
+MODE_LABEL: Final = "kubegpu.io/kubelet-plugin"
 
 PCIE_ROOT_ATTRIBUTE: Final = "resource.kubernetes.io/pcieRoot"
 

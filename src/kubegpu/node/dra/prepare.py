@@ -10,7 +10,10 @@ wire); the allocation is read from the API server. Preparing a claim:
    refused), take the results for this driver and pool, and look each device up in what this
    node publishes;
 3. write one CDI spec per claim (``k8s.gpu.kubegpu.io-claim_<uid>.json``, atomically) whose
-   devices are ``<claim uid>-<device>[-<share id>]`` with the GPU's device nodes, and whose
+   devices are ``<claim uid>-<device>[-<share id>]`` with the GPU's device nodes (a MIG device's
+   capability nodes from the driver's mig-minors list, the device-plugin path's rule) and its
+   ``/var/run/nvidia-container-devices/<uuid>`` mount, which add up over the claims a container
+   uses, and whose
    claim-wide edits carry ``NVIDIA_VISIBLE_DEVICES``, ``KUBEGPU_VISIBLE_GPUS`` and for a share the
    same limits the device-plugin shares get (``KUBEGPU_GPU_CORE_PERCENT``,
    ``KUBEGPU_GPU_MEMORY_BYTES``; with MPS the share's daemon from ``node/mps``: its pipe directory,
@@ -34,9 +37,17 @@ from pathlib import Path
 from typing import Any, Final, Protocol
 
 from kubegpu.model.quantity import QuantityError, parse_int
-from kubegpu.node.allocate import ENV_CORE, ENV_MEMORY, ENV_VISIBLE_GPUS, VISIBLE_DEVICES
-from kubegpu.node.devspecs import CONTROL_DEVICES, mig_cap_paths
-from kubegpu.node.dra.names import CDI_CLASS, CDI_KIND, CDI_VENDOR, DRIVER, TYPE_MIG, TYPE_SHARED, cdi_device_id
+from kubegpu.node.allocate import (
+    ENV_CORE,
+    ENV_MEMORY,
+    ENV_VISIBLE_GPUS,
+    MPS_CONTAINER_ROOT,
+    VISIBLE_DEVICES,
+    VOLUME_MOUNTS_HOST,
+    VOLUME_MOUNTS_ROOT,
+)
+from kubegpu.node.devspecs import CONTROL_DEVICES, MigMinors, mig_cap_paths, read_mig_minors
+from kubegpu.node.dra.names import CDI_CLASS, CDI_KIND, CDI_VENDOR, DRIVER, TYPE_MIG, cdi_device_id
 from kubegpu.node.dra.names import cdi_device_name as _cdi_name
 from kubegpu.node.dra.slices import DraSettings, PublishedDevice
 from kubegpu.node.mps.dra import DraEnforcement
@@ -165,11 +176,38 @@ def _quantity(value: Any, what: str) -> int:
         raise PrepareError(f"{what}: {value!r} is not a quantity") from exc
 
 
-def _device_nodes(dev: PublishedDevice) -> list[dict[str, str]]:
+def _device_nodes(dev: PublishedDevice, minors: MigMinors) -> list[dict[str, str]]:
+    """The GPU's node, and for a MIG device its GI and CI capability nodes (the device-plugin path's rule)."""
     paths = [f"/dev/nvidia{dev.minor}"]
     if dev.type == TYPE_MIG and dev.gi is not None and dev.ci is not None:
-        paths += mig_cap_paths(dev.minor, dev.gi, dev.ci, {})
+        caps = mig_cap_paths(dev.minor, dev.gi, dev.ci, minors)
+        if len(caps) < 2:  # as the device-plugin path: served without, but said (a container needs them)
+            log.warning("MIG device %s: no capability minors for GPU minor %d GI %d CI %d in the mig-minors "
+                        "file; its container may not be able to open it", dev.name, dev.minor, dev.gi, dev.ci)
+        paths += caps
     return [{"path": p} for p in paths]
+
+
+def _device_list_mount(uuid: str) -> dict[str, Any]:
+    """NVIDIA's ``volume-mounts`` device list entry (``/dev/null`` at ``/var/run/nvidia-container-devices/<uuid>``):
+    the container toolkit reads the container's GPUs from these when it accepts volume mounts, and
+    mounts of several claims add up."""
+    return {"hostPath": VOLUME_MOUNTS_HOST, "containerPath": f"{VOLUME_MOUNTS_ROOT}/{uuid}",
+            "options": ["ro", "nosuid", "nodev", "bind"]}
+
+
+def share_limits(dev: PublishedDevice, result: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(compute percent, memory bytes) when the allocation ``result`` is a share of ``dev``; None when it
+    holds the device whole (an exclusive device, or one whose allocation consumed all its capacity, as a
+    claim naming no capacity does). The one rule for "is this a share" (env, MPS limits)."""
+    consumed = result.get("consumedCapacity")
+    if not consumed or not dev.share_memory_max:
+        return None
+    got = {"compute": _quantity(consumed.get("compute", "100"), f"{dev.name} compute"),
+           "memory": _quantity(consumed.get("memory", dev.memory_bytes), f"{dev.name} memory")}
+    if dev.whole(got):
+        return None
+    return got["compute"], got["memory"]
 
 
 class Preparer:
@@ -254,6 +292,8 @@ class Preparer:
 
     def _spec(self, namespace: str, name: str, uid: str,
               used: list[tuple[PublishedDevice, dict[str, Any]]]) -> dict[str, Any]:
+        minors = read_mig_minors(self.settings.mig_minors_file) if any(
+            d.type == TYPE_MIG for d, _ in used) else {}
         cdi_devices: list[dict[str, Any]] = []
         visible: list[str] = []
         gpus: list[str] = []
@@ -263,17 +303,21 @@ class Preparer:
         share_gpus: list[str] = []
         for dev, r in used:
             share = r.get("shareID") or None
+            # Per device, what adds up when a container uses several claims: its device nodes and its
+            # entry in the toolkit's volume-mount device list (environment variables do not add up: the
+            # runtime applies the claims' specs in turn and a later value replaces an earlier one).
             cdi_devices.append({"name": _cdi_name(uid, dev.name, share),
-                                "containerEdits": {"deviceNodes": _device_nodes(dev),
-                                                   "env": [f"KUBEGPU_REQUEST={r.get('request', '')}"]}})
+                                "containerEdits": {"deviceNodes": _device_nodes(dev, minors),
+                                                   "env": [f"KUBEGPU_REQUEST={r.get('request', '')}"],
+                                                   "mounts": [_device_list_mount(dev.uuid)]}})
             if dev.uuid not in visible:
                 visible.append(dev.uuid)
             if dev.gpu_uuid not in gpus:
                 gpus.append(dev.gpu_uuid)
-            if dev.type == TYPE_SHARED:
-                consumed = r.get("consumedCapacity") or {}
-                cores.append(_quantity(consumed.get("compute", "100"), f"{dev.name} compute"))
-                mems.append(_quantity(consumed.get("memory", dev.memory_bytes), f"{dev.name} memory"))
+            limits = share_limits(dev, r)
+            if limits is not None:
+                cores.append(limits[0])
+                mems.append(limits[1])
                 share_gpus.append(dev.gpu_uuid)
                 if share:
                     shares.append(share)

@@ -12,10 +12,15 @@ Shapes follow what a v1.36 API server stores (fixtures ``dra-v1.36`` s1, s3, s4,
   claims prefer those). All of them consume a shared counter set
   ``gpu-<i>-counter-set`` (``compute-slices``, ``memory``, ``multiprocessors``): the parent takes
   it all, each MIG device its part, so the allocator never gives a GPU whole and in slices.
-- **share** (``type: shared-gpu``) on GPUs configured for sharing: ``allowMultipleAllocations``
-  with consumable capacity ``compute`` (percent, 1..100) and ``memory`` (1Gi steps), each with a
-  request policy, so kube-scheduler places ``capacity.requests: {compute: 30, memory: 8Gi}``
-  beside other shares. A shared GPU is not also published whole (one GPU, one way).
+- **whole or shares, as demand comes** (every non-MIG GPU unless ``--dra-shared-gpus`` narrows it):
+  the GPU stays ``type: gpu`` and gets ``allowMultipleAllocations`` with consumable capacity
+  ``compute`` (percent, 1..100) and ``memory`` (1Gi steps). Each capacity's request-policy default
+  is the whole of it, so a claim that names no capacity (``gpu.kubegpu.io``, the
+  ``nvidia.com/gpu`` mapping) consumes the whole GPU, and a share names both
+  (``shared-gpu.kubegpu.io`` with ``capacity.requests: {compute: 30, memory: 8Gi}``).
+  kube-scheduler sums what the allocations of a device consume (fixtures ``dra-v1.36`` s4: a
+  request over what is left is ``cannot allocate all claims``), so a GPU holds one whole claim
+  or shares up to 100 % and its memory, never both, and which one is decided per claim.
 - **health** as device taints: an Xid taints the device ``gpu.kubegpu.io/xid-error=<xid>:NoSchedule``,
   any other failure ``gpu.kubegpu.io/unhealthy:NoSchedule``; recovery removes the taint.
 
@@ -41,7 +46,6 @@ from kubegpu.node.dra.names import (
     TAINT_XID,
     TYPE_GPU,
     TYPE_MIG,
-    TYPE_SHARED,
 )
 
 GI: Final = 2**30
@@ -63,15 +67,15 @@ class DraSettings:
     """What the driver publishes for a node, beside its inventory."""
 
     node_name: str
-    shared_gpus: frozenset[int] | None = frozenset()  # GPU indexes served as shares; None = every GPU
-    share_default_compute: int = 10
-    share_default_memory: int = 10 * GI
+    shared_gpus: frozenset[int] | None = frozenset()  # GPUs that also take shares; None = every GPU
+    share_memory_default: int | None = None  # what a claim naming no memory consumes; None = all of it
     share_memory_step: int = GI
     sysfs_root: str = "/sys"
     mps: bool = False  # shares are enforced through MPS daemons (node/mps), refused when they cannot be
     mps_root: str = "/run/nvidia/mps"
     mps_binary: str = ""  # "" = nvidia-cuda-mps-control under driver_root
     driver_root: str = "/"
+    mig_minors_file: str = "/proc/driver/nvidia-caps/mig-minors"  # MIG capability minors (the driver's list)
 
     def is_shared(self, gpu: Gpu) -> bool:
         return not gpu.mig_enabled and (self.shared_gpus is None or gpu.index in self.shared_gpus)
@@ -120,7 +124,7 @@ class PublishedDevice:
 
     name: str
     pool: str
-    type: str  # TYPE_GPU / TYPE_MIG / TYPE_SHARED
+    type: str  # TYPE_GPU / TYPE_MIG
     uuid: str  # the GPU's, or the MIG device's
     gpu_uuid: str  # the physical GPU
     index: int
@@ -128,6 +132,12 @@ class PublishedDevice:
     memory_bytes: int
     gi: int | None = None
     ci: int | None = None
+    share_memory_max: int = 0  # takes shares (allowMultipleAllocations): the most memory one claim can have
+
+    def whole(self, consumed: Mapping[str, int]) -> bool:
+        """Whether an allocation consuming ``consumed`` (compute percent, memory bytes) holds the whole GPU."""
+        return consumed.get("compute", 100) >= 100 and consumed.get("memory", self.memory_bytes) >= (
+            self.share_memory_max or self.memory_bytes)
 
 
 def device_name(gpu: Gpu) -> str:
@@ -329,26 +339,29 @@ def pool_content(inv: NodeInventory, settings: DraSettings,
                     PublishedDevice(mname, pool, TYPE_MIG, m.uuid, g.uuid, g.index, g.minor, m.memory_bytes,
                                     m.gi, m.ci))
         elif settings.is_shared(g):
-            attrs["type"] = {"string": TYPE_SHARED}
             # How a share here is held to its limits (a daemon that is down taints the device instead).
             attrs["shareEnforcement"] = {"string": "mps" if settings.mps else "none"}
             step = settings.share_memory_step
             mem_max = g.memory_bytes - g.memory_bytes % step
             if mem_max < step:
                 raise SliceError(f"GPU {g.index}: {g.memory_bytes} bytes of memory is less than one share step")
-            default_mem = min(settings.share_default_memory, mem_max)
+            default_mem = mem_max if settings.share_memory_default is None else min(
+                max(step, settings.share_memory_default), mem_max)
             default_mem -= default_mem % step
+            # The defaults are the whole GPU: a claim naming no capacity is a whole-GPU claim (the API
+            # allows default == max; recorded s4: a claim without requests consumes the defaults).
             cap = {
-                "compute": {"requestPolicy": {"default": str(settings.share_default_compute),
+                "compute": {"requestPolicy": {"default": "100",
                                               "validRange": {"max": "100", "min": "1", "step": "1"}},
                             "value": "100"},
-                "memory": {"requestPolicy": {"default": format_bytes(max(step, default_mem)),
+                "memory": {"requestPolicy": {"default": format_bytes(default_mem),
                                              "validRange": {"max": format_bytes(mem_max), "min": format_bytes(step),
                                                             "step": format_bytes(step)}},
                            "value": format_bytes(g.memory_bytes)},
             }
             add({"allowMultipleAllocations": True, "attributes": _sorted(attrs), "capacity": cap, "name": name},
-                PublishedDevice(name, pool, TYPE_SHARED, g.uuid, g.uuid, g.index, g.minor, g.memory_bytes))
+                PublishedDevice(name, pool, TYPE_GPU, g.uuid, g.uuid, g.index, g.minor, g.memory_bytes,
+                                share_memory_max=mem_max))
         else:
             add({"attributes": _sorted(attrs), "capacity": {"memory": {"value": format_bytes(g.memory_bytes)}},
                  "name": name}, base)
