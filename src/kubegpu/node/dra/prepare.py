@@ -41,7 +41,6 @@ from kubegpu.node.allocate import (
     ENV_CORE,
     ENV_MEMORY,
     ENV_VISIBLE_GPUS,
-    MPS_CONTAINER_ROOT,
     VISIBLE_DEVICES,
     VOLUME_MOUNTS_HOST,
     VOLUME_MOUNTS_ROOT,
