@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,8 +31,10 @@ class MpsError(RuntimeError):
 
 
 def find_binary(driver_root: str, override: str = "") -> str | None:
-    """The control binary under the driver root (or ``override``), or None when there is none."""
-    candidates = [override] if override else [os.path.join(driver_root, d, CONTROL_BINARY) for d in BINARY_DIRS]
+    """The control binary: ``override``, else under the driver root, else on PATH (where the NVIDIA container
+    runtime puts it with the compute capability); None when there is none."""
+    candidates = [override] if override else [
+        *(os.path.join(driver_root, d, CONTROL_BINARY) for d in BINARY_DIRS), shutil.which(CONTROL_BINARY) or ""]
     for c in candidates:
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
             return c
