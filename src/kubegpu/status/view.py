@@ -105,6 +105,7 @@ class GpuView:
     mig: tuple[MigView, ...] = ()  # its MIG devices when MIG is enabled
     mig_enabled: bool = False
     replica_only: bool = False  # offered to the kubelet only as time-slicing / MPS replicas
+    share_enforcement: str = ""  # how shares here are held to their limits: mps, none, "unenforced: <why>"
 
     @property
     def placeable(self) -> bool:
@@ -181,6 +182,7 @@ class ClusterView:
                     {"index": g.index, "minor": g.minor, "uuid": g.uuid, "model": g.model, "healthy": g.healthy,
                      "memory_bytes": g.memory_bytes, "core_used": g.core_used, "memory_used": g.memory_used,
                      "mig_enabled": g.mig_enabled, "replica_only": g.replica_only,
+                     "share_enforcement": g.share_enforcement,
                      "holders": [_holder_json(h) for h in g.holders],
                      "mig": [{"uuid": m.uuid, "index": m.index, "profile": m.profile,
                               "memory_bytes": m.memory_bytes, "healthy": m.healthy, "slices": m.slices,
@@ -331,7 +333,9 @@ def build_view(
                          for m in sorted(g.mig_devices, key=lambda m: m.index)) if g.mig_enabled else ()
             gv = GpuView(inv.name, g.index, g.minor, g.uuid, g.model, g.healthy, g.memory_bytes,
                          sum(h.core for h in hs), sum(h.memory_bytes for h in hs), tuple(hs), migs,
-                         g.mig_enabled, mark_replicas and not g.mig_enabled)
+                         g.mig_enabled, mark_replicas and not g.mig_enabled,
+                         g.share_enforcement + (f": {g.share_enforcement_reason}" if g.share_enforcement_reason
+                                                and g.share_enforcement != "none" else ""))
             if gv.overcommitted:
                 problems.append(f"{inv.name} GPU {g.index}: overcommitted ({gv.core_used} % compute, "
                                 f"{gv.memory_used} of {gv.memory_bytes} bytes)")
