@@ -57,7 +57,7 @@ try:
     if cap > 0:
         try:
             for _ in range(cap):
-                blocks.append(torch.empty(GIB := 2**30, dtype=torch.uint8, device="cuda"))
+                blocks.append(torch.empty(2**30, dtype=torch.uint8, device="cuda"))
         except torch.cuda.OutOfMemoryError:
             pass
         out["allocated_gib"] = len(blocks)
