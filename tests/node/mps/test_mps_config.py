@@ -13,5 +13,5 @@ def test_share_enforcement_from_file_env_and_flag() -> None:
     assert load_config(env={"KUBEGPU_SHARE_ENFORCEMENT": "mps"}).kubegpu.share_enforcement == "mps"
     flagged = load_config(flags={"share-enforcement": "none"}, env={"KUBEGPU_SHARE_ENFORCEMENT": "mps"})
     assert flagged.kubegpu.share_enforcement == "none"
-    with pytest.raises(ConfigError, match="share-enforcement.*none, mps"):
+    with pytest.raises(ConfigError, match=r"share-enforcement.*none, mps"):
         load_config(flags={"share-enforcement": "hami"})
