@@ -86,3 +86,22 @@ def test_no_binary_no_limits(sockdir: Path) -> None:
     m = MpsManager(None, str(sockdir / "mps"))
     with pytest.raises(MpsError, match="not found"):
         m.serve(share_spec([("GPU-a", 25, GIB)]))
+
+
+def test_a_restarted_node_starts_the_recorded_daemons_again(mps_binary: str, sockdir: Path) -> None:
+    root = sockdir / "mps"
+    first = MpsManager(mps_binary, str(root))
+    spec = share_spec([("GPU-a", 25, 16 * GIB)])
+    other = share_spec([("GPU-gone", 50, 8 * GIB)])
+    first.serve(spec)
+    first.serve(other)
+    first.stop()  # the node daemon went away; the kubelet still holds containers with these pipes
+    (root / "junk").mkdir()
+    (root / "junk" / "spec.json").write_text("{not json")
+    pipe = str(root / spec.name / "pipe")
+    assert connect_client({"CUDA_MPS_PIPE_DIRECTORY": pipe}, ["GPU-a"]) == {"mps": False}
+    second = MpsManager(mps_binary, str(root))
+    assert second.recover(["GPU-a"]) == 1  # GPU-gone is not on the node any more; junk is skipped
+    got = connect_client({"CUDA_MPS_PIPE_DIRECTORY": pipe, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}, ["GPU-a"])
+    assert got["thread_percentage"] == 25 and got["memory_limit_mib"] == {"GPU-a": 16384}
+    second.stop()

@@ -8,6 +8,7 @@ another GPU. Every call has a timeout: a hung daemon is a daemon that does not a
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -16,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kubegpu.node.mps.spec import ENV_LOG, ENV_PIPE, SHM_DIR, DaemonSpec
+from kubegpu.node.mps.spec import ENV_LOG, ENV_PIPE, SHM_DIR, DaemonSpec, GpuLimit
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +25,19 @@ CONTROL_BINARY = "nvidia-cuda-mps-control"
 # Where NVIDIA's driver packages put it, relative to the driver root (the H200's container had the
 # first; driver containers mount the host's under /run/nvidia/driver with the same layout).
 BINARY_DIRS = ("usr/local/nvidia/bin", "usr/bin", "usr/local/bin", "bin")
+
+
+SPEC_FILE = "spec.json"
+
+
+def read_spec(path: Path) -> DaemonSpec:
+    """A spec recorded by :meth:`MpsControl.start`; raises ValueError (ShareShapeError) when it is not one."""
+    d = json.loads(path.read_text())
+    spec = DaemonSpec(name=str(d["name"]), kind=str(d["kind"]), thread_percentage=int(d["threadPercentage"]),
+                      gpus=tuple(GpuLimit(str(u), int(m)) for u, m in d["gpus"]))
+    if spec.name != path.parent.name:
+        raise ValueError(f"{path}: names daemon {spec.name!r}")
+    return spec
 
 
 class MpsError(RuntimeError):
@@ -95,6 +109,7 @@ class MpsControl:
         # Clients run as any user: they must reach the pipe and write the shared memory.
         os.chmod(self.paths.pipe, 0o755)
         os.chmod(self.shm, 0o1777)
+        self._remember()
         rc, out, err = self._run(["-d"])
         if rc != 0:
             if self.answers():
@@ -104,6 +119,17 @@ class MpsControl:
                            f"{(err or out)[:300] or 'no output'}")
         log.info("MPS daemon %s started (%s on %s)", self.spec.name, self.spec.describe(),
                  ",".join(self.spec.uuids))
+
+    def _remember(self) -> None:
+        """Record the spec beside its pipe: a restarted node daemon starts this daemon again from it, so a
+        container whose allocation the kubelet kept (it does not call Allocate again on a container restart)
+        finds its daemon behind its pipe."""
+        body = json.dumps({"name": self.spec.name, "kind": self.spec.kind,
+                           "threadPercentage": self.spec.thread_percentage,
+                           "gpus": [[g.uuid, g.memory_mib] for g in self.spec.gpus]})
+        tmp = self.paths.root / f".{SPEC_FILE}.tmp"
+        tmp.write_text(body)
+        os.replace(tmp, self.paths.root / SPEC_FILE)
 
     def set_defaults(self) -> None:
         for cmd in self.spec.default_commands():
