@@ -89,6 +89,9 @@ class MpsManager:
         """The binding of ``spec``'s daemon, started and checked first. Raises MpsError."""
         entry = self._entry(spec)
         with entry.lock:
+            if entry.up and not entry.control.answers():  # asked now, not at the last supervision pass
+                entry.up, entry.failures, entry.next_try = False, 0, self.clock()
+                entry.reason = "the control daemon stopped answering get_server_list"
             if not entry.up:
                 if entry.failures and self.clock() < entry.next_try:
                     raise MpsError(f"MPS daemon {spec.name} ({spec.describe()}) is down: {entry.reason}")
