@@ -350,7 +350,7 @@ def run(standin: bool) -> dict[str, Any]:
             from kubegpu.node.mps import MpsManager, share_spec
 
             gpu0 = backend_factory().discover().gpus[0]
-            base = MpsManager(binary, mps_root)
+            base = MpsManager(binary, str(work / "mps-base"))  # its own root: the node daemons do not restart it
             b = base.serve(share_spec([(gpu0.uuid, 100, gpu0.memory_bytes)]))
             env = {k: v for k, v in b.env}
             env["CUDA_MPS_PIPE_DIRECTORY"] = b.mounts[0][0]
