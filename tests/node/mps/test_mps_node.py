@@ -161,15 +161,12 @@ def test_mps_replicas_on_a_pre_volta_gpu_are_a_configuration_error(make_daemon: 
         make_daemon(str(topo), flags={"config-file": str(cfg), "mps-control-binary": mps_binary})
 
 
-def test_time_sliced_gpus_are_visibly_unenforced(kubelet: StandinKubelet, make_daemon: Any, sockdir: Path,
-                                                 mps_binary: str) -> None:
+def test_share_enforcement_with_time_slicing_is_refused_with_the_reason(make_daemon: Any, sockdir: Path,
+                                                                        mps_binary: str) -> None:
+    from kubegpu.node.config import ConfigError
+
     cfg = sockdir / "config.yaml"
     cfg.write_text("version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n"
-                   "      rename: nvidia.com/gpu-ts\n      replicas: 2\n      devices: [0]\n")
-    d, _ = make_daemon("t4x4", flags=_flags(sockdir, mps_binary, **{"config-file": str(cfg)}), resolver=Records())
-    assert kubelet.wait_registered(SLOTS, timeout_s=5)
-    sliced = d.inventory.gpus[0].uuid
-    table = d.status()["enforcement"]
-    assert table[sliced]["mode"] == "unenforced" and "time-slicing" in table[sliced]["reason"]
-    assert {i.split("::")[0] for i in kubelet.unhealthy(SLOTS)} == {sliced}
-    assert {t["mode"] for u, t in table.items() if u != sliced} == {"mps"}
+                   "      replicas: 2\n")
+    with pytest.raises(ConfigError, match="would overcommit them"):
+        make_daemon("t4x4", flags=_flags(sockdir, mps_binary, **{"config-file": str(cfg)}), resolver=Records())
