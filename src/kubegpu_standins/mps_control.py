@@ -162,7 +162,9 @@ def _serve(daemon: _Daemon) -> None:
             line = self.rfile.readline().decode().strip()
             kind, _, rest = line.partition(" ")
             try:
-                if kind == "UI":
+                if kind == "PING":  # the stand-in's own readiness probe (-d waits on it); not a command
+                    out = {"ok": True, "out": ""}
+                elif kind == "UI":
                     out = {"ok": True, "out": daemon.command(rest)}
                 elif kind == "CLIENT":
                     out = {"ok": True, "out": daemon.client(json.loads(rest))}
@@ -246,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = Path(os.environ.get("CUDA_MPS_LOG_DIRECTORY") or DEFAULT_LOG)
     visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
     if args in (["-d"], ["-f"]):
-        if _request(pipe, "UI get_server_list", 1.0) is not None:
+        if _request(pipe, "PING", 1.0) is not None:
             print("An instance of this daemon is already running", file=sys.stderr)
             return 1
         pipe.mkdir(parents=True, exist_ok=True)
@@ -258,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            if _request(pipe, "UI get_server_list", 1.0) is not None:
+            if _request(pipe, "PING", 1.0) is not None:
                 return 0
             time.sleep(0.02)
         print("Failed to start the MPS control daemon", file=sys.stderr)

@@ -99,14 +99,16 @@ def source_notes(view: ClusterView, extender: bool) -> list[str]:
 def render_table(view: ClusterView, *, wide: bool = False, notes: list[str] | None = None) -> Group:
     """The status as rich renderables: one row per GPU, the MIG layout and the replicas, then the totals."""
     table = Table(title="GPUs", expand=False)
-    for col in ("NODE", "GPU", "MODEL", "HEALTH", "COMPUTE", "MEMORY", "HELD BY", *(("MINOR", "UUID") if wide else ())):
+    for col in ("NODE", "GPU", "MODEL", "HEALTH", "COMPUTE", "MEMORY", "SHARES", "HELD BY",
+                *(("MINOR", "UUID") if wide else ())):
         table.add_column(col, overflow="fold")
     for node in view.nodes:
         for i, g in enumerate(node.gpus):
             health = "[green]Healthy[/]" if g.healthy else "[red]Unhealthy[/]"
             core, held = _gpu_row(g)
             table.add_row(node.name if i == 0 else "", str(g.index), g.model or "-", health, core,
-                          f"{_gib(g.memory_used)}/{_gib(g.memory_bytes)}", held,
+                          f"{_gib(g.memory_used)}/{_gib(g.memory_bytes)}",
+                          escape(g.share_enforcement or "-"), held,
                           *((str(g.minor), g.uuid) if wide else ()), end_section=i == len(node.gpus) - 1)
     t = view.totals
     totals = Table.grid(padding=(0, 2))

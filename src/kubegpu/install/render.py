@@ -126,7 +126,22 @@ def node_security_context(v: Values) -> Obj:
     }
     if mig_monitoring(v):
         ctx["capabilities"]["add"] = ["SYS_ADMIN"]
+    if mps_in_use(v):  # the MPS control daemon starts each server as its client's user (docs/sharing.md)
+        ctx["capabilities"]["add"] = [*ctx["capabilities"].get("add", []), "SETUID", "SETGID"]
     return ctx
+
+
+MPS_ROOT = "/run/nvidia/mps"  # flags.mpsRoot's default; mounted at the same path so host paths are the daemon's
+
+
+def mps_in_use(v: Values) -> bool:
+    """Whether a config.map entry shares GPUs with MPS (sharing.mps) or enforces shares with it."""
+    for text in v.config.map.values():
+        doc = yaml.safe_load(text) or {}
+        if isinstance(doc, dict) and ((doc.get("sharing") or {}).get("mps")
+                                      or (doc.get("kubegpu") or {}).get("shareEnforcement") == "mps"):
+            return True
+    return False
 
 
 def node_objects(v: Values) -> list[Obj]:
@@ -163,6 +178,10 @@ def node_objects(v: Values) -> list[Obj]:
         {"name": "cdi-root", "mountPath": "/var/run/cdi"},
         {"name": "driver-root", "mountPath": "/driver-root", "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},  # the root filesystem is read-only
+        # MPS (node/mps): the daemons' pipe and log directories, and the /dev/shm they share with their
+        # clients (NVIDIA's layout: <mps root>/shm on the host, /dev/shm in the daemon and in every client).
+        {"name": "mps-root", "mountPath": MPS_ROOT},
+        {"name": "mps-shm", "mountPath": "/dev/shm"},
     ]
     volumes = [
         {"name": "device-plugin", "hostPath": {"path": v.device_plugin_path}},
@@ -170,6 +189,8 @@ def node_objects(v: Values) -> list[Obj]:
         {"name": "cdi-root", "hostPath": {"path": v.cdi_root, "type": "DirectoryOrCreate"}},
         {"name": "driver-root", "hostPath": {"path": v.nvidia_driver_root}},
         {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
+        {"name": "mps-root", "hostPath": {"path": MPS_ROOT, "type": "DirectoryOrCreate"}},
+        {"name": "mps-shm", "hostPath": {"path": f"{MPS_ROOT}/shm", "type": "DirectoryOrCreate"}},
     ]
     objs: list[Obj] = _rbac(name, v, "node", security.rbac_rules("node"))
     args = ["node", "--device-plugin-dir", "/var/lib/kubelet/device-plugins",

@@ -230,6 +230,8 @@ class NodeDaemon:
             if binary is None:
                 log.error("MPS: %s (driver root %s): MPS-enforced devices stay Unhealthy",
                           self.mps.missing_reason, s.driver_root)
+            else:
+                self.mps.recover(g.uuid for g in inv.gpus)
         specs = {p.name: replica_spec(p.name, [(d.uuid, d.memory_bytes) for d in p.devices if d.replica is not None],
                                       p.replicas) for p in replica_plans}
         sliced = {d.uuid for p in plans if p.sharing == "time-slicing" for d in p.devices if d.replica is not None}

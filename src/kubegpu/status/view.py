@@ -109,6 +109,7 @@ class GpuView:
     # On a DRA node a MIG GPU is published whole too (its parent device takes all the MIG counters):
     # idle it is a free whole GPU, in use its other MIG devices are free (status.dra, docs/dra.md).
     dra_mig: bool = False
+    share_enforcement: str = ""  # how shares here are held to their limits: mps, none, "unenforced: <why>"
 
     @property
     def placeable(self) -> bool:
@@ -189,6 +190,7 @@ class ClusterView:
                     {"index": g.index, "minor": g.minor, "uuid": g.uuid, "model": g.model, "healthy": g.healthy,
                      "memory_bytes": g.memory_bytes, "core_used": g.core_used, "memory_used": g.memory_used,
                      "mig_enabled": g.mig_enabled, "replica_only": g.replica_only,
+                     "share_enforcement": g.share_enforcement,
                      "holders": [_holder_json(h) for h in g.holders],
                      "mig": [{"uuid": m.uuid, "index": m.index, "profile": m.profile,
                               "memory_bytes": m.memory_bytes, "healthy": m.healthy, "slices": m.slices,
@@ -340,7 +342,9 @@ def build_view(
             gv = GpuView(inv.name, g.index, g.minor, g.uuid, g.model, g.healthy, g.memory_bytes,
                          sum(h.core for h in hs), sum(h.memory_bytes for h in hs), tuple(hs), migs,
                          g.mig_enabled, g.replicated or (mark_replicas and not g.mig_enabled),
-                         g.mig_enabled and inv.labels.get(DRA_NODE_LABEL) == "dra")
+                         g.mig_enabled and inv.labels.get(DRA_NODE_LABEL) == "dra",
+                         g.share_enforcement + (f": {g.share_enforcement_reason}" if g.share_enforcement_reason
+                                                and g.share_enforcement != "none" else ""))
             if gv.overcommitted:
                 problems.append(f"{inv.name} GPU {g.index}: overcommitted ({gv.core_used} % compute, "
                                 f"{gv.memory_used} of {gv.memory_bytes} bytes)")

@@ -42,6 +42,13 @@ def test_serve_sets_defaults_before_any_client_and_stop_quits(mps_binary: str, s
     got = connect_client({"CUDA_MPS_PIPE_DIRECTORY": host_pipe, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100",
                           "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=140G"}, ["GPU-a"])
     assert got["thread_percentage"] == 25 and got["memory_limit_mib"] == {"GPU-a": 16384}
+    # What the daemon was told, in order: the defaults (checked) before the first client.
+    lines = (root / spec.name / "log" / "control.log").read_text().splitlines()
+    said = [ln.split("] ", 1)[1] for ln in lines if "Cmd:" in ln or "NEW CLIENT" in ln]
+    assert said[:5] == ["Cmd:set_default_active_thread_percentage 25",
+                        "Cmd:set_default_device_pinned_mem_limit GPU-a 16384M",
+                        "Cmd:get_default_active_thread_percentage", "Cmd:get_server_list",
+                        f"NEW CLIENT {os.getpid()} from user 0: Server already exists"]
     assert m.serve(spec, ["GPU-a"]) == b  # the same shape reaches the same daemon
     assert [s.up for s in m.states()] == [True]
     m.stop()
@@ -86,3 +93,22 @@ def test_no_binary_no_limits(sockdir: Path) -> None:
     m = MpsManager(None, str(sockdir / "mps"))
     with pytest.raises(MpsError, match="not found"):
         m.serve(share_spec([("GPU-a", 25, GIB)]))
+
+
+def test_a_restarted_node_starts_the_recorded_daemons_again(mps_binary: str, sockdir: Path) -> None:
+    root = sockdir / "mps"
+    first = MpsManager(mps_binary, str(root))
+    spec = share_spec([("GPU-a", 25, 16 * GIB)])
+    other = share_spec([("GPU-gone", 50, 8 * GIB)])
+    first.serve(spec)
+    first.serve(other)
+    first.stop()  # the node daemon went away; the kubelet still holds containers with these pipes
+    (root / "junk").mkdir()
+    (root / "junk" / "spec.json").write_text("{not json")
+    pipe = str(root / spec.name / "pipe")
+    assert connect_client({"CUDA_MPS_PIPE_DIRECTORY": pipe}, ["GPU-a"]) == {"mps": False}
+    second = MpsManager(mps_binary, str(root))
+    assert second.recover(["GPU-a"]) == 1  # GPU-gone is not on the node any more; junk is skipped
+    got = connect_client({"CUDA_MPS_PIPE_DIRECTORY": pipe, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}, ["GPU-a"])
+    assert got["thread_percentage"] == 25 and got["memory_limit_mib"] == {"GPU-a": 16384}
+    second.stop()

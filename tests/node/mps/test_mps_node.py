@@ -146,3 +146,27 @@ def test_gpus_mps_cannot_enforce_are_refused_with_the_reason(
     srv = next(s for s in d.servers if s.resource == SLOTS)
     with pytest.raises(grpc.RpcError, match="older than Volta"):
         kubelet.allocate_ids(SLOTS, [dev.id for dev in srv.plan.devices if dev.uuid == pascal.uuid][:1])
+
+
+def test_mps_replicas_on_a_pre_volta_gpu_are_a_configuration_error(make_daemon: Any, sockdir: Path,
+                                                                   mps_binary: str) -> None:
+    from kubegpu.node.daemon import DaemonInitError
+
+    topo = sockdir / "pascal.yaml"
+    topo.write_text("name: pascal\nnode: {cpu: 8, memory: 64Gi}\ngpus:\n"
+                    "- {model: Tesla P100, memoryMiB: 16280, computeCapability: \"6.0\"}\n")
+    cfg = sockdir / "config.yaml"
+    cfg.write_text("version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2\n")
+    with pytest.raises(DaemonInitError, match="older than Volta"):
+        make_daemon(str(topo), flags={"config-file": str(cfg), "mps-control-binary": mps_binary})
+
+
+def test_share_enforcement_with_time_slicing_is_refused_with_the_reason(make_daemon: Any, sockdir: Path,
+                                                                        mps_binary: str) -> None:
+    from kubegpu.node.config import ConfigError
+
+    cfg = sockdir / "config.yaml"
+    cfg.write_text("version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n"
+                   "      replicas: 2\n")
+    with pytest.raises(ConfigError, match="would overcommit them"):
+        make_daemon("t4x4", flags=_flags(sockdir, mps_binary, **{"config-file": str(cfg)}), resolver=Records())

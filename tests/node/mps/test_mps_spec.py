@@ -63,3 +63,34 @@ def test_which_gpus_mps_can_enforce() -> None:
     down = gpu_enforcement(hopper, "mps", daemon_down="daemon x is down")
     assert (down.mode, down.reason) == ("unenforced", "daemon x is down")
     assert gpu_enforcement(pascal, "mps").mode == "unenforced"
+
+
+class _Manager:
+    """Records what the enforcer asks for (no daemon)."""
+
+    missing_reason = ""
+
+    def __init__(self) -> None:
+        self.asked: list[object] = []
+
+    def serve(self, spec: object, order: object = None) -> object:
+        self.asked.append(spec)
+        return spec
+
+    def down(self) -> dict[str, object]:
+        return {}
+
+
+def test_what_the_enforcer_asks_for_each_kind_of_share() -> None:
+    from kubegpu.model.inventory import NodeInventory
+    from kubegpu.node.mps.enforcer import ShareEnforcer
+
+    gpu = Gpu("GPU-h", 0, 0, "H200", H200, compute_capability=(9, 0))
+    m = _Manager()
+    e = ShareEnforcer(m, "mps", NodeInventory("n", (gpu,), 0, 0))  # type: ignore[arg-type]
+    assert e.for_share([("GPU-h", 100, 0)]) is None  # a whole GPU: nothing to enforce
+    e.for_share([("GPU-h", 0, 8 * 2**30)])  # memory only: threads unlimited, memory bound
+    e.for_share([("GPU-h", 30, 0)])  # compute only: memory is the whole GPU's
+    assert [(s.thread_percentage, s.gpus[0].memory_mib) for s in m.asked] == [(100, 8192), (30, H200 // 2**20)]
+    assert ShareEnforcer(m, "none", NodeInventory("n", (gpu,), 0, 0)).for_share(  # type: ignore[arg-type]
+        [("GPU-h", 30, 2**30)]) is None

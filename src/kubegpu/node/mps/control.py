@@ -8,14 +8,16 @@ another GPU. Every call has a timeout: a hung daemon is a daemon that does not a
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shutil
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kubegpu.node.mps.spec import ENV_LOG, ENV_PIPE, SHM_DIR, DaemonSpec
+from kubegpu.node.mps.spec import ENV_LOG, ENV_PIPE, SHM_DIR, DaemonSpec, GpuLimit
 
 log = logging.getLogger(__name__)
 
@@ -25,13 +27,28 @@ CONTROL_BINARY = "nvidia-cuda-mps-control"
 BINARY_DIRS = ("usr/local/nvidia/bin", "usr/bin", "usr/local/bin", "bin")
 
 
+SPEC_FILE = "spec.json"
+
+
+def read_spec(path: Path) -> DaemonSpec:
+    """A spec recorded by :meth:`MpsControl.start`; raises ValueError (ShareShapeError) when it is not one."""
+    d = json.loads(path.read_text())
+    spec = DaemonSpec(name=str(d["name"]), kind=str(d["kind"]), thread_percentage=int(d["threadPercentage"]),
+                      gpus=tuple(GpuLimit(str(u), int(m)) for u, m in d["gpus"]))
+    if spec.name != path.parent.name:
+        raise ValueError(f"{path}: names daemon {spec.name!r}")
+    return spec
+
+
 class MpsError(RuntimeError):
     """The control daemon could not be started or did not answer; the message says what it said."""
 
 
 def find_binary(driver_root: str, override: str = "") -> str | None:
-    """The control binary under the driver root (or ``override``), or None when there is none."""
-    candidates = [override] if override else [os.path.join(driver_root, d, CONTROL_BINARY) for d in BINARY_DIRS]
+    """The control binary: ``override``, else under the driver root, else on PATH (where the NVIDIA container
+    runtime puts it with the compute capability); None when there is none."""
+    candidates = [override] if override else [
+        *(os.path.join(driver_root, d, CONTROL_BINARY) for d in BINARY_DIRS), shutil.which(CONTROL_BINARY) or ""]
     for c in candidates:
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
             return c
@@ -92,6 +109,7 @@ class MpsControl:
         # Clients run as any user: they must reach the pipe and write the shared memory.
         os.chmod(self.paths.pipe, 0o755)
         os.chmod(self.shm, 0o1777)
+        self._remember()
         rc, out, err = self._run(["-d"])
         if rc != 0:
             if self.answers():
@@ -101,6 +119,17 @@ class MpsControl:
                            f"{(err or out)[:300] or 'no output'}")
         log.info("MPS daemon %s started (%s on %s)", self.spec.name, self.spec.describe(),
                  ",".join(self.spec.uuids))
+
+    def _remember(self) -> None:
+        """Record the spec beside its pipe: a restarted node daemon starts this daemon again from it, so a
+        container whose allocation the kubelet kept (it does not call Allocate again on a container restart)
+        finds its daemon behind its pipe."""
+        body = json.dumps({"name": self.spec.name, "kind": self.spec.kind,
+                           "threadPercentage": self.spec.thread_percentage,
+                           "gpus": [[g.uuid, g.memory_mib] for g in self.spec.gpus]})
+        tmp = self.paths.root / f".{SPEC_FILE}.tmp"
+        tmp.write_text(body)
+        os.replace(tmp, self.paths.root / SPEC_FILE)
 
     def set_defaults(self) -> None:
         for cmd in self.spec.default_commands():

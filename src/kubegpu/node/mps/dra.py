@@ -32,6 +32,8 @@ class DraEnforcement:
 
     def start(self, inventory: NodeInventory) -> None:
         self.set_inventory(inventory)
+        if self.manager.binary is not None:
+            self.manager.recover(g.uuid for g in inventory.gpus)
         self.manager.start()
 
     def set_inventory(self, inventory: NodeInventory) -> None:

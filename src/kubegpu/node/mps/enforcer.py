@@ -68,7 +68,9 @@ class ShareEnforcer:
         """``parts``: (GPU uuid, core percent, memory bytes; 0 = all of it). None when nothing is enforced."""
         if self.selected != MODE_MPS:
             return None
-        full = [(u, c, m or self._memory.get(u, 0)) for u, c, m in parts]
+        # A memory-only share (gpu-memory without gpu-core: recorded with 0 % compute) reserves no compute, so
+        # its daemon limits memory and leaves the threads at 100 %.
+        full = [(u, c if 1 <= c <= 100 else 100, m or self._memory.get(u, 0)) for u, c, m in parts]
         if all(c >= 100 and m >= self._memory.get(u, m + 1) for u, c, m in full):
             return None  # whole GPUs: nothing to share, nothing to enforce
         gpus = {g.uuid: g for g in self.inventory.gpus}

@@ -16,10 +16,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from kubegpu.node.mps.control import MpsControl, MpsError
+from kubegpu.node.mps.control import SPEC_FILE, MpsControl, MpsError, read_spec
 from kubegpu.node.mps.spec import Binding, DaemonSpec, binding
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,9 @@ class MpsManager:
         """The binding of ``spec``'s daemon, started and checked first. Raises MpsError."""
         entry = self._entry(spec)
         with entry.lock:
+            if entry.up and not entry.control.answers():  # asked now, not at the last supervision pass
+                entry.up, entry.failures, entry.next_try = False, 0, self.clock()
+                entry.reason = "the control daemon stopped answering get_server_list"
             if not entry.up:
                 if entry.failures and self.clock() < entry.next_try:
                     raise MpsError(f"MPS daemon {spec.name} ({spec.describe()}) is down: {entry.reason}")
@@ -102,6 +106,25 @@ class MpsManager:
             log.warning("%s", exc)
             return False
         return True
+
+    def recover(self, gpus: Iterable[str]) -> int:
+        """Start again every daemon recorded under the MPS root whose GPUs are all in ``gpus`` (a node daemon
+        restart ends them; containers the kubelet already admitted still hold their pipe). Returns how many
+        answer. A record that cannot be read is logged and skipped."""
+        have = set(gpus)
+        up = 0
+        root = Path(self.mps_root)
+        for path in sorted(root.glob(f"*/{SPEC_FILE}")) if root.is_dir() else []:
+            try:
+                spec = read_spec(path)
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("MPS: skipping %s: %s", path, exc)
+                continue
+            if not set(spec.uuids) <= have:
+                log.info("MPS: not restarting %s: its GPUs are not all on this node now", spec.name)
+                continue
+            up += self.ensure(spec)
+        return up
 
     def states(self) -> list[DaemonState]:
         with self._lock:

@@ -1,0 +1,475 @@
+"""Check that every share kubegpu serves is held to its limits by the MPS daemon kubegpu started.
+
+The sequence (the same with or without a GPU):
+
+1. a node daemon with ``shareEnforcement: mps`` and share slots serves, through the stand-in kubelet over its
+   real socket, two shapes of fine-grained share (25 % / 16 GiB twice, 50 % / 32 GiB): kubegpu's own
+   ``Allocate`` answers; a node daemon with ``sharing.mps`` (4 replicas) serves one MPS replica; the DRA
+   driver prepares one consumable-capacity share (25 % / 16 GiB): kubegpu's own ``NodePrepareResources``
+   answer (the claim's CDI spec);
+2. each answer is run as the container would run it: its environment, its pipe directory (the host path of
+   its mount), its GPU; once as served and once with the container's own environment raised to 100 % and
+   the whole GPU's memory (``env_raise_escapes``: clients that got more than their share that way);
+3. two 50 % shares run at once (``two_share_throughput_ratio``: their summed throughput over one client
+   alone, the concurrency one server keeps);
+4. one share daemon is stopped: the node must refuse that shape (``void_limits_served`` counts answers
+   that carried limits with no daemon answering behind their pipe), and serve it again once it is back.
+
+With an NVIDIA GPU and PyTorch each client is a CUDA process: memory is what it could allocate in 1 GiB
+blocks (``memory_over_limit_gib``: the worst excess over its limit), compute its bf16 8192³ matmul
+throughput as a share of one client alone through an unlimited MPS server (``compute_error_points``: the
+worst |measured − granted| × 100). Without them the stand-in ``nvidia-cuda-mps-control`` answers instead
+(``"gpu": null``): the limits are those its server grants each client, so the memory and compute figures
+check what kubegpu told MPS, not what a GPU did, and the throughput ratio is null.
+
+Usage: ``python bench/enforcement.py [--standin]``; progress on stderr, one JSON object as the last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+GIB = 2**30
+NODE = "bench-node"
+SLOTS = "kubegpu.io/gpu.shared"
+
+# One CUDA client: how much memory it can pin (1 GiB blocks up to a cap) and its bf16 matmul throughput.
+CLIENT = r"""
+import json, os, sys, time
+import torch
+cap = int(os.environ["BENCH_CAP_GIB"]); seconds = float(os.environ["BENCH_SECONDS"])
+out = {"allocated_gib": 0, "tflops": None, "error": ""}
+try:
+    blocks = []
+    if cap > 0:
+        try:
+            for _ in range(cap):
+                blocks.append(torch.empty(2**30, dtype=torch.uint8, device="cuda"))
+        except torch.cuda.OutOfMemoryError:
+            pass
+        out["allocated_gib"] = len(blocks)
+        del blocks
+        torch.cuda.empty_cache()
+    if seconds > 0:
+        n = 8192
+        a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        for _ in range(3):
+            a @ b
+        torch.cuda.synchronize()
+        start = os.environ.get("BENCH_START")
+        if start:
+            while time.time() < float(start):
+                time.sleep(0.001)
+        t0 = time.perf_counter(); k = 0
+        while time.perf_counter() - t0 < seconds:
+            for _ in range(10):
+                a @ b
+            torch.cuda.synchronize(); k += 10
+        out["tflops"] = 2 * n**3 * k / (time.perf_counter() - t0) / 1e12
+except Exception as exc:
+    out["error"] = f"{type(exc).__name__}: {exc}"[:300]
+print(json.dumps(out))
+"""
+
+
+def log(msg: str) -> None:
+    print(f"[enforcement] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Served:
+    """One container answer: what kubegpu handed out, and the share it was for."""
+
+    label: str
+    path: str  # allocate or prepare
+    gpu: str
+    core: int
+    memory_bytes: int
+    env: dict[str, str]
+    mounts: dict[str, str]  # container path -> host path
+
+    def host_env(self, **override: str) -> dict[str, str]:
+        """The environment the client sees, with its pipe directory at the host path the mount gives."""
+        env = {k: v for k, v in self.env.items() if k.startswith(("CUDA_MPS_", "KUBEGPU_"))}
+        pipe = env.get("CUDA_MPS_PIPE_DIRECTORY")
+        if pipe is not None:
+            env["CUDA_MPS_PIPE_DIRECTORY"] = self.mounts.get(pipe, "")
+        env.update(override)
+        return env
+
+
+# ----- the GPU or the stand-in ---------------------------------------------------------------------
+
+
+class Runner:
+    """Runs one client of a served share; ``measure`` answers allocated GiB and the share of throughput."""
+
+    gpu: str | None = None
+    total_gib = 0
+
+    def measure(self, env: dict[str, str], gpu: str, limit_gib: float, compute: bool) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def concurrent(self, envs: Sequence[dict[str, str]], gpu: str) -> list[float | None]:
+        raise NotImplementedError
+
+
+class StandinRunner(Runner):
+    def __init__(self, total_gib: int) -> None:
+        self.total_gib = total_gib
+
+    def measure(self, env: dict[str, str], gpu: str, limit_gib: float, compute: bool) -> dict[str, Any]:
+        from kubegpu_standins.mps_control import connect_client
+
+        got = connect_client(env, [gpu])
+        if not got["mps"]:  # no daemon behind the pipe: the whole GPU, as the H200 showed
+            return {"allocated_gib": self.total_gib, "share": 1.0, "mps": False}
+        mib = got["memory_limit_mib"].get(gpu)
+        alloc = self.total_gib if mib is None else min(self.total_gib, int(mib // 1024))
+        return {"allocated_gib": alloc, "share": got["thread_percentage"] / 100, "mps": True}
+
+    def concurrent(self, envs: Sequence[dict[str, str]], gpu: str) -> list[float | None]:
+        return [None for _ in envs]  # throughput is not something a stand-in can measure
+
+
+class CudaRunner(Runner):
+    def __init__(self, gpu_model: str, total_gib: int, seconds: float = 2.0) -> None:
+        self.gpu = gpu_model
+        self.total_gib = total_gib
+        self.seconds = seconds
+        self.baseline: float | None = None
+
+    def _spawn(self, env: dict[str, str], gpu: str, cap: int, seconds: float, start: float | None = None
+               ) -> subprocess.Popen[str]:
+        full = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
+        full.update(env, CUDA_VISIBLE_DEVICES=gpu, BENCH_CAP_GIB=str(cap), BENCH_SECONDS=str(seconds))
+        if start is not None:
+            full["BENCH_START"] = str(start)
+        return subprocess.Popen([sys.executable, "-c", CLIENT], env=full, stdout=subprocess.PIPE, text=True)
+
+    @staticmethod
+    def _result(p: subprocess.Popen[str]) -> dict[str, Any]:
+        out, _ = p.communicate(timeout=120)
+        try:
+            got: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return {"allocated_gib": 0, "tflops": None, "error": f"client said {out[-300:]!r}"}
+        return got
+
+    def measure(self, env: dict[str, str], gpu: str, limit_gib: float, compute: bool) -> dict[str, Any]:
+        cap = min(self.total_gib, int(limit_gib) + 8)  # enough to show an excess, not a full fill each time
+        got = self._result(self._spawn(env, gpu, cap, self.seconds if compute else 0))
+        if got.get("error"):
+            log(f"client error: {got['error']}")
+        share = None
+        if got.get("tflops") and self.baseline:
+            share = got["tflops"] / self.baseline
+        return {"allocated_gib": got["allocated_gib"], "share": share, "tflops": got.get("tflops"),
+                "error": got.get("error", "")}
+
+    def concurrent(self, envs: Sequence[dict[str, str]], gpu: str) -> list[float | None]:
+        start = time.time() + 8  # every client starts its timed loop at once, after CUDA is up
+        procs = [self._spawn(e, gpu, 0, self.seconds, start) for e in envs]
+        return [self._result(p).get("tflops") for p in procs]
+
+
+def detect_gpu() -> tuple[Any, str, int] | None:
+    """(NVML backend, model, memory GiB) of GPU 0, or None without an NVIDIA GPU and PyTorch."""
+    try:
+        import torch  # type: ignore[import-not-found]  # noqa: F401
+
+        from kubegpu.inventory.nvml import NvmlBackend
+
+        backend = NvmlBackend(node_name=NODE)
+        inv = backend.discover()
+    except Exception as exc:
+        log(f"no GPU run ({type(exc).__name__}: {exc}); using the stand-in")
+        return None
+    if not inv.gpus:
+        return None
+    g = inv.gpus[0]
+    return backend, g.model, g.memory_bytes // GIB
+
+
+# ----- kubegpu's answers ---------------------------------------------------------------------------
+
+
+class Records:
+    """The scheduler's record for the next pending container (one at a time, as the bench asks)."""
+
+    def __init__(self) -> None:
+        self.core, self.memory = 25, 16 * GIB
+
+    def resolve(self, resource: str, device_ids: Sequence[str]) -> Any:
+        from kubegpu.node.resolver import GpuShare, ResolvedAllocation
+
+        if resource != SLOTS:
+            return None
+        gpus = tuple(GpuShare(i.split("::")[0], 0, self.core, self.memory) for i in device_ids)
+        return ResolvedAllocation(gpus, pod="bench/p", container="c")
+
+    def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str],
+                  size: int) -> Sequence[str] | None:
+        return None
+
+
+@contextmanager
+def node_daemon(backend_factory: Callable[[], Any], work: Path, flags: dict[str, str], resolver: Any = None
+                ) -> Iterator[tuple[Any, Any]]:
+    from kubegpu.node.daemon import NodeDaemon
+    from kubegpu.node.options import load_node_options
+    from kubegpu_standins.kubelet import StandinKubelet
+
+    plugin_dir = work / "dp"
+    kubelet = StandinKubelet(plugin_dir)
+    kubelet.start()
+    settings = {"cdi_dir": str(work / "cdi"), "mig_minors_file": str(work / "mig-minors")}
+    d = NodeDaemon(backend_factory(), lambda: load_node_options(flags, {}, settings=settings,
+                                                                 plugin_dir=str(plugin_dir)), resolver=resolver)
+    d.start()
+    try:
+        yield d, kubelet
+    finally:
+        d.stop()
+        kubelet.stop()
+
+
+def _served(label: str, path: str, resp: Any, core: int, memory: int) -> Served:
+    env = dict(resp.envs)
+    return Served(label, path, env.get("KUBEGPU_VISIBLE_GPUS", ""), core, memory, env,
+                  {m.container_path: m.host_path for m in resp.mounts})
+
+
+@contextmanager
+def dra_share(backend_factory: Callable[[], Any], work: Path, mps_root: str, binary: str, core: int,
+              memory: int) -> Iterator[Served]:
+    """The DRA driver prepares one consumable-capacity share; its answer is the claim's CDI spec."""
+    from kubegpu.model.quantity import format_bytes
+    from kubegpu.node.dra.daemon import DraDaemon, DraOptions
+    from kubegpu.node.dra.names import DRIVER, TYPE_SHARED
+    from kubegpu.node.dra.prepare import cdi_spec_path
+    from kubegpu.node.dra.slices import DraSettings
+
+    settings = DraSettings(node_name=NODE, shared_gpus=None, mps=True, mps_root=mps_root, mps_binary=binary)
+    opts = DraOptions(settings=settings, plugins_dir=str(work / "plugins"), registry_dir=str(work / "registry"),
+                      cdi_dir=str(work / "cdi-dra"))
+    claims: dict[str, dict[str, Any]] = {}
+
+    class Reader:
+        def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+            return claims[name]
+
+    d = DraDaemon(backend_factory(), opts, None, reader=Reader())
+    d.start()
+    try:
+        dev = next(x for x in d.table().values() if x.type == TYPE_SHARED)
+        claims["share"] = {"metadata": {"uid": "bench-claim-uid", "name": "share", "namespace": "bench"},
+                           "status": {"allocation": {"devices": {"results": [{
+                               "driver": DRIVER, "pool": NODE, "device": dev.name, "request": "gpu",
+                               "shareID": "bench-share",
+                               "consumedCapacity": {"compute": str(core), "memory": format_bytes(memory)}}]}}}}
+        assert d.preparer is not None
+        d.preparer.prepare("bench", "bench-claim-uid", "share")
+        spec = json.loads(cdi_spec_path(opts.cdi_dir, "bench-claim-uid").read_text())
+        edits = spec["containerEdits"]
+        env = dict(e.split("=", 1) for e in edits["env"])
+        mounts = {m["containerPath"]: m["hostPath"] for m in edits.get("mounts", [])}
+        yield Served(f"dra {core}%/{memory // GIB}GiB", "prepare", dev.gpu_uuid, core, memory, env, mounts)
+    finally:
+        d.stop()
+
+
+# ----- the checks ----------------------------------------------------------------------------------
+
+
+def daemon_answers(binary: str, pipe: str) -> bool:
+    if not pipe or not os.path.isdir(pipe):
+        return False
+    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": pipe}
+    try:
+        p = subprocess.run([binary], input="get_server_list\n", env=env, capture_output=True, text=True,
+                           timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return p.returncode == 0
+
+
+def run(standin: bool) -> dict[str, Any]:
+    from kubegpu.inventory.fake import FakeBackend
+    from kubegpu_standins.mps_control import install
+
+    t_start = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="kgbe-", dir="/tmp"))  # unix socket paths stay short
+    mps_root = str(work / "mps")
+    found = None if standin else detect_gpu()
+    runner: Runner
+    if found is None:
+        topo = work / "h200.yaml"
+        topo.write_text("name: bench\nnode: {cpu: 16, memory: 128Gi}\ngpus:\n"
+                        "- {model: NVIDIA H200, memoryMiB: 143771, computeCapability: \"9.0\"}\n")
+
+        def backend_factory() -> Any:
+            return FakeBackend(str(topo), node_name=NODE)
+
+        binary = install(work)
+        runner = StandinRunner(143771 // 1024)
+    else:
+        from kubegpu.inventory.nvml import NvmlBackend
+        from kubegpu.node.mps import find_binary
+
+        _, model, total_gib = found
+
+        def backend_factory() -> Any:
+            return NvmlBackend(node_name=NODE)
+
+        real = find_binary("/")
+        if real is None:
+            raise SystemExit("a GPU but no nvidia-cuda-mps-control: cannot check enforcement")
+        binary = real
+        runner = CudaRunner(model, total_gib)
+    served: list[Served] = []
+    void = 0
+    results: list[dict[str, Any]] = []
+    two_ratio: float | None = None
+    try:
+        if isinstance(runner, CudaRunner):
+            from kubegpu.node.mps import MpsManager, share_spec
+
+            gpu0 = backend_factory().discover().gpus[0]
+            base = MpsManager(binary, str(work / "mps-base"))  # its own root: the node daemons do not restart it
+            b = base.serve(share_spec([(gpu0.uuid, 100, gpu0.memory_bytes)]))
+            env = {k: v for k, v in b.env}
+            env["CUDA_MPS_PIPE_DIRECTORY"] = b.mounts[0][0]
+            tf = runner._result(runner._spawn(env, gpu0.uuid, 0, runner.seconds)).get("tflops")
+            runner.baseline = tf
+            log(f"one client alone through an unlimited MPS server: {tf} TFLOP/s")
+            base.stop()
+
+        flags = {"shared-slots": "16", "share-enforcement": "mps", "mps-control-binary": binary,
+                 "mps-root": mps_root, "fail-on-init-error": "true"}
+        rec = Records()
+        with node_daemon(backend_factory, work / "a", flags, rec) as (d, kubelet):
+            assert kubelet.wait_registered(SLOTS, timeout_s=10)
+            for core, mem in ((25, 16), (25, 16), (50, 32)):
+                rec.core, rec.memory = core, mem * GIB
+                resp = kubelet.allocate(SLOTS, 1).response
+                served.append(_served(f"share {core}%/{mem}GiB", "allocate", resp, core, mem * GIB))
+            dra = dra_share(backend_factory, work / "dra", mps_root, binary, 30, 12 * GIB)
+            with dra as claim:
+                served.append(claim)
+                log(f"served {len(served)} shares; daemons: {[s.name for s in d.mps.states()]}")
+                results += check_all(runner, served)
+                for s in served:
+                    if any(k.startswith(("CUDA_MPS_", "KUBEGPU_GPU_")) for k in s.env):
+                        pipe = s.mounts.get(s.env.get("CUDA_MPS_PIPE_DIRECTORY", ""), "")
+                        void += not daemon_answers(binary, pipe)
+            # Two 50 % shares of one shape at once: one server, concurrent kernels.
+            rec.core, rec.memory = 50, 32 * GIB
+            second = _served("share 50%/32GiB", "allocate", kubelet.allocate(SLOTS, 1).response, 50, 32 * GIB)
+            pair = next(s for s in served if s.core == 50), second
+            tflops = runner.concurrent([p.host_env() for p in pair], pair[0].gpu)
+            if all(t is not None for t in tflops) and isinstance(runner, CudaRunner) and runner.baseline:
+                two_ratio = sum(t for t in tflops if t is not None) / runner.baseline
+                log(f"two 50% shares at once: {tflops} TFLOP/s, ratio {two_ratio:.2f}")
+            # A daemon that stops answering (and cannot start again): its shape is refused, its GPU's slots
+            # are Unhealthy; once it starts again the shape is served through it again.
+            assert d.mps is not None
+            (entry,) = [e for e in d.mps._entries.values() if e.spec.describe().startswith("25% / 16384M")]
+            entry.control.quit()
+            entry.control.binary = str(work / "missing")
+            d.mps.supervise()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not kubelet.unhealthy(SLOTS):
+                time.sleep(0.05)
+            rec.core, rec.memory = 25, 16 * GIB
+            try:
+                refused = kubelet.allocate(SLOTS, 1).response
+                void += 1  # served while its daemon was down: a limit nothing enforces
+                log(f"served while the daemon was down: {dict(refused.envs)}")
+            except Exception as exc:
+                log(f"refused while the daemon was down, as it must be: {str(exc)[:160]}")
+            entry.control.binary, entry.next_try = binary, 0.0
+            d.mps.supervise()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and kubelet.unhealthy(SLOTS):
+                time.sleep(0.05)
+            again = kubelet.allocate(SLOTS, 1).response
+            s = _served("share 25%/16GiB after restart", "allocate", again, 25, 16 * GIB)
+            void += not daemon_answers(binary, s.mounts.get(s.env.get("CUDA_MPS_PIPE_DIRECTORY", ""), ""))
+            results += check_all(runner, [s], compute=False)
+            served.append(s)
+        mflags = {"mps-control-binary": binary, "mps-root": mps_root, "config-file": str(work / "mps.yaml")}
+        (work / "mps.yaml").write_text("version: v1\nsharing:\n  mps:\n    resources:\n"
+                                       "    - name: nvidia.com/gpu\n      replicas: 4\n")
+        with node_daemon(backend_factory, work / "b", mflags) as (d, kubelet):
+            assert kubelet.wait_registered("nvidia.com/gpu", timeout_s=10)
+            resp = kubelet.allocate("nvidia.com/gpu", 1).response
+            total = backend_factory().discover().gpus[0].memory_bytes
+            s = _served("MPS replica 1/4", "allocate", resp, 25, total // 4)
+            void += not daemon_answers(binary, s.mounts.get(s.env.get("CUDA_MPS_PIPE_DIRECTORY", ""), ""))
+            results += check_all(runner, [s])
+            served.append(s)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    over = max((r["over_gib"] for r in results), default=0.0)
+    comp = [r["compute_error_points"] for r in results if r["compute_error_points"] is not None]
+    return {
+        "gpu": runner.gpu,
+        "mode": "cuda" if runner.gpu else "stand-in (limits as the stand-in server grants them; no throughput)",
+        "shares_tested": len(served),
+        "memory_over_limit_gib": round(over, 2),
+        "compute_error_points": round(max(comp), 1) if comp else None,
+        "env_raise_escapes": sum(1 for r in results if r["raised"] and r["escaped"]),
+        "void_limits_served": void,
+        "two_share_throughput_ratio": None if two_ratio is None else round(two_ratio, 3),
+        "clients": results,
+        "seconds": round(time.monotonic() - t_start, 1),
+    }
+
+
+def check_all(runner: Runner, served: Sequence[Served], compute: bool = True) -> list[dict[str, Any]]:
+    out = []
+    for s in served:
+        limit_gib = s.memory_bytes / GIB
+        for raised in (False, True):
+            env = s.host_env(**({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100",
+                                 "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={runner.total_gib + 8}G"} if raised else {}))
+            got = runner.measure(env, s.gpu, limit_gib, compute)
+            over = max(0.0, got["allocated_gib"] - limit_gib)
+            err = None if got.get("share") is None or not compute else abs(got["share"] * 100 - s.core)
+            escaped = over > 0 or (err is not None and got["share"] * 100 > s.core + 5)
+            row = {"share": s.label, "path": s.path, "raised_env": raised, "raised": raised,
+                   "granted_core": s.core, "limit_gib": round(limit_gib, 2), "allocated_gib": got["allocated_gib"],
+                   "measured_share_pct": None if got.get("share") is None else round(got["share"] * 100, 1),
+                   "over_gib": over, "compute_error_points": err, "escaped": escaped}
+            log(json.dumps(row))
+            out.append(row)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--standin", action="store_true", help="use the stand-in even where a GPU is present")
+    args = ap.parse_args()
+    result = run(args.standin)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    threading.excepthook = lambda a: log(f"thread {a.thread}: {a.exc_value}")
+    main()
