@@ -332,7 +332,8 @@ def build_view(
         for g in inv.gpus:
             if model is not None and model.lower() not in g.model.lower():
                 continue
-            hs = holders[g.uuid]
+            # Sorted, so both sources (records listed by the API server, the extender's map) print alike.
+            hs = sorted(holders[g.uuid], key=lambda h: (h.pod, h.container, h.mig_uuid or ""))
             if namespace is not None and hs and not any(h.pod.startswith(f"{namespace}/") for h in hs):
                 continue
             migs = tuple(MigView(m.uuid, m.index, m.profile, m.memory_bytes, m.healthy,
