@@ -67,6 +67,7 @@ def main() -> dict[str, object]:
     ap.add_argument("--mode", choices=("direct", "production", "recorded"), default="direct")
     ap.add_argument("--ack-lag", type=int, default=0,
                     help="production: pods placed before a bound pod's acknowledgement is seen")
+    ap.add_argument("--variants", default="A,B,C,D", help="recorded: which of the configurations A-D to run")
     args = ap.parse_args()
     if args.mode == "production":
         return production(args)
@@ -225,17 +226,32 @@ def recorded(args: argparse.Namespace) -> dict[str, object]:
     base = scheduler_config(Values(kube_version="1.36"))
     base.pop("percentageOfNodesToScore", None)
     out: dict[str, object] = {}
+    capacity = nodes.total_gpus * MILLI
+    wanted = set(args.variants.split(","))
     for variant, (profile, measured) in RECORDED.items():
+        if variant[0] not in wanted:
+            continue
         model = profile_model({**base, "profiles": [profile]}, (1, 36), "kubegpu-scheduler")
         got, turned = run_model(nodes, pods, order, args.policy, model, args.seed, 0)
         node_pct, gpu_pct, differ = agreement(sim.placements, got.placements, nodes.names)
         out[variant] = {"model_node_agreement_pct": round(node_pct, 3), "recorded_node_agreement_pct": measured,
                         "model_gpu_agreement_pct": round(gpu_pct, 3), "gpu_pods_turned_away": turned,
                         "first_differing_pod": differ[0] if differ else None,
-                        "first_pods": [p[0] if p else None for p in got.placements[:2]]}
+                        "first_pods": [p[0] if p else None for p in got.placements[:2]],
+                        "first_turned_away": next((k for k, p in enumerate(got.placements) if p is None), None),
+                        "unallocated_pct_at_end": unallocated_at_end(pods, order, got.placements, capacity)}
         print(f"{variant}: {out[variant]}", file=sys.stderr, flush=True)
     return {"mode": "recorded", "pods": len(order), "simulator_first_pods": [
-        nodes.names[p[0]] if p else None for p in sim.placements[:2]], "variants": out}
+        nodes.names[p[0]] if p else None for p in sim.placements[:2]],
+        "simulator_first_turned_away": next((k for k, p in enumerate(sim.placements) if p is None), None),
+        "simulator_unallocated_pct_at_end": unallocated_at_end(pods, order, sim.placements, capacity),
+        "variants": out}
+
+
+def unallocated_at_end(pods: list, order: list[int], placements: list, capacity: int) -> float:
+    """100 - allocated GPU % after the last pod (the recording's figure where arrivals never reach 100 %)."""
+    placed = sum(pods[i].demand.gpu_milli_total for i, p in zip(order, placements, strict=True) if p is not None)
+    return round(100.0 - 100.0 * placed / capacity, 3)
 
 
 if __name__ == "__main__":
