@@ -122,9 +122,9 @@ def main() -> dict[str, object]:
 
 
 def run_model(nodes: TraceNodes, pods: list, order: list[int], policy: str, model: ProfileModel, seed: int,
-              ack_lag: int) -> tuple[ReplayOutcome, int]:
+              ack_lag: int) -> tuple[ReplayOutcome, int, int]:
     """One replay through the extender with kube-scheduler modelled by ``model``; (outcome, GPU pods turned
-    away)."""
+    away, pods tried again once acknowledgements came)."""
     with tempfile.TemporaryDirectory() as tmp:
         api, ext = start_replay_cluster(nodes, Path(tmp), policy)
         try:
@@ -133,7 +133,7 @@ def run_model(nodes: TraceNodes, pods: list, order: list[int], policy: str, mode
         finally:
             ext.stop()
             api.stop()
-    return out, sched.turned_away
+    return out, sched.turned_away, sched.retried
 
 
 def run_direct(nodes: TraceNodes, pods: list, order: list[int], policy: str) -> ReplayOutcome:
@@ -175,7 +175,7 @@ def production(args: argparse.Namespace) -> dict[str, object]:
     per_release: dict[str, dict[str, object]] = {}
     for release, model in models.items():
         if model.effective not in runs:
-            out, turned = run_model(nodes, pods, order, args.policy, model, args.seed, args.ack_lag)
+            out, turned, retried = run_model(nodes, pods, order, args.policy, model, args.seed, args.ack_lag)
             node_pct, gpu_pct, differ = agreement(sim.placements, out.placements, nodes.names)
             placed = [p is not None for p in out.placements]
             runs[model.effective] = {
@@ -183,6 +183,7 @@ def production(args: argparse.Namespace) -> dict[str, object]:
                 "production_gpu_agreement_pct": round(gpu_pct, 3),
                 "first_differing_pod": differ[0] if differ else None,
                 "gpu_pods_turned_away": turned,
+                "pods_waiting_for_acknowledgements": retried,
                 "turned_away_where_simulator_placed": sum(s and not p for s, p in zip(sim_placed, placed,
                                                                                         strict=True)),
                 "unallocated_pct_at_100": unallocated_at_100(pods, order, placed, capacity),
@@ -235,7 +236,7 @@ def recorded(args: argparse.Namespace) -> dict[str, object]:
         if variant[0] not in wanted:
             continue
         model = profile_model({**base, "profiles": [profile]}, (1, 36), "kubegpu-scheduler")
-        got, turned = run_model(nodes, pods, order, args.policy, model, args.seed, 0)
+        got, turned, _ = run_model(nodes, pods, order, args.policy, model, args.seed, 0)
         node_pct, gpu_pct, differ = agreement(sim.placements, got.placements, nodes.names)
         out[variant] = {"model_node_agreement_pct": round(node_pct, 3), "recorded_node_agreement_pct": measured,
                         "model_gpu_agreement_pct": round(gpu_pct, 3), "gpu_pods_turned_away": turned,
