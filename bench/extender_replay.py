@@ -67,6 +67,8 @@ def main() -> dict[str, object]:
     ap.add_argument("--mode", choices=("direct", "production", "recorded"), default="direct")
     ap.add_argument("--ack-lag", type=int, default=0,
                     help="production: pods placed before a bound pod's acknowledgement is seen")
+    ap.add_argument("--skip-direct", action="store_true", help="production: leave out the direct replay")
+    ap.add_argument("--variants", default="A,B,C,D", help="recorded: which of the configurations A-D to run")
     args = ap.parse_args()
     if args.mode == "production":
         return production(args)
@@ -120,9 +122,9 @@ def main() -> dict[str, object]:
 
 
 def run_model(nodes: TraceNodes, pods: list, order: list[int], policy: str, model: ProfileModel, seed: int,
-              ack_lag: int) -> tuple[ReplayOutcome, int]:
+              ack_lag: int) -> tuple[ReplayOutcome, int, int]:
     """One replay through the extender with kube-scheduler modelled by ``model``; (outcome, GPU pods turned
-    away)."""
+    away, pods tried again once acknowledgements came)."""
     with tempfile.TemporaryDirectory() as tmp:
         api, ext = start_replay_cluster(nodes, Path(tmp), policy)
         try:
@@ -131,7 +133,7 @@ def run_model(nodes: TraceNodes, pods: list, order: list[int], policy: str, mode
         finally:
             ext.stop()
             api.stop()
-    return out, sched.turned_away
+    return out, sched.turned_away, sched.retried
 
 
 def run_direct(nodes: TraceNodes, pods: list, order: list[int], policy: str) -> ReplayOutcome:
@@ -163,15 +165,17 @@ def production(args: argparse.Namespace) -> dict[str, object]:
         order = order[: args.pods]
     sim = replay(nodes, pods, args.policy, args.seed, learned=True, ties="name", record=True, order=order)
     sim_placed = [p is not None for p in sim.placements]
-    direct = run_direct(nodes, pods, order, args.policy)
-    direct_node, direct_gpu, _ = agreement(sim.placements, direct.placements, nodes.names)
-    print(f"direct: {direct.seconds:.1f} s, node agreement {direct_node:.3f} %", file=sys.stderr, flush=True)
+    direct_node = direct_gpu = float("nan")
+    if not args.skip_direct:
+        direct = run_direct(nodes, pods, order, args.policy)
+        direct_node, direct_gpu, _ = agreement(sim.placements, direct.placements, nodes.names)
+        print(f"direct: {direct.seconds:.1f} s, node agreement {direct_node:.3f} %", file=sys.stderr, flush=True)
     models = release_models()
     runs: dict[object, dict[str, object]] = {}
     per_release: dict[str, dict[str, object]] = {}
     for release, model in models.items():
         if model.effective not in runs:
-            out, turned = run_model(nodes, pods, order, args.policy, model, args.seed, args.ack_lag)
+            out, turned, retried = run_model(nodes, pods, order, args.policy, model, args.seed, args.ack_lag)
             node_pct, gpu_pct, differ = agreement(sim.placements, out.placements, nodes.names)
             placed = [p is not None for p in out.placements]
             runs[model.effective] = {
@@ -179,6 +183,7 @@ def production(args: argparse.Namespace) -> dict[str, object]:
                 "production_gpu_agreement_pct": round(gpu_pct, 3),
                 "first_differing_pod": differ[0] if differ else None,
                 "gpu_pods_turned_away": turned,
+                "pods_waiting_for_acknowledgements": retried,
                 "turned_away_where_simulator_placed": sum(s and not p for s, p in zip(sim_placed, placed,
                                                                                         strict=True)),
                 "unallocated_pct_at_100": unallocated_at_100(pods, order, placed, capacity),
@@ -194,8 +199,8 @@ def production(args: argparse.Namespace) -> dict[str, object]:
         "nodes": len(nodes.names),
         "gpu_pods": len(order),
         "ack_lag": args.ack_lag,
-        "direct_node_agreement_pct": round(direct_node, 3),
-        "direct_gpu_agreement_pct": round(direct_gpu, 3),
+        "direct_node_agreement_pct": None if args.skip_direct else round(direct_node, 3),
+        "direct_gpu_agreement_pct": None if args.skip_direct else round(direct_gpu, 3),
         "simulator_unallocated_pct_at_100": unallocated_at_100(pods, order, sim_placed, capacity),
         "simulator_gpu_pods_turned_away": sum(not p for p in sim_placed),
         "production_node_agreement_pct": min(float(r["production_node_agreement_pct"])  # type: ignore[arg-type]
@@ -225,17 +230,32 @@ def recorded(args: argparse.Namespace) -> dict[str, object]:
     base = scheduler_config(Values(kube_version="1.36"))
     base.pop("percentageOfNodesToScore", None)
     out: dict[str, object] = {}
+    capacity = nodes.total_gpus * MILLI
+    wanted = set(args.variants.split(","))
     for variant, (profile, measured) in RECORDED.items():
+        if variant[0] not in wanted:
+            continue
         model = profile_model({**base, "profiles": [profile]}, (1, 36), "kubegpu-scheduler")
-        got, turned = run_model(nodes, pods, order, args.policy, model, args.seed, 0)
+        got, turned, _ = run_model(nodes, pods, order, args.policy, model, args.seed, 0)
         node_pct, gpu_pct, differ = agreement(sim.placements, got.placements, nodes.names)
         out[variant] = {"model_node_agreement_pct": round(node_pct, 3), "recorded_node_agreement_pct": measured,
                         "model_gpu_agreement_pct": round(gpu_pct, 3), "gpu_pods_turned_away": turned,
                         "first_differing_pod": differ[0] if differ else None,
-                        "first_pods": [p[0] if p else None for p in got.placements[:2]]}
+                        "first_pods": [p[0] if p else None for p in got.placements[:2]],
+                        "first_turned_away": next((k for k, p in enumerate(got.placements) if p is None), None),
+                        "unallocated_pct_at_end": unallocated_at_end(pods, order, got.placements, capacity)}
         print(f"{variant}: {out[variant]}", file=sys.stderr, flush=True)
     return {"mode": "recorded", "pods": len(order), "simulator_first_pods": [
-        nodes.names[p[0]] if p else None for p in sim.placements[:2]], "variants": out}
+        nodes.names[p[0]] if p else None for p in sim.placements[:2]],
+        "simulator_first_turned_away": next((k for k, p in enumerate(sim.placements) if p is None), None),
+        "simulator_unallocated_pct_at_end": unallocated_at_end(pods, order, sim.placements, capacity),
+        "variants": out}
+
+
+def unallocated_at_end(pods: list, order: list[int], placements: list, capacity: int) -> float:
+    """100 - allocated GPU % after the last pod (the recording's figure where arrivals never reach 100 %)."""
+    placed = sum(pods[i].demand.gpu_milli_total for i, p in zip(order, placements, strict=True) if p is not None)
+    return round(100.0 - 100.0 * placed / capacity, 3)
 
 
 if __name__ == "__main__":

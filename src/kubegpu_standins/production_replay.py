@@ -14,7 +14,9 @@ The handoff wait stays on, as deployed. The node's acknowledgement is modelled a
 ``kubegpu.io/device-assigned`` with the GPUs it served, which are the record's. ``ack_lag`` is how many
 later pods kube-scheduler places before that acknowledgement is seen (0: the kubelet is faster than the
 arrivals; each acknowledgement is waited for until the extender has taken it in, so nothing depends on
-timing).
+timing). A pod that no node takes only because nodes wait for acknowledgements is tried again once they
+have come (kube-scheduler requeues it on the pod update that carries them); otherwise it is turned away and
+deleted, as the simulator drops it.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from kubegpu_standins.kube_scheduler_model import (
 from kubegpu_standins.trace_scheduler import HEADERS, NAMESPACE, ReplayOutcome, trace_pod
 
 MAX_PODS = 1000
+HANDOFF_REASON = "is being handed to the kubelet"  # the extender's filter reason (scheduler/accounting.py)
 ACK_WAIT_S = 30.0
 
 
@@ -77,6 +80,7 @@ class ProductionScheduler:
         self.record_key = self.ledger.record_key
         ext.call(lambda: setattr(self.ledger, "handoff_wait", True))
         self.turned_away = 0
+        self.retried = 0  # pods tried again after waiting for acknowledgements
 
     def _post(self, verb: str, body: Any, out: ReplayOutcome) -> Any:
         start = time.perf_counter()
@@ -115,33 +119,18 @@ class ProductionScheduler:
         pod = self.api.put_object(trace_pod(name, tp))
         cached = {key: v for key, v in pod.items() if key not in ("kind", "apiVersion")}
         asks = self._asks(tp)
-        passes = self.pods < MAX_PODS
-        for r, q in asks.items():
-            if q:
-                passes &= self.requested[r] + q <= self.alloc[r]
-        found = self.search.feasible(passes, self.model.nodes_to_find(len(self.names)))
-        found = found[self.rng.permutation(len(found))]  # the parallel search fills its array in no order
-        names = [self.names[j] for j in found]
-        interested = self.model.interested([r for r, q in asks.items() if q and r not in ("cpu", "memory")])
-        if interested and names:
-            passed = self._post("filter", {"Pod": cached, "Nodes": None, "NodeNames": names}, out)
-            if passed.get("Error"):
-                raise RuntimeError(f"filter error: {passed['Error']}")
-            names = list(passed.get("NodeNames") or [])
-        if not names:
+        node, held_back = self._choose(cached, asks, out)
+        while node is None and held_back and self.unacked:
+            # Unschedulable only because nodes wait for acknowledgements: kube-scheduler requeues the pod on
+            # the next pod update (the acknowledgement) and tries again. The acknowledgements come.
+            self.retried += 1
+            while self.unacked:
+                self._acknowledge(*self.unacked.popleft())
+            node, held_back = self._choose(cached, asks, out)
+        if node is None:
             self.api.store.delete(self.api.kind("pods"), NAMESPACE, name)
             self.turned_away += tp.demand.count > 0
             return None
-        node = names[0]
-        if len(names) > 1:
-            rows = np.array([self.index[n] for n in names])
-            ext_scores = None
-            if interested and self.model.extender_prioritizes:
-                got = {h["Host"]: int(h["Score"]) for h in
-                       self._post("prioritize", {"Pod": cached, "Nodes": None, "NodeNames": names}, out)}
-                ext_scores = np.array([got.get(n, 0) for n in names], np.int64)
-            node = names[select_host(total_scores(self.model, self._plugin_scores(rows, asks), ext_scores),
-                                     self.rng)]
         meta = pod["metadata"]
         result = self._post("bind", {"PodName": name, "PodNamespace": NAMESPACE, "PodUID": meta["uid"],
                                      "Node": node}, out)
@@ -159,6 +148,37 @@ class ProductionScheduler:
         if value:
             self.unacked.append((name, node))
         return node, minors
+
+    def _choose(self, cached: dict[str, Any], asks: dict[str, int], out: ReplayOutcome) -> tuple[str | None, bool]:
+        """One scheduling cycle: (the node chosen or None, whether some node failed only for the handoff)."""
+        passes = self.pods < MAX_PODS
+        for r, q in asks.items():
+            if q:
+                passes &= self.requested[r] + q <= self.alloc[r]
+        found = self.search.feasible(passes, self.model.nodes_to_find(len(self.names)))
+        found = found[self.rng.permutation(len(found))]  # the parallel search fills its array in no order
+        names = [self.names[j] for j in found]
+        interested = self.model.interested([r for r, q in asks.items() if q and r not in ("cpu", "memory")])
+        held_back = False
+        if interested and names:
+            passed = self._post("filter", {"Pod": cached, "Nodes": None, "NodeNames": names}, out)
+            if passed.get("Error"):
+                raise RuntimeError(f"filter error: {passed['Error']}")
+            names = list(passed.get("NodeNames") or [])
+            held_back = any(HANDOFF_REASON in why for why in (passed.get("FailedNodes") or {}).values())
+        if not names:
+            return None, held_back
+        node = names[0]
+        if len(names) > 1:
+            rows = np.array([self.index[n] for n in names])
+            ext_scores = None
+            if interested and self.model.extender_prioritizes:
+                got = {h["Host"]: int(h["Score"]) for h in
+                       self._post("prioritize", {"Pod": cached, "Nodes": None, "NodeNames": names}, out)}
+                ext_scores = np.array([got.get(n, 0) for n in names], np.int64)
+            node = names[select_host(total_scores(self.model, self._plugin_scores(rows, asks), ext_scores),
+                                     self.rng)]
+        return node, held_back
 
     def _plugin_scores(self, rows: np.ndarray, asks: dict[str, int]) -> dict[str, np.ndarray]:
         """The modelled score plugins' scores of ``rows`` with the pod on them (only those the profile runs)."""

@@ -73,3 +73,25 @@ def test_ordered_sums_are_the_same_in_any_batch():
         assert weighted_sum(w, x[:, [j]])[0] == full[j]
         assert row_sum(y[[j]])[0] == rows[j]
         assert exact_dot(counts, ints[:, [j]])[0] == exact[j] == float((counts * ints[:, j]).sum())
+
+
+def test_fragment_weights_stay_exact_and_empty_workloads_score() -> None:
+    from collections import Counter
+
+    from kubegpu.placement import ClusterState, Demand, Workload
+    from kubegpu.placement.frag import FragCache, FragTerms, frag_delta_per_node, node_frag
+    from kubegpu.placement.ordered import EXACT_LIMIT
+    from kubegpu.placement.workload import workload_from_counts
+
+    c = ClusterState.from_arrays(["a", "b"], ["A100"] * 2, [8, 8], [96_000] * 2, [2**38] * 2)
+    empty = FragTerms.build(c, Workload((), np.zeros(0)))
+    assert node_frag(c, empty).tolist() == [8000.0, 8000.0]
+    assert frag_delta_per_node(c, empty, np.array([0, 1]), Demand.whole(2), None,
+                               FragCache(c, empty)).tolist() == [-2000.0, -2000.0]
+    # Counts far beyond any cluster: the weights are scaled down, integer-valued, and every sum stays exact.
+    small = workload_from_counts(Counter({Demand.whole(1, 4000): 5, Demand.share(500, cpu_milli=2000): 3}))
+    weight = np.array([10**15, 3], np.int64)
+    huge = Workload(small.shapes, weight / weight.sum(), small.every, small.every_freq, weight)
+    terms = FragTerms.build(c, huge)
+    assert np.array_equal(terms.weight, np.round(terms.weight)) and terms.weight.min() >= 1
+    assert terms.total * c.n_slots * 1000 * 4 <= EXACT_LIMIT

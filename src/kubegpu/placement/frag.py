@@ -80,7 +80,7 @@ def exact_weights(workload: Workload, slots: int) -> np.ndarray:
     # |sum| <= total * (largest free compute of a node) * 2 (before and after a placement).
     bound = float(weight.sum()) * max(slots, 1) * MILLI * 4
     if bound > EXACT_LIMIT:
-        weight = np.maximum(np.floor(weight * (EXACT_LIMIT / bound)), 1.0)
+        weight = np.maximum(np.floor(weight * (EXACT_LIMIT / (2 * bound))), 1.0)  # half: room for the ones
     return weight
 
 

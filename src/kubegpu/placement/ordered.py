@@ -27,7 +27,8 @@ EXACT_LIMIT = float(2**50)
 def exact_dot(weight: np.ndarray, x: np.ndarray) -> np.ndarray:
     """``weight @ x`` over the first axis, for integer-valued ``weight`` (T,) and integer ``x`` (T, ...) whose
     weighted sums stay below :data:`EXACT_LIMIT`: exact, hence the same bits in any batch and order."""
-    return np.asarray(weight @ np.asarray(x, np.float64).reshape(len(weight), -1)).reshape(x.shape[1:])
+    flat = np.asarray(x, np.float64).reshape(len(weight), int(np.prod(x.shape[1:], dtype=np.int64)))
+    return np.asarray(weight @ flat).reshape(x.shape[1:])
 
 
 def weighted_sum(weight: np.ndarray, x: np.ndarray) -> np.ndarray:
