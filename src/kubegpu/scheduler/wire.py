@@ -68,12 +68,18 @@ class ExtenderFilterResult(msgspec.Struct):
 
     def __post_init__(self) -> None:
         # kube-scheduler formats these into Events: worded for that (scheduler/reasons.py). Thousands of
-        # nodes per filter, few distinct reasons: map the cached rewording in C, no per-node Python frame.
-        self.FailedNodes = dict(zip(self.FailedNodes, map(readable, self.FailedNodes.values()), strict=True))
-        self.FailedAndUnresolvableNodes = dict(zip(self.FailedAndUnresolvableNodes,
-                                                   map(readable, self.FailedAndUnresolvableNodes.values()),
-                                                   strict=True))
+        # nodes per filter, few distinct reasons (mostly the same string objects): reword the distinct
+        # ones, and rebuild a map only when one of them changes.
+        self.FailedNodes = _readable_values(self.FailedNodes)
+        self.FailedAndUnresolvableNodes = _readable_values(self.FailedAndUnresolvableNodes)
         self.Error = readable(self.Error) if self.Error else ""
+
+
+def _readable_values(reasons: dict[str, str]) -> dict[str, str]:
+    distinct = set(reasons.values())
+    if all(readable(r) is r for r in distinct):
+        return reasons
+    return dict(zip(reasons, map(readable, reasons.values()), strict=True))
 
 
 class HostPriority(msgspec.Struct):
