@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import ctypes
 import http.client
-import os
 import json
+import os
 import re
 import socket
 import ssl

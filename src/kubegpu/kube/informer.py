@@ -80,8 +80,14 @@ class Informer:
     def __init__(self, client: AsyncClient, resource: type, handler: Callable[[WatchEvent], None], *,
                  namespace: str | None = "*", fields: Mapping[str, Any] | None = None,
                  labels: dict[str, str] | None = None, resync_s: float = 300.0,
-                 server_timeout_s: int = 240, backoff: Backoff | None = None, name: str = "") -> None:
+                 server_timeout_s: int = 240, backoff: Backoff | None = None, name: str = "",
+                 keep: Callable[[Any], Any] | None = None) -> None:
+        """``keep``: what the cache holds of each object (the object itself by default). It must keep the
+        metadata's name, namespace and resourceVersion, and whatever the handler reads of a deleted
+        object; a handler that keeps its own view passes a slim copy, since at cluster scale the cache
+        of full objects is most of the process's memory."""
         self._client = client
+        self._keep = keep or (lambda obj: obj)
         self._res = resource
         self._handler = handler
         self._namespace = namespace
@@ -125,7 +131,7 @@ class Informer:
             self.resource_version = listing.resourceVersion
         for key, obj in fresh.items():
             old = self.cache.get(key)
-            self.cache[key] = obj
+            self.cache[key] = self._keep(obj)
             if old is None:
                 self._deliver(WatchEvent(EventType.ADDED, obj))
             elif _rv(old) != _rv(obj):
@@ -151,7 +157,7 @@ class Informer:
                 self.cache.pop(key, None)
                 self._deliver(WatchEvent(EventType.DELETED, obj, old))
             elif kind in ("ADDED", "MODIFIED"):
-                self.cache[key] = obj
+                self.cache[key] = self._keep(obj)
                 typ = EventType.MODIFIED if old is not None else EventType.ADDED
                 self._deliver(WatchEvent(typ, obj, old))
 
