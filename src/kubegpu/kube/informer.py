@@ -74,6 +74,9 @@ class Backoff:
         self.failures = 0
 
 
+LIST_PAGE = 500
+
+
 class Informer:
     """Keeps a cache of one kind in step with the API server and tells the handler about changes."""
 
@@ -121,21 +124,23 @@ class Informer:
             log.exception("informer %s: handler failed on %s %s", self.name, event.type, event.key)
 
     async def relist(self) -> None:
-        """List everything and hand over the difference against the cache."""
-        listing: Any = self._client.list(self._res, **self._kw())
-        fresh: dict[str, Any] = {}
+        """List everything and hand over the difference against the cache. The list comes in pages
+        (``LIST_PAGE`` objects, as client-go's reflector asks) and each page is handed over as it comes,
+        so that only one page of full objects is alive at a time, whatever the cluster's size."""
+        listing: Any = self._client.list(self._res, chunk_size=LIST_PAGE, **self._kw())
+        fresh: set[str] = set()
         async for obj in listing:
-            fresh[object_key(obj)] = obj
-        self.relists += 1
-        with contextlib.suppress(NotReadyError):  # no version sent: the watch starts from "now"
-            self.resource_version = listing.resourceVersion
-        for key, obj in fresh.items():
+            key = object_key(obj)
+            fresh.add(key)
             old = self.cache.get(key)
             self.cache[key] = self._keep(obj)
             if old is None:
                 self._deliver(WatchEvent(EventType.ADDED, obj))
             elif _rv(old) != _rv(obj):
                 self._deliver(WatchEvent(EventType.MODIFIED, obj, old))
+        self.relists += 1
+        with contextlib.suppress(NotReadyError):  # no version sent: the watch starts from "now"
+            self.resource_version = listing.resourceVersion
         for key in [k for k in self.cache if k not in fresh]:
             old = self.cache.pop(key)
             self._deliver(WatchEvent(EventType.DELETED, old, old))
