@@ -108,6 +108,7 @@ class NameMemo:
     decoded in full (and, when it is at least as long, or the held list keeps missing, held next)."""
 
     MISSES_BEFORE_REPLACING = 8
+    MAX_HELD = 20_000  # names: 4x Kubernetes' largest supported cluster; a longer (hostile) list is not held
 
     def __init__(self) -> None:
         self._ring = b""  # the held list's inner bytes, twice, joined by a comma: every rotation is a slice
@@ -135,7 +136,8 @@ class NameMemo:
             raise WireError("not an ExtenderArgs JSON object: NodeNames is not an array of strings "
                             "(valid UTF-8)") from None
         self._misses += 1
-        if names and (len(names) >= len(self._names) // 2 or self._misses >= self.MISSES_BEFORE_REPLACING):
+        if 0 < len(names) <= self.MAX_HELD and (len(names) >= len(self._names) // 2
+                                                 or self._misses >= self.MISSES_BEFORE_REPLACING):
             self._hold(names, raw)
         return names
 
