@@ -26,6 +26,8 @@ def check(view: ClusterView, rng: random.Random) -> None:
         fresh = cluster.gpu_candidates(d)
         kept = view.mirror.candidates(d)
         assert np.array_equal(kept, fresh) and not kept.flags.writeable
+        counts = view.mirror.candidate_counts(d)
+        assert np.array_equal(counts, fresh.sum(axis=1)) and not counts.flags.writeable
         rows = np.array(rng.sample(range(cluster.n_nodes), rng.randint(1, cluster.n_nodes)), np.int64)
         assert view.mirror.reasons.insufficient(cluster, rows, d, kept) == insufficient(cluster, rows, d)
         assert view.mirror.reasons.insufficient(cluster, rows, d) == insufficient(cluster, rows, d)
