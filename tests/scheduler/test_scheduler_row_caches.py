@@ -1,6 +1,6 @@
 """The filter's kept per-node work: the reasons a node cannot take a demand (``ReasonCache``, by row
-version) and the GPU candidates shared by a pod's verbs (``ArrayMirror.candidates``, by layout and
-epoch) answer exactly what computing them afresh answers, through holds, releases, new and removed
+version) and the GPU candidates and their per-node counts (``ArrayMirror.candidates``, by layout and row
+version) answer exactly what computing them afresh answers, through holds, releases, new and removed
 nodes."""
 
 from __future__ import annotations
