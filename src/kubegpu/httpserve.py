@@ -152,6 +152,13 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._in_headers = False
         self._disarm()  # the headers arrived: the app bounds the body
         super().on_headers_complete()
+        if self.cycle is not None and not isinstance(self.cycle.transport, _HeadHolder):
+            self.cycle.transport = _HeadHolder(self.transport, self.cycle)  # type: ignore[assignment]
+
+    def on_response_complete(self) -> None:
+        if self.cycle is not None and isinstance(self.cycle.transport, _HeadHolder):
+            self.cycle.transport.flush()
+        super().on_response_complete()
 
     def on_message_complete(self) -> None:
         self._in_headers = True  # the next bytes start the next request's headers
@@ -167,6 +174,41 @@ class GuardedHttpTools(HttpToolsProtocol):
             self.transport.abort()  # idle: no TLS close-notify round trip to wait for
         else:
             self.cycle.keep_alive = False
+
+
+class _HeadHolder:
+    """One response's transport as its cycle sees it: the status line and headers are held until the
+    first body bytes (or the response's end) and leave with them in one write. uvicorn writes them
+    apart: two sends, and over TLS two records, per answer, which cost more than a small answer itself.
+    Everything else (a ``100 Continue``, closing, flow control) reaches the transport unchanged."""
+
+    def __init__(self, transport: asyncio.Transport, cycle: Any) -> None:
+        self._transport = transport
+        self._cycle = cycle
+        self._held = b""
+        self._head_seen = False
+
+    def write(self, data: bytes) -> None:
+        if not self._head_seen and self._cycle.response_started:
+            self._head_seen = True  # the first write once the response started is its head
+            if self._cycle.scope["method"] != "HEAD":  # a HEAD answer has no body to carry it
+                self._held = data
+                return
+        if self._held:
+            data, self._held = self._held + data, b""
+        self._transport.write(data)
+
+    def flush(self) -> None:
+        if self._held:
+            held, self._held = self._held, b""
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 def protocol_class(limits: ServeLimits) -> type[GuardedHttpTools]:

@@ -1,6 +1,6 @@
 """The filter's kept per-node work: the reasons a node cannot take a demand (``ReasonCache``, by row
-version) and the GPU candidates shared by a pod's verbs (``ArrayMirror.candidates``, by layout and
-epoch) answer exactly what computing them afresh answers, through holds, releases, new and removed
+version) and the GPU candidates and their per-node counts (``ArrayMirror.candidates``, by layout and row
+version) answer exactly what computing them afresh answers, through holds, releases, new and removed
 nodes."""
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ def check(view: ClusterView, rng: random.Random) -> None:
         fresh = cluster.gpu_candidates(d)
         kept = view.mirror.candidates(d)
         assert np.array_equal(kept, fresh) and not kept.flags.writeable
+        counts = view.mirror.candidate_counts(d)
+        assert np.array_equal(counts, fresh.sum(axis=1)) and not counts.flags.writeable
         rows = np.array(rng.sample(range(cluster.n_nodes), rng.randint(1, cluster.n_nodes)), np.int64)
         assert view.mirror.reasons.insufficient(cluster, rows, d, kept) == insufficient(cluster, rows, d)
         assert view.mirror.reasons.insufficient(cluster, rows, d) == insufficient(cluster, rows, d)

@@ -65,3 +65,11 @@ def test_names_no_kubernetes_object_can_have_are_refused_held_or_not() -> None:
                 b'{"Pod": {}, "NodeNames": {"a": 1}}'):
         with pytest.raises(WireError):
             decode_args(bad, memo)
+
+
+def test_lists_longer_than_any_cluster_are_decoded_but_not_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(NameMemo, "MAX_HELD", 10)
+    memo = NameMemo()
+    first = decode_args(body(NODES), memo).NodeNames
+    again = decode_args(body(NODES), memo).NodeNames
+    assert first == again == NODES and again is not None and first is not None and again[0] is not first[0]

@@ -74,14 +74,23 @@ class Backoff:
         self.failures = 0
 
 
+LIST_PAGE = 500
+
+
 class Informer:
     """Keeps a cache of one kind in step with the API server and tells the handler about changes."""
 
     def __init__(self, client: AsyncClient, resource: type, handler: Callable[[WatchEvent], None], *,
                  namespace: str | None = "*", fields: Mapping[str, Any] | None = None,
                  labels: dict[str, str] | None = None, resync_s: float = 300.0,
-                 server_timeout_s: int = 240, backoff: Backoff | None = None, name: str = "") -> None:
+                 server_timeout_s: int = 240, backoff: Backoff | None = None, name: str = "",
+                 keep: Callable[[Any], Any] | None = None) -> None:
+        """``keep``: what the cache holds of each object (the object itself by default). It must keep the
+        metadata's name, namespace and resourceVersion, and whatever the handler reads of a deleted
+        object; a handler that keeps its own view passes a slim copy, since at cluster scale the cache
+        of full objects is most of the process's memory."""
         self._client = client
+        self._keep = keep or (lambda obj: obj)
         self._res = resource
         self._handler = handler
         self._namespace = namespace
@@ -115,21 +124,23 @@ class Informer:
             log.exception("informer %s: handler failed on %s %s", self.name, event.type, event.key)
 
     async def relist(self) -> None:
-        """List everything and hand over the difference against the cache."""
-        listing: Any = self._client.list(self._res, **self._kw())
-        fresh: dict[str, Any] = {}
+        """List everything and hand over the difference against the cache. The list comes in pages
+        (``LIST_PAGE`` objects, as client-go's reflector asks) and each page is handed over as it comes,
+        so that only one page of full objects is alive at a time, whatever the cluster's size."""
+        listing: Any = self._client.list(self._res, chunk_size=LIST_PAGE, **self._kw())
+        fresh: set[str] = set()
         async for obj in listing:
-            fresh[object_key(obj)] = obj
-        self.relists += 1
-        with contextlib.suppress(NotReadyError):  # no version sent: the watch starts from "now"
-            self.resource_version = listing.resourceVersion
-        for key, obj in fresh.items():
+            key = object_key(obj)
+            fresh.add(key)
             old = self.cache.get(key)
-            self.cache[key] = obj
+            self.cache[key] = self._keep(obj)
             if old is None:
                 self._deliver(WatchEvent(EventType.ADDED, obj))
             elif _rv(old) != _rv(obj):
                 self._deliver(WatchEvent(EventType.MODIFIED, obj, old))
+        self.relists += 1
+        with contextlib.suppress(NotReadyError):  # no version sent: the watch starts from "now"
+            self.resource_version = listing.resourceVersion
         for key in [k for k in self.cache if k not in fresh]:
             old = self.cache.pop(key)
             self._deliver(WatchEvent(EventType.DELETED, old, old))
@@ -151,7 +162,7 @@ class Informer:
                 self.cache.pop(key, None)
                 self._deliver(WatchEvent(EventType.DELETED, obj, old))
             elif kind in ("ADDED", "MODIFIED"):
-                self.cache[key] = obj
+                self.cache[key] = self._keep(obj)
                 typ = EventType.MODIFIED if old is not None else EventType.ADDED
                 self._deliver(WatchEvent(typ, obj, old))
 

@@ -171,7 +171,7 @@ async def bounded_filter(view: ClusterView, pod: Mapping[str, Any], names: Seque
         return refused_outcome(names, why)
     request = parse_pod(pod)
     if not request.ok or not request.wants_gpu or (simple_demand(request) is not None and not requires_nvlink(pod)):
-        return view.filter(pod, names, gpu_policy)
+        return view.filter(pod, names, gpu_policy, request)
     share = share or LoopShare()
     with share.expensive_work():
         return await _exact(view, pod, request, names, gpu_policy, limits, clock, share)

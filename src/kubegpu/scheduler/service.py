@@ -21,6 +21,8 @@ from typing import Any
 
 from lightkube import AsyncClient
 from lightkube import operators as op
+from lightkube.models.core_v1 import PodSpec
+from lightkube.models.meta_v1 import ObjectMeta
 
 from kubegpu import httpserve
 from kubegpu.httpserve import BoundedServer, ServeLimits, server_context
@@ -78,6 +80,24 @@ def pod_handler(view: ClusterView) -> Any:
     return on_pod
 
 
+def tombstone(obj: Any) -> Any:
+    """What the extender's informers keep of an object: its identity and version, and for a pod the
+    record annotations and node its handler reads when the pod goes (node_handler, device_handler and
+    pod_handler read nothing else of a deleted object). The view holds what it needs; full objects
+    would be most of the extender's memory at scale (a Device object is ~27 KB in lightkube's
+    models, a pod ~4 KB)."""
+    meta = obj.metadata
+    slim = ObjectMeta(name=meta.name, namespace=meta.namespace, uid=meta.uid, resourceVersion=meta.resourceVersion)
+    if isinstance(obj, Pod):
+        ann = meta.annotations or {}
+        slim.annotations = {k: ann[k] for k in (A.DEVICE_ALLOCATED, A.DEVICE_ASSIGNED) if k in ann} or None
+        node = obj.spec.nodeName if obj.spec else None
+        return Pod(metadata=slim, spec=PodSpec(containers=[], nodeName=node))
+    if isinstance(obj, Node):
+        return Node(metadata=slim)
+    return type(obj)(metadata=slim)
+
+
 @dataclass
 class ExtenderService:
     """The informers and the extender app around one view and one API client."""
@@ -95,11 +115,13 @@ class ExtenderService:
         self.view = ClusterView()
         self.settled = asyncio.Event()  # the first lists are in and the view is warmed up (_settle_memory)
         self.informers = [
-            Informer(self.client, Node, node_handler(self.view), resync_s=self.resync_s, name="nodes"),
-            Informer(self.client, Device, device_handler(self.view), resync_s=self.resync_s, name="devices"),
+            Informer(self.client, Node, node_handler(self.view), resync_s=self.resync_s, name="nodes",
+                     keep=tombstone),
+            Informer(self.client, Device, device_handler(self.view), resync_s=self.resync_s, name="devices",
+                     keep=tombstone),
             # Only bound pods hold GPUs; unbound ones are the extender's own assumptions.
             Informer(self.client, Pod, pod_handler(self.view), fields={"spec.nodeName": op.not_equal("")},
-                     resync_s=self.resync_s, name="pods"),
+                     resync_s=self.resync_s, name="pods", keep=tombstone),
         ]
         self.extender = Extender(self.view, self.client, node_policy=self.node_policy,
                                  gpu_policy=self.gpu_policy, ready=self.ready, limits=self.limits,

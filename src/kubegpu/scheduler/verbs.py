@@ -63,8 +63,11 @@ class Verbs:
     exact_fit_enough: int
 
     # ---- filter ----------------------------------------------------------------------------------
-    def filter(self, pod: Mapping[str, Any], names: Sequence[str], gpu_policy: str) -> FilterOutcome:
-        request = parse_pod(pod)
+    def filter(self, pod: Mapping[str, Any], names: Sequence[str], gpu_policy: str,
+               request: PodRequest | None = None) -> FilterOutcome:
+        """``request``: ``parse_pod(pod)`` when the caller has it."""
+        if request is None:
+            request = parse_pod(pod)
         passed: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
@@ -148,7 +151,7 @@ class Verbs:
             reasons["insufficient-gpu"] += int(short.sum())
             ok = ok & ~short
         candidates = np.flatnonzero(ok)
-        need = pod_demand(request, pod)
+        need = pod_demand_
         for done, i in enumerate(candidates):
             n = names_known[i]
             if len(passed) >= self.exact_fit_enough:
@@ -216,10 +219,10 @@ class Verbs:
             return [0] * len(names)
         cluster = self.mirror.cluster
         all_rows = self.mirror.rows_of(names, remember=False)
-        if request.wants_gpu and simple_demand(request) is None and pod_demand(request, pod).count == 0:
+        demand = pod_demand(request, pod)
+        if request.wants_gpu and simple_demand(request) is None and demand.count == 0:
             # MIG or replicas only: no array demand to score; every known node is as good.
             return np.where(all_rows >= 0, 5, 0).tolist()
-        demand = pod_demand(request, pod)
         known = np.flatnonzero(all_rows >= 0)
         scores = np.full(len(names), 0 if request.wants_gpu else MAX_PRIORITY, np.int64)
         if len(known):
@@ -278,7 +281,8 @@ class Verbs:
             if requires_nvlink(pod) and not _linked(rec, alloc):
                 return None, f"node {node}: no free set of GPUs is fully NVLink-connected for this pod"
             return alloc, f"{node}: fits"
-        cpu, mem = pod_demand(request, pod).cpu_milli, pod_demand(request, pod).memory_bytes
+        need = pod_demand(request, pod)
+        cpu, mem = need.cpu_milli, need.memory_bytes
         result = fit(rec.state, for_node(request, rec), cpu, mem, gpu_policy=policy, ctx=ctx)
         if not result.ok or result.choice is None:
             return None, result.reason

@@ -68,12 +68,18 @@ class ExtenderFilterResult(msgspec.Struct):
 
     def __post_init__(self) -> None:
         # kube-scheduler formats these into Events: worded for that (scheduler/reasons.py). Thousands of
-        # nodes per filter, few distinct reasons: map the cached rewording in C, no per-node Python frame.
-        self.FailedNodes = dict(zip(self.FailedNodes, map(readable, self.FailedNodes.values()), strict=True))
-        self.FailedAndUnresolvableNodes = dict(zip(self.FailedAndUnresolvableNodes,
-                                                   map(readable, self.FailedAndUnresolvableNodes.values()),
-                                                   strict=True))
+        # nodes per filter, few distinct reasons (mostly the same string objects): reword the distinct
+        # ones, and rebuild a map only when one of them changes.
+        self.FailedNodes = _readable_values(self.FailedNodes)
+        self.FailedAndUnresolvableNodes = _readable_values(self.FailedAndUnresolvableNodes)
         self.Error = readable(self.Error) if self.Error else ""
+
+
+def _readable_values(reasons: dict[str, str]) -> dict[str, str]:
+    distinct = set(reasons.values())
+    if all(readable(r) is r for r in distinct):
+        return reasons
+    return dict(zip(reasons, map(readable, reasons.values()), strict=True))
 
 
 class HostPriority(msgspec.Struct):
@@ -102,6 +108,7 @@ class NameMemo:
     decoded in full (and, when it is at least as long, or the held list keeps missing, held next)."""
 
     MISSES_BEFORE_REPLACING = 8
+    MAX_HELD = 20_000  # names: 4x Kubernetes' largest supported cluster; a longer (hostile) list is not held
 
     def __init__(self) -> None:
         self._ring = b""  # the held list's inner bytes, twice, joined by a comma: every rotation is a slice
@@ -129,7 +136,8 @@ class NameMemo:
             raise WireError("not an ExtenderArgs JSON object: NodeNames is not an array of strings "
                             "(valid UTF-8)") from None
         self._misses += 1
-        if names and (len(names) >= len(self._names) // 2 or self._misses >= self.MISSES_BEFORE_REPLACING):
+        if 0 < len(names) <= self.MAX_HELD and (len(names) >= len(self._names) // 2
+                                                 or self._misses >= self.MISSES_BEFORE_REPLACING):
             self._hold(names, raw)
         return names
 
