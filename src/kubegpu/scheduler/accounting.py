@@ -276,8 +276,9 @@ class Ledger:
         assert records is not None
         # Waiting ends with the acknowledgement, or once the kubelet runs the pod (its Allocate calls are done,
         # whoever writes the acknowledgement and whenever it lands): a running pod never holds its kind up.
-        waiting = (request_shapes(parse_pod(pod), records.acks)
-                   if records.record is not None and phase != "Running" else frozenset())
+        # A pod bound here without a record (another scheduler's) waits too: its calls look like a recorded
+        # pod's of the same kind, and the node refuses both rather than guess.
+        waiting = request_shapes(parse_pod(pod), records.acks) if phase != "Running" else frozenset()
         if waiting:
             self._set_pending(node, key, waiting)
         elif self._drop_pending(node, key):
