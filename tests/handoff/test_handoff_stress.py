@@ -42,6 +42,7 @@ def assert_truthful(c: GpuCluster, names: set[str], forged: dict[str, str]) -> l
     assert checks
     for k in checks:
         assert not k.divergent, k
+        assert not k.swapped, k  # exactly its own record, never another pod's (issue 24)
         if k.outcome == "refused":
             assert k.reason.strip(), k  # the kubelet's message carries kubegpu's reason
         name = k.pod.split("/")[1]
