@@ -105,7 +105,12 @@ def lag_scenario(seed: int) -> dict[str, Any]:
         res = c.nodes["node-lag"].admitter.results
         lat = sorted(r.done_at - bound[r.pod.split("/", 1)[1]] for r in res.values()
                      if r.ok and r.pod.split("/", 1)[1] in bound)
-        checks = [k for k in c.check() if k.pod.split("/")[1] in names]
+        deadline = time.monotonic() + 60  # acknowledgements land a round trip (3 s) after the answers
+        while True:
+            checks = [k for k in c.check() if k.pod.split("/")[1] in names]
+            if not any(k.divergent for k in checks) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
         return {"settled": settled, "latencies": lat, "swapped": sum(k.swapped for k in checks),
                 "divergent": sum(k.divergent for k in checks), "over": c.overcommitted(),
                 "pairs": c.async_bind_pairs, "served": sum(k.outcome == "served" for k in checks)}
@@ -123,7 +128,12 @@ def burst_scenario(n: int, seed: int) -> dict[str, Any]:
         settled = c.settled(names, timeout_s=300)
         done = [r.done_at for node in c.nodes.values() for r in node.admitter.results.values()
                 if r.ok and r.pod.split("/", 1)[1] in names]
-        checks = [k for k in c.check() if k.pod.split("/")[1] in names]
+        deadline = time.monotonic() + 30  # the last acknowledgements land a round trip after the answers
+        while True:
+            checks = [k for k in c.check() if k.pod.split("/")[1] in names]
+            if not any(k.divergent for k in checks) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         return {"settled": settled and len(done) == n, "seconds": (max(done) - t0) if done else float("nan"),
                 "swapped": sum(k.swapped for k in checks), "divergent": sum(k.divergent for k in checks),
                 "over": c.overcommitted(), "pairs": c.async_bind_pairs, "served": len(done),
