@@ -6,6 +6,7 @@ entries per container (the recorded v1.24 kubelet lists one entry per device).""
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -215,3 +216,45 @@ def test_acknowledgements_are_signed_and_read_back() -> None:
     assert alloc is not None and alloc.grants()[0].uuid == GB  # the accounting follows the kubelet
     pod["metadata"]["annotations"][signing.ACK_SIGNATURE] = "f" * 64
     assert read_pod(pod, KEY).allocation().grants()[0].uuid == GA  # an unsigned ack is ignored
+
+
+def test_the_cache_answers_without_a_list_and_acknowledgements_follow_the_answer_until_they_land() -> None:
+    """Issue 24 item 4: GetPreferredAllocation and Allocate answer from the watched view (no LIST when it shows
+    the one waiting pod); the acknowledgement is written after the answer and retried through failures (a
+    validating webhook down) until it lands."""
+    import threading
+
+    from kubegpu.model.records import read_pod
+
+    lists: list[int] = []
+    release = threading.Event()
+    patches: list[dict[str, Any]] = []
+
+    class Client:
+        fails = 2
+
+        def patch(self, _kind: Any, name: str, body: dict[str, Any], **_kw: Any) -> None:
+            release.wait(10)  # the answer must not be waiting on this
+            if Client.fails:
+                Client.fails -= 1
+                raise RuntimeError('failed calling webhook "validate.kubegpu.io": connection refused')
+            patches.append(body)
+
+    r = HandoffResolver(NODE, key=KEY, client=Client(), refresh=lambda: lists.append(1) or [])  # type: ignore[arg-type]
+    assert r.acks is not None
+    r.acks.first_s = 0.01
+    r.observe(bound("p", SHARE, one(GA)))
+    assert r.preferred(R.GPU_SLOTS, [f"{GB}::0", f"{GA}::1"], [], 1) == [f"{GA}::1"]
+    got = r.resolve(R.GPU_SLOTS, [f"{GA}::1"])
+    assert got is not None and got.pod == "default/p" and lists == []  # answered before any write, no LIST
+    release.set()
+    deadline = time.monotonic() + 10
+    while not patches and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(patches) == 1 and r.acks.failures == 2  # refused twice, then it landed
+    meta = patches[0]["metadata"]
+    pod = bound("p", SHARE, one(GA))
+    pod["metadata"]["annotations"].update(meta["annotations"])
+    acks = read_pod(pod, KEY).acks
+    assert acks["c0"].devices == (f"{GA}::1",) and meta["uid"] == "uid-p"
+    r.close()
