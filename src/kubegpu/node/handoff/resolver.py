@@ -211,7 +211,9 @@ class HandoffResolver:
             return False
         self.metrics.consistent_reads.inc()
         try:
-            pods = list(self._refresh())
+            listed = self._refresh()
+            pods = list(listed)
+            snapshot = getattr(listed, "resource_version", None)
         except Exception as e:  # the API being down: decide from the local view (and refuse if unsure)
             log.warning("node %s: cannot list pods for the handoff: %s", self.node, e)
             return False
@@ -221,7 +223,11 @@ class HandoffResolver:
                 meta = p.get("metadata") or {}
                 present.add(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
                 self.observe(p)
-            for key in [k for k in self._pods if k not in present]:
+            # A pod the watch delivered while the LIST was on its way, newer than the LIST's snapshot, was bound
+            # after it: it is not gone (the watch races the LIST, see _decide).
+            cutoff = _rv(snapshot) if snapshot is not None else None
+            for key in [k for k in self._pods if k not in present
+                        and (cutoff is None or self._version.get(k, -1) <= cutoff)]:
                 uid = self._pods[key].uid
                 if uid:
                     self._bury(uid)  # bound pods leave a node only by being deleted
@@ -565,6 +571,12 @@ class HandoffResolver:
             return len(M.pending(self._pods.values(), self._served, resource, count))
 
 
+class Listed(list[dict[str, Any]]):
+    """A LIST's items and the resourceVersion of its snapshot."""
+
+    resource_version: str | None = None
+
+
 def make_resolver(client: Client, node: str, *, pod_resources_socket: str = POD_RESOURCES_SOCKET,
                   verify_interval_s: float = 30.0, registry: CollectorRegistry | None = None,
                   key: bytes | None = None, inventory: NodeInventory | None = None,
@@ -575,7 +587,13 @@ def make_resolver(client: Client, node: str, *, pod_resources_socket: str = POD_
     delays every watch event (tests and the benchmark: a node whose watch lags the kubelet's)."""
 
     def refresh() -> Iterable[dict[str, Any]]:
-        return [p.to_dict() for p in client.list(Pod, namespace="*", fields={"spec.nodeName": node})]
+        listing = client.list(Pod, namespace="*", fields={"spec.nodeName": node})
+        out = Listed(p.to_dict() for p in listing)
+        try:
+            out.resource_version = str(listing.resourceVersion)
+        except Exception:  # no list resourceVersion: every pod absent from the LIST is taken as gone
+            out.resource_version = None
+        return out
 
     resolver = HandoffResolver(node, client=client, refresh=refresh, metrics=HandoffMetrics(registry),
                                key=key if key is not None else signing.load_key(), inventory=inventory)
