@@ -264,8 +264,11 @@ class HandoffResolver:
         choice (Allocate), or None (GetPreferredAllocation: the one waiting pod is enough). Returns the
         entries and whether they come from a LIST just made."""
 
+        taken = self._kubelet_holds(resource)
+
         def waiting() -> list[Entry]:
-            return M.pending(self._pods.values(), self._served, resource, n)
+            return [e for e in M.pending(self._pods.values(), self._served, resource, n)
+                    if (e.pod_key, e.container) not in taken]
 
         def settled() -> list[Entry] | None:
             w = waiting()
@@ -301,6 +304,19 @@ class HandoffResolver:
         done.wait()
         with self._lock:
             return waiting(), True
+
+    def _kubelet_holds(self, resource: str) -> set[tuple[str, str]]:
+        """(pod, container) the kubelet already holds ``resource`` devices for (PodResources: its own word,
+        local, no API round trip): their calls are done, so their records wait for nothing, whatever this
+        node's view says (a pod served by an earlier process of this daemon whose acknowledgement was lost,
+        or whose Running phase the watch has not delivered yet)."""
+        if self.pod_resources is None:
+            return set()
+        try:
+            rows = self.pod_resources()
+        except Exception:  # the kubelet's socket unreachable: the view alone decides
+            return set()
+        return {(f"{ns}/{name}", c) for ns, name, c, res, ids in rows if c and res == resource and ids}
 
     def _expects_records(self, resource: str) -> bool:
         """Whether a call of ``resource`` may be a recorded pod's not in the cache yet: shares always are;
