@@ -56,6 +56,19 @@ DEFAULT_HANDOFF_WAIT_S = 7.0
 HANDOFF_POLL_S = 0.01
 
 
+def _handoff_wait_from_env() -> float:
+    raw = os.environ.get(HANDOFF_WAIT_S_ENV, "")
+    try:
+        value = float(raw) if raw else DEFAULT_HANDOFF_WAIT_S
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 60:
+        log.error("%s=%r is not a number of seconds in [0, 60]; using %g", HANDOFF_WAIT_S_ENV, raw,
+                  DEFAULT_HANDOFF_WAIT_S)
+        return DEFAULT_HANDOFF_WAIT_S
+    return value
+
+
 def _json(body: bytes, status: int = 200) -> Response:
     return Response(body, status_code=status, media_type="application/json")
 
@@ -77,8 +90,7 @@ class Extender:
         # How long a bind waits for its node to finish handing a pod of the same kind to the kubelet before it
         # fails (kube-scheduler then retries after its back-off): below kube-scheduler's extender httpTimeout
         # (the manifests render 10 s), so the answer always arrives before kube-scheduler gives up on it.
-        self.handoff_wait_s = handoff_wait_s if handoff_wait_s is not None else float(
-            os.environ.get(HANDOFF_WAIT_S_ENV, DEFAULT_HANDOFF_WAIT_S))
+        self.handoff_wait_s = handoff_wait_s if handoff_wait_s is not None else _handoff_wait_from_env()
         self.client = client
         self.node_policy = node_policy
         self.gpu_policy = gpu_policy
