@@ -111,6 +111,8 @@ class Ledger:
         # and the nodes each pod waits on (to find the rare pod that would otherwise wait on itself).
         self._kind_reasons: dict[tuple[str, int], dict[str, str]] = {}
         self._waits_on: dict[str, set[str]] = {}
+        # node -> binds waiting in the extender for their turn there (prioritize sends a pod to the shortest queue)
+        self.waiting_binds: dict[str, int] = {}
         # Off only where no kubegpu node serves the records (simulations, extender-only tests): there a
         # bound pod is never acknowledged and would hold its shape forever.
         self.handoff_wait = os.environ.get(HANDOFF_WAIT_ENV, "1") not in ("0", "false", "no")

@@ -286,13 +286,24 @@ class Extender:
         request = parse_pod(pod)
         if not request.wants_gpu:
             return ""
+        ledger = self.view.ledger
+        if ledger.handoff_blocked(pod, request).get(node) is None:
+            return ""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.handoff_wait_s
-        while (why := self.view.ledger.handoff_blocked(pod, request).get(node)) is not None:
-            if loop.time() >= deadline:
-                return f"{why}; not its turn within {self.handoff_wait_s:g} s, retried after back-off"
-            await asyncio.sleep(HANDOFF_POLL_S)
-        return ""
+        ledger.waiting_binds[node] = ledger.waiting_binds.get(node, 0) + 1
+        try:
+            while (why := ledger.handoff_blocked(pod, request).get(node)) is not None:
+                if loop.time() >= deadline:
+                    return f"{why}; not its turn within {self.handoff_wait_s:g} s, retried after back-off"
+                await asyncio.sleep(HANDOFF_POLL_S)
+            return ""
+        finally:
+            left = ledger.waiting_binds.get(node, 1) - 1
+            if left > 0:
+                ledger.waiting_binds[node] = left
+            else:
+                ledger.waiting_binds.pop(node, None)
 
     async def _bound_to(self, ns: str, name: str, node: str, value: str) -> bool:
         """After a 409 on the Binding: is the pod bound to ``node`` with our record (a retry that raced)?"""
