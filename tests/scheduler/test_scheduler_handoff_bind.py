@@ -87,3 +87,13 @@ def test_a_bind_that_waits_too_long_fails_with_the_reason(tmp_path: Path, monkey
     finally:
         cluster.ext.stop()
         cluster.api.stop()
+
+
+def test_prioritize_spreads_a_burst_away_from_nodes_handing_one_over() -> None:
+    from kubegpu.scheduler.verbs import away_from_handoffs
+
+    names = ["a", "b", "c"]
+    # b hands a pod of this kind over: a (which fits, however it scored) goes first; c does not fit.
+    assert away_from_handoffs(names, [0, 10, 0], {"b": "waiting"}, {"a", "b"}, {}) == [1, 0, 0]
+    # Every node it fits is busy: the shortest queue of waiting binds wins.
+    assert away_from_handoffs(names, [10, 3, 0], {"a": "w", "b": "w"}, {"a", "b"}, {"a": 4, "b": 1}) == [6, 9, 0]
