@@ -213,12 +213,14 @@ class ContainerCheck:
     record_core: str = ""
     replica: bool = False  # a time-slicing/MPS replica container: no record, served from its IDs
     own_gpus: tuple[str, ...] = ()  # the GPUs its own signed record names (before any acknowledgement)
+    own_core: str = ""  # and its compute per GPU (shares)
 
     @property
     def swapped(self) -> bool:
-        """Served, with a record of its own, on other GPUs than that record names: it got another pod's
-        record (or the kubelet's GPUs under its own record's amounts). Never allowed (docs/handoff.md)."""
-        return self.outcome == "served" and bool(self.own_gpus) and set(self.env_gpus) != set(self.own_gpus)
+        """Served, with a record of its own, other GPUs or other amounts than that record names: it got
+        another pod's record. Never allowed (docs/handoff.md)."""
+        return self.outcome == "served" and bool(self.own_gpus) and (
+            set(self.env_gpus) != set(self.own_gpus) or (self.own_core != "" and self.env_core != self.own_core))
 
     @property
     def divergent(self) -> bool:
@@ -549,6 +551,8 @@ class GpuCluster:
                     own = recs.record.for_container(name) if recs.record is not None else None
                     if own is not None:
                         chk.own_gpus = tuple(g.mig_uuid or g.uuid for g in own.grants)
+                        if R.GPU_SLOTS in limits:
+                            chk.own_core = ",".join(dict.fromkeys(str(g.core) for g in own.grants))
                     rec = alloc.for_container(name) if alloc is not None else None
                     if rec is not None:
                         chk.record_gpus = tuple(g.mig_uuid or g.uuid for g in rec.grants)

@@ -286,11 +286,17 @@ class Extender:
         request = parse_pod(pod)
         if not request.wants_gpu:
             return ""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.handoff_wait_s
+        while not self._ready():
+            # Who waits is rebuilt from the pods (records, acknowledgements, phases): before the first LIST is
+            # in (a restart), a pod waiting on the node is invisible and the rule would be guessed.
+            if loop.time() >= deadline:
+                return "the extender is still listing the cluster's pods (after a start); retried after back-off"
+            await asyncio.sleep(HANDOFF_POLL_S)
         ledger = self.view.ledger
         if ledger.handoff_blocked(pod, request).get(node) is None:
             return ""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.handoff_wait_s
         ledger.waiting_binds[node] = ledger.waiting_binds.get(node, 0) + 1
         try:
             while (why := ledger.handoff_blocked(pod, request).get(node)) is not None:
