@@ -105,6 +105,7 @@ class HandoffResolver:
         self.metrics = metrics or HandoffMetrics()
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)  # notified on every change of the view
+        self._suspect: set[tuple[str, int]] = set()  # kinds refused since the last LIST (see _decide)
         self._ack_lock = threading.Lock()
         self._pods: dict[str, PodView] = {}
         self._served: dict[tuple[str, str], Ack] = {}  # (uid, container) -> what this process served
@@ -277,10 +278,19 @@ class HandoffResolver:
             return None
 
         with self._lock:
-            found = settled()
-            stale = len(M.waiting_pods(waiting())) > 1
+            # After a refusal of this kind, the pod it failed may still show as waiting here while the
+            # extender, which saw it fail, has bound the next pod of the kind: the next call reads the API.
+            suspect = (resource, n) in self._suspect
+            found = None if suspect else settled()
+            stale = suspect or len(M.waiting_pods(waiting())) > 1
         if found is not None:
             return found, False
+        if suspect:
+            listed = self.consistent_read()
+            with self._lock:
+                if listed:
+                    self._suspect.discard((resource, n))
+                return waiting(), listed
         if stale or not self._expects_records(resource) or self._refresh is None:
             listed = self.consistent_read()
             with self._lock:
@@ -326,7 +336,14 @@ class HandoffResolver:
     def resolve(self, resource: str, device_ids: Sequence[str]) -> ResolvedAllocation | None:
         if not M.is_handoff_resource(resource):
             return None
-        ids = tuple(device_ids)
+        try:
+            return self._resolve(resource, tuple(device_ids))
+        except AllocationRefused:
+            with self._lock:
+                self._suspect.add((resource, len(device_ids)))
+            raise
+
+    def _resolve(self, resource: str, ids: tuple[str, ...]) -> ResolvedAllocation | None:
         gpus = M.kubelet_gpus(ids)
         waiting, _listed = self._decide(resource, len(ids), gpus)
         pods = M.waiting_pods(waiting)
