@@ -274,3 +274,21 @@ def test_after_a_refusal_the_next_call_of_that_kind_reads_the_api_server() -> No
     listed[:] = [bound("failed", SHARE, one(GA, 40), phase="Failed", rv=2), bound("next", SHARE, one(GA, 10))]
     got = r.resolve(R.GPU_SLOTS, [f"{GA}::3"])
     assert got is not None and got.pod == "default/next" and got.gpus[0].core_percent == 10
+
+
+def test_a_container_served_another_pods_record_is_reported_and_acknowledged_with_what_it_was_told() -> None:
+    """The one window the cache cannot close (a waiting pod deleted before its admission, the next pod of its
+    kind not in this node's view yet): PodResources shows who really holds what was served, and the
+    acknowledgement then carries the amounts the container was told, never silently its own record's."""
+    r = HandoffResolver(NODE, key=KEY)
+    r.observe(bound("deleted", SHARE, one(GA, 40)))
+    got = r.resolve(R.GPU_SLOTS, [f"{GA}::4"])
+    assert got is not None and got.pod == "default/deleted"  # the view's only waiting pod: in fact "next"'s call
+    r.observe(bound("next", SHARE, one(GA, 10)))
+    problems = r.verify([("default", "next", "c0", R.GPU_SLOTS, [f"{GA}::4"])])
+    assert len(problems) == 1 and "served as the record of default/deleted" in problems[0]
+    assert r.metrics.mismatches._value.get() == 1
+    with r._lock:
+        uid_next = r._pods["default/next"].uid
+        assert r._served[(uid_next, "c0")].grants[0].core == 40  # what it was told
+        assert ("uid-deleted", "c0") not in r._served

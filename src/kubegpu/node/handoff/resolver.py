@@ -534,6 +534,16 @@ class HandoffResolver:
                 log.error("handoff divergence on %s: pod %s: %s", self.node, d.pod_key, d.message)
                 self._event(d.pod_key, d.uid, "GpuHandoffMismatch",
                             d.message + "; the accounting now follows the kubelet")
+            if d.served_as is not None:
+                # What the container was told is the other record's: acknowledge that, so the accounting
+                # holds the amounts really given, and that record is no longer served.
+                with self._lock:
+                    given = self._served.pop(d.served_as, None)
+                    if given is not None:
+                        self._served[(d.uid, d.container)] = given
+                if given is not None:
+                    self._acknowledge(d.pod_key)
+                continue
             p = pods.get(d.pod_key)
             entry = next((e for e in p.entries if e.container == d.container), None) if p else None
             if entry is not None:
