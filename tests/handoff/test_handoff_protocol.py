@@ -284,9 +284,10 @@ def test_a_container_served_another_pods_record_is_reported_and_acknowledged_wit
     r.observe(bound("deleted", SHARE, one(GA, 40)))
     got = r.resolve(R.GPU_SLOTS, [f"{GA}::4"])
     assert got is not None and got.pod == "default/deleted"  # the view's only waiting pod: in fact "next"'s call
+    r.observe(bound("deleted", SHARE, one(GA, 40), rv=2), deleted=True)  # its end, delivered late
     r.observe(bound("next", SHARE, one(GA, 10)))
     problems = r.verify([("default", "next", "c0", R.GPU_SLOTS, [f"{GA}::4"])])
-    assert len(problems) == 1 and "served as the record of default/deleted" in problems[0]
+    assert len(problems) == 1 and "served as the record of a pod now gone" in problems[0]
     assert r.metrics.mismatches._value.get() == 1
     with r._lock:
         uid_next = r._pods["default/next"].uid

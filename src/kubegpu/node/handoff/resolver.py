@@ -55,6 +55,7 @@ from kubegpu.node.resolver import AllocationRefused, ResolvedAllocation
 log = logging.getLogger(__name__)
 
 
+GIVEN_KEPT = 4096  # records served, remembered until the kubelet shows who holds them (bounded)
 BYPASS_GRACE_S = 5.0  # a whole GPU served without a record counts as held until PodResources can show it
 
 
@@ -106,6 +107,10 @@ class HandoffResolver:
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)  # notified on every change of the view
         self._suspect: set[tuple[str, int]] = set()  # kinds refused since the last LIST (see _decide)
+        # (resource, device IDs) -> (uid, container, what was served) for every record served, kept past its
+        # pod's end until PodResources shows the devices on that container: who really holds them is what
+        # verification compares with (a container served another pod's record, see verify.compare).
+        self._given: dict[tuple[str, frozenset[str]], tuple[str, str, Ack]] = {}
         self._ack_lock = threading.Lock()
         self._pods: dict[str, PodView] = {}
         self._served: dict[tuple[str, str], Ack] = {}  # (uid, container) -> what this process served
@@ -377,6 +382,9 @@ class HandoffResolver:
                                         f"refused: {why}")
             ack = Ack(resource, ids, tuple(self._grant(entry, u) for u in gpus))
             self._served[(entry.uid, entry.container)] = ack
+            self._given[(resource, frozenset(ids))] = (entry.uid, entry.container, ack)
+            while len(self._given) > GIVEN_KEPT:
+                self._given.pop(next(iter(self._given)))
         self.metrics.matched.labels(resource).inc()
         self._acknowledge(entry.pod_key)  # after the answer, on the writer's thread, until it lands
         if self.verifier is not None:
@@ -515,7 +523,16 @@ class HandoffResolver:
         with self._lock:
             pods = dict(self._pods)
             served = dict(self._served)
-        divergent, bypass, unacked = compare(pods, served, grouped)
+        with self._lock:
+            given = dict(self._given)
+        divergent, bypass, unacked = compare(pods, served, grouped, given)
+        with self._lock:  # served to the container that holds them: nothing left to tell apart
+            for (_pod, container), per in grouped.items():
+                for resource, ids in per.items():
+                    told = self._given.get((resource, frozenset(ids)))
+                    if told is not None and told[1] == container and pods.get(_pod) is not None \
+                            and pods[_pod].uid == told[0]:
+                        del self._given[(resource, frozenset(ids))]
         out: list[str] = []
         for d in divergent:
             out.append(f"{d.pod_key}: {d.message}")
@@ -538,10 +555,11 @@ class HandoffResolver:
                 # What the container was told is the other record's: acknowledge that, so the accounting
                 # holds the amounts really given, and that record is no longer served.
                 with self._lock:
-                    given = self._served.pop(d.served_as, None)
-                    if given is not None:
-                        self._served[(d.uid, d.container)] = given
-                if given is not None:
+                    told = self._given.pop((d.resource, frozenset(d.kubelet_ids)), None)
+                    self._served.pop(d.served_as, None)
+                    if told is not None:
+                        self._served[(d.uid, d.container)] = told[2]
+                if told is not None:
                     self._acknowledge(d.pod_key)
                 continue
             p = pods.get(d.pod_key)

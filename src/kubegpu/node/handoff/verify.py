@@ -79,6 +79,7 @@ def served_gpus(ack: Ack) -> set[str]:
 
 def compare(pods: Mapping[str, PodView], served: Mapping[tuple[str, str], Ack],
             grouped: Mapping[tuple[str, str], Mapping[str, list[str]]],
+            given: Mapping[tuple[str, frozenset[str]], tuple[str, str, Ack]] | None = None,
             ) -> tuple[list[Divergence], list[Bypass], list[Bypass]]:
     """Divergences, whole GPUs held by pods without a record, and containers holding exactly their record
     that no acknowledgement names yet (served by an earlier process of this daemon whose write never landed:
@@ -93,6 +94,7 @@ def compare(pods: Mapping[str, PodView], served: Mapping[tuple[str, str], Ack],
             given_on.setdefault(frozenset(served_gpus(a)), set()).update(
                 (g.core, g.memory_bytes, g.memory_ratio) for g in a.grants)
     served_ids = {(a.resource, frozenset(a.devices)): k for k, a in served.items()}
+    served_ids.update({k: (uid, c) for k, (uid, c, _a) in (given or {}).items()})
     by_uid = {pv.uid: pv.key for pv in pods.values()}
     for (pod_key, container), per in grouped.items():
         p = pods.get(pod_key)
