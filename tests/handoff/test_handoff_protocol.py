@@ -260,16 +260,21 @@ def test_the_cache_answers_without_a_list_and_acknowledgements_follow_the_answer
     r.close()
 
 
-def test_after_a_refusal_the_next_call_of_that_kind_reads_the_api_server() -> None:
-    """A refused call fails its pod; the extender, seeing it fail, binds the next pod of the kind, which this
-    node's lagging watch may not show yet while it still shows the failed one waiting. The cache must not
+@pytest.mark.parametrize("how", ["refused here", "failed by a restarted kubelet"])
+def test_after_a_refusal_the_next_call_of_that_kind_reads_the_api_server(how: str) -> None:
+    """A refused call fails its pod (so does a restarted kubelet, for the pods it admitted before the plugins
+    registered again, without any call); the extender, seeing it fail, binds the next pod of the kind, which
+    this node's lagging watch may not show yet while it still shows the failed one waiting. The cache must not
     serve the failed pod's record to the new pod's call (issue 24: a share got another pod's amounts)."""
     failed = bound("failed", SHARE, one(GA, 40))
     listed: list[dict[str, Any]] = [failed]
     r = HandoffResolver(NODE, key=KEY, refresh=lambda: listed)
     r.observe(failed)
-    with pytest.raises(AllocationRefused):
-        r.resolve(R.GPU_SLOTS, [f"{GB}::0"])  # the kubelet chose GPUs no record names: "failed" fails
+    if how == "refused here":
+        with pytest.raises(AllocationRefused):
+            r.resolve(R.GPU_SLOTS, [f"{GB}::0"])  # the kubelet chose GPUs no record names: "failed" fails
+    else:
+        r.kubelet_registered(R.GPU_SLOTS)
     # The API server now: "failed" has failed, "next" is bound; this node's watch has shown neither.
     listed[:] = [bound("failed", SHARE, one(GA, 40), phase="Failed", rv=2), bound("next", SHARE, one(GA, 10))]
     got = r.resolve(R.GPU_SLOTS, [f"{GA}::3"])

@@ -107,6 +107,7 @@ class HandoffResolver:
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)  # notified on every change of the view
         self._suspect: set[tuple[str, int]] = set()  # kinds refused since the last LIST (see _decide)
+        self._suspect_all: set[str] = set()  # resources whose plugin (re)registered since the last LIST
         # (resource, device IDs) -> (uid, container, what was served) for every record served, kept past its
         # pod's end until PodResources shows the devices on that container: who really holds them is what
         # verification compares with (a container served another pod's record, see verify.compare).
@@ -285,7 +286,7 @@ class HandoffResolver:
         with self._lock:
             # After a refusal of this kind, the pod it failed may still show as waiting here while the
             # extender, which saw it fail, has bound the next pod of the kind: the next call reads the API.
-            suspect = (resource, n) in self._suspect
+            suspect = (resource, n) in self._suspect or resource in self._suspect_all
             found = None if suspect else settled()
             stale = suspect or len(M.waiting_pods(waiting())) > 1
         if found is not None:
@@ -295,6 +296,7 @@ class HandoffResolver:
             with self._lock:
                 if listed:
                     self._suspect.discard((resource, n))
+                    self._suspect_all.discard(resource)
                 return waiting(), listed
         if stale or not self._expects_records(resource) or self._refresh is None:
             listed = self.consistent_read()
@@ -319,6 +321,12 @@ class HandoffResolver:
         done.wait()
         with self._lock:
             return waiting(), True
+
+    def kubelet_registered(self, resource: str) -> None:
+        """The plugin of ``resource`` registered with a (maybe restarted) kubelet, which fails the pods it
+        admitted before that without any call here: the next call of the resource reads the API server."""
+        with self._lock:
+            self._suspect_all.add(resource)
 
     def _kubelet_holds(self, resource: str) -> set[tuple[str, str]]:
         """(pod, container) the kubelet already holds ``resource`` devices for (PodResources: its own word,
