@@ -274,7 +274,8 @@ def test_after_a_refusal_the_next_call_of_that_kind_reads_the_api_server(how: st
         with pytest.raises(AllocationRefused):
             r.resolve(R.GPU_SLOTS, [f"{GB}::0"])  # the kubelet chose GPUs no record names: "failed" fails
     else:
-        r.kubelet_registered(R.GPU_SLOTS)
+        r.kubelet_registered(R.GPU_SLOTS)  # at start
+        r.kubelet_registered(R.GPU_SLOTS)  # after the kubelet restarted
     # The API server now: "failed" has failed, "next" is bound; this node's watch has shown neither.
     listed[:] = [bound("failed", SHARE, one(GA, 40), phase="Failed", rv=2), bound("next", SHARE, one(GA, 10))]
     got = r.resolve(R.GPU_SLOTS, [f"{GA}::3"])

@@ -107,7 +107,8 @@ class HandoffResolver:
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)  # notified on every change of the view
         self._suspect: set[tuple[str, int]] = set()  # kinds refused since the last LIST (see _decide)
-        self._suspect_all: set[str] = set()  # resources whose plugin (re)registered since the last LIST
+        self._suspect_all: set[str] = set()  # resources whose plugin re-registered since the last LIST
+        self._registered: set[str] = set()
         # (resource, device IDs) -> (uid, container, what was served) for every record served, kept past its
         # pod's end until PodResources shows the devices on that container: who really holds them is what
         # verification compares with (a container served another pod's record, see verify.compare).
@@ -326,7 +327,9 @@ class HandoffResolver:
         """The plugin of ``resource`` registered with a (maybe restarted) kubelet, which fails the pods it
         admitted before that without any call here: the next call of the resource reads the API server."""
         with self._lock:
-            self._suspect_all.add(resource)
+            if resource in self._registered:
+                self._suspect_all.add(resource)
+            self._registered.add(resource)  # the first registration: this process's first LIST is fresher
 
     def _kubelet_holds(self, resource: str) -> set[tuple[str, str]]:
         """(pod, container) the kubelet already holds ``resource`` devices for (PodResources: its own word,
