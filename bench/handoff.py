@@ -16,7 +16,21 @@ devices, no record). Prints one JSON object as its last line: ``pods``, ``contai
 ``checkpoint_violations`` (target 0: devices held at a kubelet restart offered to another container),
 ``kubelet_restarts``, ``consistent_reads``, ``elapsed_s``.
 
-    .venv/bin/python bench/handoff.py [--bursts 6] [--pods 30] [--lag 2.0] [--seed 1]
+kube-scheduler is the stand-in's model of v1.36's queue (``kubegpu_standins.scheduler.SchedulingQueue``):
+asynchronous binds (the next pod is filtered before the previous bind reaches the extender), back-off 1 s
+doubling to 10 s after a failed bind, unschedulable pods requeued by any cluster event. Issue 24's keys:
+``async_bind_pairs`` (binds issued while a pod of the same shape on that node was bound and unacknowledged;
+target >= 20, the race is reproduced), ``swapped_records_served`` (containers served on other GPUs than their
+own record names; target 0), and two timed scenarios on fresh clusters:
+
+- ``admission_s_p50_at_lag``: one 8-GPU node whose daemon is 1.5 s behind the API server (1.5 s one way on
+  its API connection and its watch), 8 identical 25 % shares and 4 whole GPUs; per pod, seconds from its
+  bind to the kubelet's last ``Allocate`` answer (target <= 3 s);
+- ``burst_64_shares_s``: a Deployment-like burst of 64 identical 25 % shares on two 8-GPU nodes, 100 ms one
+  way between every component and the API server; seconds from the first create until every container has
+  its ``Allocate`` answer (target <= 30 s).
+
+    .venv/bin/python bench/handoff.py [--bursts 6] [--pods 30] [--lag 2.0] [--seed 1] [--burst-pods 64]
 """
 
 from __future__ import annotations
@@ -78,6 +92,58 @@ def burst(rng: random.Random, b: int, n: int, victim_gpu: str | None) -> tuple[l
     return pods, forged
 
 
+def lag_scenario(seed: int) -> dict[str, Any]:
+    """Per pod, bind -> the kubelet's last Allocate answer, with the node daemon 1.5 s behind."""
+    spec = NodeSpec("node-lag", "dgx-a100", watch_lag_s=1.5, api_latency_s=1.5)
+    with GpuCluster([spec], swap_prob=0.3, seed=seed) as c:
+        pods = [pod(f"lag-s{i}", share(25)) for i in range(8)] + [pod(f"lag-w{i}", whole(1)) for i in range(4)]
+        for p in pods:
+            c.create(p)
+        names = {p["metadata"]["name"] for p in pods}
+        settled = c.settled(names, timeout_s=240)
+        bound = {k.split("/", 1)[1]: t for t, k, _n in c.binds}
+        res = c.nodes["node-lag"].admitter.results
+        lat = sorted(r.done_at - bound[r.pod.split("/", 1)[1]] for r in res.values()
+                     if r.ok and r.pod.split("/", 1)[1] in bound)
+        deadline = time.monotonic() + 60  # acknowledgements land a round trip (3 s) after the answers
+        while True:
+            checks = [k for k in c.check() if k.pod.split("/")[1] in names]
+            if not any(k.divergent for k in checks) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        return {"settled": settled, "latencies": lat, "swapped": sum(k.swapped for k in checks),
+                "divergent": sum(k.divergent for k in checks), "over": c.overcommitted(),
+                "pairs": c.async_bind_pairs, "served": sum(k.outcome == "served" for k in checks)}
+
+
+def burst_scenario(n: int, seed: int) -> dict[str, Any]:
+    """``n`` identical 25 % shares on two 8-GPU nodes, 100 ms one way to the API server for everyone."""
+    specs = [NodeSpec(f"node-{x}", "dgx-a100", watch_lag_s=0.1) for x in ("p", "q")]
+    with GpuCluster(specs, swap_prob=0.3, seed=seed) as c:
+        c.api.latency_s = 0.1
+        t0 = time.monotonic()
+        for i in range(n):
+            c.create(pod(f"burst-{i}", share(25)))
+        names = {f"burst-{i}" for i in range(n)}
+        settled = c.settled(names, timeout_s=300)
+        done = [r.done_at for node in c.nodes.values() for r in node.admitter.results.values()
+                if r.ok and r.pod.split("/", 1)[1] in names]
+        deadline = time.monotonic() + 30  # the last acknowledgements land a round trip after the answers
+        while True:
+            checks = [k for k in c.check() if k.pod.split("/")[1] in names]
+            if not any(k.divergent for k in checks) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        return {"settled": settled and len(done) == n, "seconds": (max(done) - t0) if done else float("nan"),
+                "swapped": sum(k.swapped for k in checks), "divergent": sum(k.divergent for k in checks),
+                "over": c.overcommitted(), "pairs": c.async_bind_pairs, "served": len(done),
+                "bind_failures": c.queue.bind_failures, "attempts": c.queue.attempts}
+
+
+def p50(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2] if xs else float("nan")
+
+
 def p99(xs: list[float]) -> float:
     if not xs:
         return 0.0
@@ -92,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lag", type=float, default=2.0, help="the slowest node daemon's watch lag, seconds")
     ap.add_argument("--swap", type=float, default=0.4, help="probability of an adjacent admission swap")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--burst-pods", type=int, default=64, help="identical shares in the timed burst (0: skip)")
+    ap.add_argument("--no-lag-scenario", action="store_true", help="skip admission_s_p50_at_lag")
     args = ap.parse_args(argv)
     if args.bursts < 1 or args.pods < 1 or args.lag < 0 or not 0 <= args.swap <= 1:
         ap.error("--bursts and --pods must be positive, --lag >= 0, --swap in [0, 1]")
@@ -105,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
                       watch_lag_s=args.lag / 2)]
     out: dict[str, Any] = {"pods": 0, "containers": 0, "divergent": 0, "silent_divergent": 0,
                            "overcommitted_gpus": 0, "refused_without_reason": 0, "forged_served": 0,
-                           "refused": 0, "served": 0, "unschedulable": 0, "replica_containers": 0}
+                           "refused": 0, "served": 0, "unschedulable": 0, "replica_containers": 0,
+                           "swapped_records_served": 0, "async_bind_pairs": 0}
     t0 = time.monotonic()
     over: set[str] = set()
     on_replicated: set[str] = set()
@@ -178,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
             out["containers"] += len(checks)
             for k in checks:
                 name = k.pod.split("/")[1]
+                if k.swapped:
+                    out["swapped_records_served"] += 1
+                    print(f"swapped: {k}", file=sys.stderr)
                 if k.divergent:
                     out["divergent"] += 1
                     print(f"divergent: {k}", file=sys.stderr)
@@ -219,6 +291,29 @@ def main(argv: list[str] | None = None) -> int:
         out["node_daemon_restarts"] = sum(n.daemon_restarts for n in c.nodes.values())
         out["extender_restarts"] = c.extender_restarts
         out["kubelet_restarts"] = sum(n.kubelet_restarts for n in c.nodes.values())
+        out["async_bind_pairs"] += c.async_bind_pairs
+        out["bind_failures"] = c.queue.bind_failures
+        out["requeued_by_event"] = c.queue.requeued_by_event
+    if not args.no_lag_scenario:
+        lag = lag_scenario(args.seed)
+        print(f"lag scenario: {lag}", file=sys.stderr)
+        out["admission_s_p50_at_lag"] = round(p50(lag["latencies"]), 2)
+        out["admission_s_max_at_lag"] = round(max(lag["latencies"], default=float("nan")), 2)
+        out["lag_pods_served"] = lag["served"]
+        out["async_bind_pairs"] += lag["pairs"]
+        out["swapped_records_served"] += lag["swapped"]
+        out["divergent"] += lag["divergent"]
+        over.update(lag["over"])
+    if args.burst_pods > 0:
+        b = burst_scenario(args.burst_pods, args.seed)
+        print(f"burst scenario: { {k: v for k, v in b.items()} }", file=sys.stderr)
+        out["burst_64_shares_s" if args.burst_pods == 64 else f"burst_{args.burst_pods}_shares_s"] = round(
+            b["seconds"], 1) if b["settled"] else None
+        out["burst_bind_failures"] = b["bind_failures"]
+        out["async_bind_pairs"] += b["pairs"]
+        out["swapped_records_served"] += b["swapped"]
+        out["divergent"] += b["divergent"]
+        over.update(b["over"])
     out["overcommitted_gpus"] = len(over)
     out["records_on_replicated"] = len(on_replicated)
     out["double_held"] = len(double)

@@ -549,6 +549,9 @@ class ApiServer:
         from kubegpu_standins.dra_validation import admit as dra_admit
         self.store.admit = dra_admit
         self.bookmark_interval_s = bookmark_interval_s
+        # One-way network latency to every client (a request costs a round trip before it is handled; a watch
+        # pays it once when it opens): what the recorded runs had between the components and the API server.
+        self.latency_s = 0.0
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self.port = 0
@@ -650,6 +653,9 @@ class ApiServer:
         return Response("ok", media_type="text/plain")
 
     async def _dispatch(self, request: Request) -> Response:
+        if self.latency_s > 0:
+            watch = request.query_params.get("watch") in ("true", "1")
+            await asyncio.sleep(self.latency_s if watch else 2 * self.latency_s)
         try:
             return await self._handle(request)
         except ApiStatusError as e:

@@ -32,7 +32,8 @@ from kubegpu.inventory.fake import FakeBackend
 from kubegpu.kube import make_client
 from kubegpu.model import resources as R
 from kubegpu.model import signing
-from kubegpu.model.records import read_pod
+from kubegpu.model.records import read_pod, request_shapes
+from kubegpu.model.request import parse_pod
 from kubegpu.node.config import load_config
 from kubegpu.node.daemon import NodeDaemon
 from kubegpu.node.handoff import HandoffResolver, make_resolver
@@ -57,6 +58,34 @@ class NodeSpec:
     # The node's config file (``config-file``), e.g. a ``sharing.timeSlicing`` section: written to
     # the node's directory and named by the flag.
     config_yaml: str = ""
+    # One-way latency on the node daemon's own API connection (recorded: 1.5 s through a proxy): each of its
+    # requests costs a round trip; set ``watch_lag_s`` to the same value for its watch.
+    api_latency_s: float = 0.0
+
+
+class LaggedClient:
+    """A lightkube ``Client`` behind a slow link: every request waits a round trip (``2 × one_way_s``) before
+    it is sent, a watch waits one way before it opens (its events are delayed by the resolver's
+    ``watch_delay_s``)."""
+
+    REQUESTS = frozenset({"list", "get", "patch", "create", "replace", "delete", "apply"})
+
+    def __init__(self, client: Any, one_way_s: float) -> None:
+        self._client, self._one_way_s = client, one_way_s
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if name in self.REQUESTS:
+            def call(*args: Any, **kw: Any) -> Any:
+                time.sleep(2 * self._one_way_s)
+                return attr(*args, **kw)
+            return call
+        if name == "watch":
+            def watch(*args: Any, **kw: Any) -> Any:
+                time.sleep(self._one_way_s)
+                yield from attr(*args, **kw)
+            return watch
+        return attr
 
 
 class SimNode:
@@ -85,7 +114,9 @@ class SimNode:
                                     seed=seed).start()
 
     def _start_daemon(self) -> None:
-        client = make_client(self.kubeconfig)
+        client: Any = make_client(self.kubeconfig)
+        if self.spec.api_latency_s > 0:
+            client = LaggedClient(client, self.spec.api_latency_s)
         inv = self.backend.discover()
         self.resolver: HandoffResolver = make_resolver(
             client, self.name, pod_resources_socket=str(self.dir / "pr.sock"), verify_interval_s=0.3,
@@ -181,6 +212,15 @@ class ContainerCheck:
     env_core: str = ""
     record_core: str = ""
     replica: bool = False  # a time-slicing/MPS replica container: no record, served from its IDs
+    own_gpus: tuple[str, ...] = ()  # the GPUs its own signed record names (before any acknowledgement)
+    own_core: str = ""  # and its compute per GPU (shares)
+
+    @property
+    def swapped(self) -> bool:
+        """Served, with a record of its own, other GPUs or other amounts than that record names: it got
+        another pod's record. Never allowed (docs/handoff.md)."""
+        return self.outcome == "served" and bool(self.own_gpus) and (
+            set(self.env_gpus) != set(self.own_gpus) or (self.own_core != "" and self.env_core != self.own_core))
 
     @property
     def divergent(self) -> bool:
@@ -214,6 +254,9 @@ class GpuCluster:
         # kube-scheduler's extender HTTP timeout as rendered (10 s): a bind may wait for its node's handoff.
         self.bind_http = httpx.Client(timeout=10)
         self.binds: list[tuple[float, str, str]] = []  # (when the bind answered, pod, node)
+        # Binds issued while a pod of the same shape on that node was bound and not yet acknowledged (the
+        # asynchronous binding the recorded kube-scheduler did, 33-130 ms apart).
+        self.async_bind_pairs = 0
         self._pending_rv: dict[str, str] = {}
         self._assigned_rv: dict[str, str] = {}
         self._node_rv: dict[str, str] = {}
@@ -370,8 +413,26 @@ class GpuCluster:
             best = max(scores, key=lambda h: (h["Score"], h["Host"]))["Host"]
         return best
 
+    def _unacknowledged_alike(self, pod: Mapping[str, Any], node: str) -> int:
+        """Pods bound to ``node``, not running, with a container of ``pod``'s shape not acknowledged yet:
+        what a bind of ``pod`` issued now races (kube-scheduler does not wait for the handoff)."""
+        shapes = request_shapes(parse_pod(pod))
+        if not shapes:
+            return 0
+        n = 0
+        for p in self.api.objects("pods"):
+            if ((p.get("spec") or {}).get("nodeName") != node or p["metadata"].get("uid") == pod["metadata"].get("uid")
+                    or (p.get("status") or {}).get("phase") in ("Running", "Succeeded", "Failed")):
+                continue
+            if shapes & request_shapes(parse_pod(p), read_pod(p, self.key).acks):
+                n += 1
+        return n
+
     def _bind(self, key: str, pod: dict[str, Any], node: str) -> None:
         meta = pod["metadata"]
+        alike = self._unacknowledged_alike(pod, node)
+        with self._bind_lock:
+            self.async_bind_pairs += alike
         ext = self.ext
         try:
             if ext is None:
@@ -487,6 +548,11 @@ class GpuCluster:
                     chk.env_gpus = tuple(v for v in vis.split(",") if v)
                     chk.env_core = envs.get("KUBEGPU_GPU_CORE_PERCENT", "")
                     chk.kubelet_gpus = tuple(kub)
+                    own = recs.record.for_container(name) if recs.record is not None else None
+                    if own is not None:
+                        chk.own_gpus = tuple(g.mig_uuid or g.uuid for g in own.grants)
+                        if R.GPU_SLOTS in limits:
+                            chk.own_core = ",".join(dict.fromkeys(str(g.core) for g in own.grants))
                     rec = alloc.for_container(name) if alloc is not None else None
                     if rec is not None:
                         chk.record_gpus = tuple(g.mig_uuid or g.uuid for g in rec.grants)

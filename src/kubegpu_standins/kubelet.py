@@ -147,6 +147,7 @@ class PodAdmission:
     reason: str = ""
     containers: dict[str, dict[str, Allocation]] = field(default_factory=dict)
     seconds: float = 0.0
+    done_at: float = 0.0  # time.monotonic() when the last Allocate answered (or the admission failed)
 
 
 class _Registration(pb_grpc.RegistrationServicer):
@@ -681,6 +682,7 @@ class StandinKubelet:
             with self._cond:
                 self.holdings[key] = {}  # listed with its containers but no devices, as the kubelet does
         out.seconds = time.perf_counter() - t0
+        out.done_at = time.monotonic()
         with self._cond:
             self.admitted.append(out)
             self._cond.notify_all()

@@ -6,6 +6,7 @@ entries per container (the recorded v1.24 kubelet lists one entry per device).""
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -215,3 +216,86 @@ def test_acknowledgements_are_signed_and_read_back() -> None:
     assert alloc is not None and alloc.grants()[0].uuid == GB  # the accounting follows the kubelet
     pod["metadata"]["annotations"][signing.ACK_SIGNATURE] = "f" * 64
     assert read_pod(pod, KEY).allocation().grants()[0].uuid == GA  # an unsigned ack is ignored
+
+
+def test_the_cache_answers_without_a_list_and_acknowledgements_follow_the_answer_until_they_land() -> None:
+    """Issue 24 item 4: GetPreferredAllocation and Allocate answer from the watched view (no LIST when it shows
+    the one waiting pod); the acknowledgement is written after the answer and retried through failures (a
+    validating webhook down) until it lands."""
+    import threading
+
+    from kubegpu.model.records import read_pod
+
+    lists: list[int] = []
+    release = threading.Event()
+    patches: list[dict[str, Any]] = []
+
+    class Client:
+        fails = 2
+
+        def patch(self, _kind: Any, name: str, body: dict[str, Any], **_kw: Any) -> None:
+            release.wait(10)  # the answer must not be waiting on this
+            if Client.fails:
+                Client.fails -= 1
+                raise RuntimeError('failed calling webhook "validate.kubegpu.io": connection refused')
+            patches.append(body)
+
+    r = HandoffResolver(NODE, key=KEY, client=Client(), refresh=lambda: lists.append(1) or [])  # type: ignore[arg-type]
+    assert r.acks is not None
+    r.acks.first_s = 0.01
+    r.observe(bound("p", SHARE, one(GA)))
+    assert r.preferred(R.GPU_SLOTS, [f"{GB}::0", f"{GA}::1"], [], 1) == [f"{GA}::1"]
+    got = r.resolve(R.GPU_SLOTS, [f"{GA}::1"])
+    assert got is not None and got.pod == "default/p" and lists == []  # answered before any write, no LIST
+    release.set()
+    deadline = time.monotonic() + 10
+    while not patches and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(patches) == 1 and r.acks.failures == 2  # refused twice, then it landed
+    meta = patches[0]["metadata"]
+    pod = bound("p", SHARE, one(GA))
+    pod["metadata"]["annotations"].update(meta["annotations"])
+    acks = read_pod(pod, KEY).acks
+    assert acks["c0"].devices == (f"{GA}::1",) and meta["uid"] == "uid-p"
+    r.close()
+
+
+@pytest.mark.parametrize("how", ["refused here", "failed by a restarted kubelet"])
+def test_after_a_refusal_the_next_call_of_that_kind_reads_the_api_server(how: str) -> None:
+    """A refused call fails its pod (so does a restarted kubelet, for the pods it admitted before the plugins
+    registered again, without any call); the extender, seeing it fail, binds the next pod of the kind, which
+    this node's lagging watch may not show yet while it still shows the failed one waiting. The cache must not
+    serve the failed pod's record to the new pod's call (issue 24: a share got another pod's amounts)."""
+    failed = bound("failed", SHARE, one(GA, 40))
+    listed: list[dict[str, Any]] = [failed]
+    r = HandoffResolver(NODE, key=KEY, refresh=lambda: listed)
+    r.observe(failed)
+    if how == "refused here":
+        with pytest.raises(AllocationRefused):
+            r.resolve(R.GPU_SLOTS, [f"{GB}::0"])  # the kubelet chose GPUs no record names: "failed" fails
+    else:
+        r.kubelet_registered(R.GPU_SLOTS)  # at start
+        r.kubelet_registered(R.GPU_SLOTS)  # after the kubelet restarted
+    # The API server now: "failed" has failed, "next" is bound; this node's watch has shown neither.
+    listed[:] = [bound("failed", SHARE, one(GA, 40), phase="Failed", rv=2), bound("next", SHARE, one(GA, 10))]
+    got = r.resolve(R.GPU_SLOTS, [f"{GA}::3"])
+    assert got is not None and got.pod == "default/next" and got.gpus[0].core_percent == 10
+
+
+def test_a_container_served_another_pods_record_is_reported_and_acknowledged_with_what_it_was_told() -> None:
+    """The one window the cache cannot close (a waiting pod deleted before its admission, the next pod of its
+    kind not in this node's view yet): PodResources shows who really holds what was served, and the
+    acknowledgement then carries the amounts the container was told, never silently its own record's."""
+    r = HandoffResolver(NODE, key=KEY)
+    r.observe(bound("deleted", SHARE, one(GA, 40)))
+    got = r.resolve(R.GPU_SLOTS, [f"{GA}::4"])
+    assert got is not None and got.pod == "default/deleted"  # the view's only waiting pod: in fact "next"'s call
+    r.observe(bound("deleted", SHARE, one(GA, 40), rv=2), deleted=True)  # its end, delivered late
+    r.observe(bound("next", SHARE, one(GA, 10)))
+    problems = r.verify([("default", "next", "c0", R.GPU_SLOTS, [f"{GA}::4"])])
+    assert len(problems) == 1 and "served as the record of a pod now gone" in problems[0]
+    assert r.metrics.mismatches._value.get() == 1
+    with r._lock:
+        uid_next = r._pods["default/next"].uid
+        assert r._served[(uid_next, "c0")].grants[0].core == 40  # what it was told
+        assert ("uid-deleted", "c0") not in r._served

@@ -42,6 +42,7 @@ def assert_truthful(c: GpuCluster, names: set[str], forged: dict[str, str]) -> l
     assert checks
     for k in checks:
         assert not k.divergent, k
+        assert not k.swapped, k  # exactly its own record, never another pod's (issue 24)
         if k.outcome == "refused":
             assert k.reason.strip(), k  # the kubelet's message carries kubegpu's reason
         name = k.pod.split("/")[1]
@@ -76,7 +77,11 @@ def test_bursts_with_lag_swaps_and_restarts_never_diverge() -> None:
         n1 = {p["metadata"]["name"] for p in b1}
         checks = assert_truthful(c, n1, {})
         served = {k.pod for k in checks if k.outcome == "served"}
-        assert len(served) >= len(n1) - 1, [k.reason for k in checks if k.outcome != "served"]
+        # A default-scheduler pod bound beside a recorded one of its kind (the schedulers do not see each
+        # other's binds) can make both calls unattributable: those are refused, with that reason.
+        raced = [k for k in checks if k.outcome == "refused" and "without a kubegpu record" in k.reason]
+        assert len(served) >= len(n1) - 1 - len(raced) and len(raced) <= 2, [
+            k.reason for k in checks if k.outcome != "served"]
         replicas = [k for k in checks if k.replica]
         assert len(replicas) == 5 and all(k.outcome == "served" for k in replicas), replicas
         assert {g for k in replicas for g in k.env_gpus} <= c.nodes["node-c"].replicated_gpus()

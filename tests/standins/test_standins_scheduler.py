@@ -184,3 +184,45 @@ def test_extender_error_is_a_result_not_an_exception(env: Any) -> None:
     results = {r.pod: r for r in sched.schedule_pending()}
     assert results["default/p"].node is None and "HTTP 500" in results["default/p"].message
     assert results["default/web"].node == "a"  # the pass went on
+
+
+def test_scheduling_queue_backs_off_and_requeues_as_kube_scheduler_does() -> None:
+    """Issue 24: bind failures back off 1 s doubling to 10 s; pods the extender left unschedulable move on any
+    cluster event (after their back-off) or at the 5-minute flush, never otherwise."""
+    from kubegpu_standins.scheduler import SchedulingQueue
+
+    now = [0.0]
+    q = SchedulingQueue(clock=lambda: now[0])
+    q.add("d/a", "u-a")
+    q.add("d/b", "u-b")
+    assert [q.backoff_s(n) for n in (1, 2, 3, 4, 5, 6)] == [1, 2, 4, 8, 10, 10]
+    a = q.pop()
+    assert a is not None and a.key == "d/a" and a.attempts == 1
+    q.bind_failed("d/a")
+    b = q.pop()
+    assert b is not None and b.key == "d/b"
+    q.unschedulable("d/b")
+    assert q.pop() is None  # a backs off 1 s; b waits for an event
+    now[0] = 1.0
+    a = q.pop()
+    assert a is not None and a.key == "d/a" and a.attempts == 2
+    q.bind_failed("d/a")
+    now[0] = 2.5
+    assert q.pop() is None  # 2 s since its second attempt
+    q.cluster_event()  # b's back-off (1 s) has passed: straight to the active queue
+    b = q.pop()
+    assert b is not None and b.key == "d/b" and b.attempts == 2
+    q.unschedulable("d/b")
+    now[0] = 3.0
+    a = q.pop()
+    assert a is not None and a.key == "d/a"
+    q.forget("d/a")  # bound
+    q.pod_updated("d/b")  # its own update, 0.5 s into a 2 s back-off: back-off queue
+    assert q.pop() is None
+    now[0] = 4.5
+    assert q.pop() is not None
+    q.unschedulable("d/b")
+    now[0] = 4.5 + 299
+    assert q.pop() is None
+    now[0] = 4.5 + 300  # the flush
+    assert q.pop() is not None and q.flushed == 1

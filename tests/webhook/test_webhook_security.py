@@ -60,7 +60,8 @@ def test_a_pod_created_with_a_record_is_refused_unless_kubegpu_sends_it() -> Non
 def test_every_device_key_is_refused_to_anyone_but_its_kubegpu_writer() -> None:
     """Issue 24 item 4: on its own (clusters before 1.30 have no admission policy), the webhook refuses the
     signature keys and any other kubegpu.io/device-* key, on create and on patch."""
-    sig_writers = {"kubegpu.io/device-allocated-signature": EXTENDER_SA, "kubegpu.io/device-assigned-signature": NODE_SA}
+    sig_writers = {"kubegpu.io/device-allocated-signature": EXTENDER_SA,
+                   "kubegpu.io/device-assigned-signature": NODE_SA}
     for key in (*sig_writers, "kubegpu.io/device-foo"):
         assert review(gpu_pod({key: "0" * 64}))["allowed"] is False, key
         resp = review(gpu_pod({key: "1" * 64}), op="UPDATE", old=gpu_pod({}))

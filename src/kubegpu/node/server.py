@@ -227,6 +227,10 @@ class PluginServer:
         if self.metrics is not None:
             self.metrics.registrations.labels(resource=self.resource).inc()
         log.info("registered %s with the kubelet (endpoint %s)", self.resource, self.plan.socket_name)
+        # A (re)started kubelet fails the pods it admitted before this registration, without calling us: the
+        # resolver must not take its view's word that they still wait (docs/handoff.md).
+        if (registered := getattr(self.resolver, "kubelet_registered", None)) is not None:
+            registered(self.resource)
 
     # ----- ListAndWatch ----------------------------------------------------------------------
 

@@ -111,6 +111,8 @@ class Ledger:
         # and the nodes each pod waits on (to find the rare pod that would otherwise wait on itself).
         self._kind_reasons: dict[tuple[str, int], dict[str, str]] = {}
         self._waits_on: dict[str, set[str]] = {}
+        # node -> binds waiting in the extender for their turn there (prioritize sends a pod to the shortest queue)
+        self.waiting_binds: dict[str, int] = {}
         # Off only where no kubegpu node serves the records (simulations, extender-only tests): there a
         # bound pod is never acknowledged and would hold its shape forever.
         self.handoff_wait = os.environ.get(HANDOFF_WAIT_ENV, "1") not in ("0", "false", "no")
@@ -276,8 +278,9 @@ class Ledger:
         assert records is not None
         # Waiting ends with the acknowledgement, or once the kubelet runs the pod (its Allocate calls are done,
         # whoever writes the acknowledgement and whenever it lands): a running pod never holds its kind up.
-        waiting = (request_shapes(parse_pod(pod), records.acks)
-                   if records.record is not None and phase != "Running" else frozenset())
+        # A pod bound here without a record (another scheduler's) waits too: its calls look like a recorded
+        # pod's of the same kind, and the node refuses both rather than guess.
+        waiting = request_shapes(parse_pod(pod), records.acks) if phase != "Running" else frozenset()
         if waiting:
             self._set_pending(node, key, waiting)
         elif self._drop_pending(node, key):

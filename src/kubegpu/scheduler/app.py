@@ -66,6 +66,19 @@ DEFAULT_HANDOFF_WAIT_S = 7.0
 HANDOFF_POLL_S = 0.01
 
 
+def _handoff_wait_from_env() -> float:
+    raw = os.environ.get(HANDOFF_WAIT_S_ENV, "")
+    try:
+        value = float(raw) if raw else DEFAULT_HANDOFF_WAIT_S
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 60:
+        log.error("%s=%r is not a number of seconds in [0, 60]; using %g", HANDOFF_WAIT_S_ENV, raw,
+                  DEFAULT_HANDOFF_WAIT_S)
+        return DEFAULT_HANDOFF_WAIT_S
+    return value
+
+
 def _json(body: bytes, status: int = 200) -> Response:
     return Response(body, status_code=status, media_type="application/json")
 
@@ -87,8 +100,7 @@ class Extender:
         # How long a bind waits for its node to finish handing a pod of the same kind to the kubelet before it
         # fails (kube-scheduler then retries after its back-off): below kube-scheduler's extender httpTimeout
         # (the manifests render 10 s), so the answer always arrives before kube-scheduler gives up on it.
-        self.handoff_wait_s = handoff_wait_s if handoff_wait_s is not None else float(
-            os.environ.get(HANDOFF_WAIT_S_ENV, DEFAULT_HANDOFF_WAIT_S))
+        self.handoff_wait_s = handoff_wait_s if handoff_wait_s is not None else _handoff_wait_from_env()
         self.client = client
         self.node_policy = node_policy
         self.gpu_policy = gpu_policy
@@ -301,11 +313,28 @@ class Extender:
             return ""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.handoff_wait_s
-        while (why := self.view.ledger.handoff_blocked(pod, request).get(node)) is not None:
+        while not self._ready():
+            # Who waits is rebuilt from the pods (records, acknowledgements, phases): before the first LIST is
+            # in (a restart), a pod waiting on the node is invisible and the rule would be guessed.
             if loop.time() >= deadline:
-                return f"{why}; not its turn within {self.handoff_wait_s:g} s, retried after back-off"
+                return "the extender is still listing the cluster's pods (after a start); retried after back-off"
             await asyncio.sleep(HANDOFF_POLL_S)
-        return ""
+        ledger = self.view.ledger
+        if ledger.handoff_blocked(pod, request).get(node) is None:
+            return ""
+        ledger.waiting_binds[node] = ledger.waiting_binds.get(node, 0) + 1
+        try:
+            while (why := ledger.handoff_blocked(pod, request).get(node)) is not None:
+                if loop.time() >= deadline:
+                    return f"{why}; not its turn within {self.handoff_wait_s:g} s, retried after back-off"
+                await asyncio.sleep(HANDOFF_POLL_S)
+            return ""
+        finally:
+            left = ledger.waiting_binds.get(node, 1) - 1
+            if left > 0:
+                ledger.waiting_binds[node] = left
+            else:
+                ledger.waiting_binds.pop(node, None)
 
     async def _bound_to(self, ns: str, name: str, node: str, value: str) -> bool:
         """After a 409 on the Binding: is the pod bound to ``node`` with our record (a retry that raced)?"""

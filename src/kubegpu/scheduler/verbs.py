@@ -240,6 +240,10 @@ class Verbs:
                     (MAX_PRIORITY - 1) * (raw - lo) / (hi - lo)).astype(np.int64)
                 scaled[best] = MAX_PRIORITY
                 scores[known[feasible]] = scaled
+                blocked = self.ledger.handoff_blocked(pod, request)
+                if blocked:
+                    fits_at = {names[int(i)] for i in known[feasible]}
+                    return away_from_handoffs(names, scores.tolist(), blocked, fits_at, self.ledger.waiting_binds)
         return scores.tolist()
 
     def node_scores(self, policy_name: str, demand: Demand, rows: np.ndarray, cand: np.ndarray) -> np.ndarray:
@@ -289,6 +293,18 @@ class Verbs:
         if requires_nvlink(pod) and not all_linked(rec, result.choice):
             return None, f"node {node}: no free set of GPUs is fully NVLink-connected for this pod"
         return result.choice.to_allocation(), result.reason
+
+
+def away_from_handoffs(names: Sequence[str], scores: list[int], blocked: Mapping[str, str],
+                       fits_at: set[str], waiting_binds: Mapping[str, int]) -> list[int]:
+    """Nodes where a pod of this kind is being handed to the kubelet score 0 while another node it fits scores
+    at least 1: bind would wait there for its turn (docs/handoff.md), so a burst of identical pods spreads
+    over nodes and their handoffs overlap instead of queueing behind one node's. Where every node it fits
+    is handing one over, the node with the fewest binds waiting scores highest (the shortest queue)."""
+    if not any(n in fits_at and n not in blocked for n in names):
+        return [MAX_PRIORITY - min(MAX_PRIORITY - 1, waiting_binds.get(n, 0)) if n in fits_at else s
+                for n, s in zip(names, scores, strict=True)]
+    return [0 if n in blocked else max(s, 1) if n in fits_at else s for n, s in zip(names, scores, strict=True)]
 
 
 def _linked(rec: NodeRecord, alloc: PodAllocation) -> bool:

@@ -55,6 +55,7 @@ from kubegpu.node.resolver import AllocationRefused, ResolvedAllocation
 log = logging.getLogger(__name__)
 
 
+GIVEN_KEPT = 4096  # records served, remembered until the kubelet shows who holds them (bounded)
 BYPASS_GRACE_S = 5.0  # a whole GPU served without a record counts as held until PodResources can show it
 
 
@@ -105,6 +106,13 @@ class HandoffResolver:
         self.metrics = metrics or HandoffMetrics()
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)  # notified on every change of the view
+        self._suspect: set[tuple[str, int]] = set()  # kinds refused since the last LIST (see _decide)
+        self._suspect_all: set[str] = set()  # resources whose plugin re-registered since the last LIST
+        self._registered: set[str] = set()
+        # (resource, device IDs) -> (uid, container, what was served) for every record served, kept past its
+        # pod's end until PodResources shows the devices on that container: who really holds them is what
+        # verification compares with (a container served another pod's record, see verify.compare).
+        self._given: dict[tuple[str, frozenset[str]], tuple[str, str, Ack]] = {}
         self._ack_lock = threading.Lock()
         self._pods: dict[str, PodView] = {}
         self._served: dict[tuple[str, str], Ack] = {}  # (uid, container) -> what this process served
@@ -211,7 +219,9 @@ class HandoffResolver:
             return False
         self.metrics.consistent_reads.inc()
         try:
-            pods = list(self._refresh())
+            listed = self._refresh()
+            pods = list(listed)
+            snapshot = getattr(listed, "resource_version", None)
         except Exception as e:  # the API being down: decide from the local view (and refuse if unsure)
             log.warning("node %s: cannot list pods for the handoff: %s", self.node, e)
             return False
@@ -221,7 +231,11 @@ class HandoffResolver:
                 meta = p.get("metadata") or {}
                 present.add(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
                 self.observe(p)
-            for key in [k for k in self._pods if k not in present]:
+            # A pod the watch delivered while the LIST was on its way, newer than the LIST's snapshot, was bound
+            # after it: it is not gone (the watch races the LIST, see _decide).
+            cutoff = _rv(snapshot) if snapshot is not None else None
+            for key in [k for k in self._pods if k not in present
+                        and (cutoff is None or self._version.get(k, -1) <= cutoff)]:
                 uid = self._pods[key].uid
                 if uid:
                     self._bury(uid)  # bound pods leave a node only by being deleted
@@ -258,8 +272,11 @@ class HandoffResolver:
         choice (Allocate), or None (GetPreferredAllocation: the one waiting pod is enough). Returns the
         entries and whether they come from a LIST just made."""
 
+        taken = self._kubelet_holds(resource)
+
         def waiting() -> list[Entry]:
-            return M.pending(self._pods.values(), self._served, resource, n)
+            return [e for e in M.pending(self._pods.values(), self._served, resource, n)
+                    if (e.pod_key, e.container) not in taken]
 
         def settled() -> list[Entry] | None:
             w = waiting()
@@ -268,10 +285,20 @@ class HandoffResolver:
             return None
 
         with self._lock:
-            found = settled()
-            stale = len(M.waiting_pods(waiting())) > 1
+            # After a refusal of this kind, the pod it failed may still show as waiting here while the
+            # extender, which saw it fail, has bound the next pod of the kind: the next call reads the API.
+            suspect = (resource, n) in self._suspect or resource in self._suspect_all
+            found = None if suspect else settled()
+            stale = suspect or len(M.waiting_pods(waiting())) > 1
         if found is not None:
             return found, False
+        if suspect:
+            listed = self.consistent_read()
+            with self._lock:
+                if listed:
+                    self._suspect.discard((resource, n))
+                    self._suspect_all.discard(resource)
+                return waiting(), listed
         if stale or not self._expects_records(resource) or self._refresh is None:
             listed = self.consistent_read()
             with self._lock:
@@ -296,6 +323,27 @@ class HandoffResolver:
         with self._lock:
             return waiting(), True
 
+    def kubelet_registered(self, resource: str) -> None:
+        """The plugin of ``resource`` registered with a (maybe restarted) kubelet, which fails the pods it
+        admitted before that without any call here: the next call of the resource reads the API server."""
+        with self._lock:
+            if resource in self._registered:
+                self._suspect_all.add(resource)
+            self._registered.add(resource)  # the first registration: this process's first LIST is fresher
+
+    def _kubelet_holds(self, resource: str) -> set[tuple[str, str]]:
+        """(pod, container) the kubelet already holds ``resource`` devices for (PodResources: its own word,
+        local, no API round trip): their calls are done, so their records wait for nothing, whatever this
+        node's view says (a pod served by an earlier process of this daemon whose acknowledgement was lost,
+        or whose Running phase the watch has not delivered yet)."""
+        if self.pod_resources is None:
+            return set()
+        try:
+            rows = self.pod_resources()
+        except Exception:  # the kubelet's socket unreachable: the view alone decides
+            return set()
+        return {(f"{ns}/{name}", c) for ns, name, c, res, ids in rows if c and res == resource and ids}
+
     def _expects_records(self, resource: str) -> bool:
         """Whether a call of ``resource`` may be a recorded pod's not in the cache yet: shares always are;
         whole GPUs and MIG devices only where the extender places pods (some pod here has a record)."""
@@ -304,7 +352,14 @@ class HandoffResolver:
     def resolve(self, resource: str, device_ids: Sequence[str]) -> ResolvedAllocation | None:
         if not M.is_handoff_resource(resource):
             return None
-        ids = tuple(device_ids)
+        try:
+            return self._resolve(resource, tuple(device_ids))
+        except AllocationRefused:
+            with self._lock:
+                self._suspect.add((resource, len(device_ids)))
+            raise
+
+    def _resolve(self, resource: str, ids: tuple[str, ...]) -> ResolvedAllocation | None:
         gpus = M.kubelet_gpus(ids)
         waiting, _listed = self._decide(resource, len(ids), gpus)
         pods = M.waiting_pods(waiting)
@@ -338,6 +393,9 @@ class HandoffResolver:
                                         f"refused: {why}")
             ack = Ack(resource, ids, tuple(self._grant(entry, u) for u in gpus))
             self._served[(entry.uid, entry.container)] = ack
+            self._given[(resource, frozenset(ids))] = (entry.uid, entry.container, ack)
+            while len(self._given) > GIVEN_KEPT:
+                self._given.pop(next(iter(self._given)))
         self.metrics.matched.labels(resource).inc()
         self._acknowledge(entry.pod_key)  # after the answer, on the writer's thread, until it lands
         if self.verifier is not None:
@@ -476,7 +534,16 @@ class HandoffResolver:
         with self._lock:
             pods = dict(self._pods)
             served = dict(self._served)
-        divergent, bypass, unacked = compare(pods, served, grouped)
+        with self._lock:
+            given = dict(self._given)
+        divergent, bypass, unacked = compare(pods, served, grouped, given)
+        with self._lock:  # served to the container that holds them: nothing left to tell apart
+            for (_pod, container), per in grouped.items():
+                for resource, ids in per.items():
+                    told = self._given.get((resource, frozenset(ids)))
+                    if told is not None and told[1] == container and pods.get(_pod) is not None \
+                            and pods[_pod].uid == told[0]:
+                        del self._given[(resource, frozenset(ids))]
         out: list[str] = []
         for d in divergent:
             out.append(f"{d.pod_key}: {d.message}")
@@ -495,6 +562,17 @@ class HandoffResolver:
                 log.error("handoff divergence on %s: pod %s: %s", self.node, d.pod_key, d.message)
                 self._event(d.pod_key, d.uid, "GpuHandoffMismatch",
                             d.message + "; the accounting now follows the kubelet")
+            if d.served_as is not None:
+                # What the container was told is the other record's: acknowledge that, so the accounting
+                # holds the amounts really given, and that record is no longer served.
+                with self._lock:
+                    told = self._given.pop((d.resource, frozenset(d.kubelet_ids)), None)
+                    self._served.pop(d.served_as, None)
+                    if told is not None:
+                        self._served[(d.uid, d.container)] = told[2]
+                if told is not None:
+                    self._acknowledge(d.pod_key)
+                continue
             p = pods.get(d.pod_key)
             entry = next((e for e in p.entries if e.container == d.container), None) if p else None
             if entry is not None:
@@ -565,6 +643,12 @@ class HandoffResolver:
             return len(M.pending(self._pods.values(), self._served, resource, count))
 
 
+class Listed(list[dict[str, Any]]):
+    """A LIST's items and the resourceVersion of its snapshot."""
+
+    resource_version: str | None = None
+
+
 def make_resolver(client: Client, node: str, *, pod_resources_socket: str = POD_RESOURCES_SOCKET,
                   verify_interval_s: float = 30.0, registry: CollectorRegistry | None = None,
                   key: bytes | None = None, inventory: NodeInventory | None = None,
@@ -575,7 +659,13 @@ def make_resolver(client: Client, node: str, *, pod_resources_socket: str = POD_
     delays every watch event (tests and the benchmark: a node whose watch lags the kubelet's)."""
 
     def refresh() -> Iterable[dict[str, Any]]:
-        return [p.to_dict() for p in client.list(Pod, namespace="*", fields={"spec.nodeName": node})]
+        listing = client.list(Pod, namespace="*", fields={"spec.nodeName": node})
+        out = Listed(p.to_dict() for p in listing)
+        try:
+            out.resource_version = str(listing.resourceVersion)
+        except Exception:  # no list resourceVersion: every pod absent from the LIST is taken as gone
+            out.resource_version = None
+        return out
 
     resolver = HandoffResolver(node, client=client, refresh=refresh, metrics=HandoffMetrics(registry),
                                key=key if key is not None else signing.load_key(), inventory=inventory)

@@ -55,6 +55,9 @@ class Divergence:
     # identical waiting records were taken in another order than the kubelet admitted them. Nothing
     # ran on a wrong GPU or with wrong limits; only the acknowledgement names the other pod's GPUs.
     swap: bool = False
+    # The kubelet's devices are exactly what this node served as another container's record ((uid,
+    # container)): the container was told that record's amounts, which its acknowledgement must carry.
+    served_as: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +79,7 @@ def served_gpus(ack: Ack) -> set[str]:
 
 def compare(pods: Mapping[str, PodView], served: Mapping[tuple[str, str], Ack],
             grouped: Mapping[tuple[str, str], Mapping[str, list[str]]],
+            given: Mapping[tuple[str, frozenset[str]], tuple[str, str, Ack]] | None = None,
             ) -> tuple[list[Divergence], list[Bypass], list[Bypass]]:
     """Divergences, whole GPUs held by pods without a record, and containers holding exactly their record
     that no acknowledgement names yet (served by an earlier process of this daemon whose write never landed:
@@ -89,6 +93,9 @@ def compare(pods: Mapping[str, PodView], served: Mapping[tuple[str, str], Ack],
         for _c, a in {**pv.acks, **{c: a for (uid, c), a in served.items() if uid == pv.uid}}.items():
             given_on.setdefault(frozenset(served_gpus(a)), set()).update(
                 (g.core, g.memory_bytes, g.memory_ratio) for g in a.grants)
+    served_ids = {(a.resource, frozenset(a.devices)): k for k, a in served.items()}
+    served_ids.update({k: (uid, c) for k, (uid, c, _a) in (given or {}).items()})
+    by_uid = {pv.uid: pv.key for pv in pods.values()}
     for (pod_key, container), per in grouped.items():
         p = pods.get(pod_key)
         if p is None:
@@ -97,6 +104,14 @@ def compare(pods: Mapping[str, PodView], served: Mapping[tuple[str, str], Ack],
             if not is_handoff_resource(resource) or not ids:
                 continue
             kgpus = [uuid_of(i) for i in ids]
+            other = served_ids.get((resource, frozenset(ids)))
+            if other is not None and other[0] != p.uid and (p.uid, container) not in served:
+                who = f"{by_uid.get(other[0], 'a pod now gone')} container {other[1]}"
+                divergent.append(Divergence(
+                    pod_key, p.uid, container, resource, tuple(ids),
+                    f"container {container}: the kubelet holds {resource} {','.join(short(i) for i in ids)}, "
+                    f"which this node served as the record of {who}", served_as=other))
+                continue
             entry = next((e for e in p.entries if e.container == container and e.resource == resource), None)
             if entry is None:
                 if p.whole_bypass and resource == R.NVIDIA_GPU:

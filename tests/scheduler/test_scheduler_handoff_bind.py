@@ -1,0 +1,99 @@
+"""Issue 24: the one-waiting-pod rule is enforced at bind, where the extender serializes decisions.
+
+kube-scheduler binds asynchronously (the next pod is filtered before the previous bind arrives), so identical
+pods reach bind together. Bind lets one pod per (node, resource, count) wait for its handoff; the others wait
+in bind (no back-off) and go on, one by one, as each is acknowledged or runs; past the wait bound, the bind
+fails with the reason (kube-scheduler retries after its back-off)."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from sched_harness import Cluster, start_cluster
+from test_scheduler_behaviour import pod, share
+
+
+def _start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wait_s: str) -> Cluster:
+    monkeypatch.delenv("KUBEGPU_HANDOFF_WAIT", raising=False)  # as deployed: pods of one kind take turns
+    monkeypatch.setenv("KUBEGPU_HANDOFF_WAIT_S", wait_s)
+    api, ext = start_cluster(tmp_path)
+    return Cluster(api, ext)
+
+
+def _bind_all(cluster: Cluster, names: list[str], node: str) -> cf.Future[list[str]]:
+    uids = [cluster.api.put_object(pod(n, share(20, ratio=20)))["metadata"]["uid"] for n in names]
+
+    def one(i: int) -> str:
+        with httpx.Client(base_url=cluster.ext.url, timeout=30) as c:
+            r = c.post("/bind", json={"PodName": names[i], "PodNamespace": "default", "PodUID": uids[i],
+                                      "Node": node})
+            return str(r.json().get("Error", ""))
+
+    pool = cf.ThreadPoolExecutor(len(names) + 1)
+    return pool.submit(lambda: list(pool.map(one, range(len(names)))))
+
+
+def _bound(cluster: Cluster, names: list[str]) -> list[str]:
+    pods = {p["metadata"]["name"]: p for p in cluster.api.objects("pods")}
+    return [n for n in names if (pods.get(n, {}).get("spec") or {}).get("nodeName")]
+
+
+def _run(cluster: Cluster, name: str) -> None:
+    """The kubelet admitted the pod and runs it (its Allocate calls are done)."""
+    store = cluster.api.store
+    store.update(cluster.api.kind("pods"), "default", name, lambda o: {**o, "status": {"phase": "Running"}},
+                 subresource="status")
+
+
+def _until(predicate: object, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_identical_binds_take_turns_on_a_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = _start(tmp_path, monkeypatch, "20")
+    try:
+        names = ["a", "b", "c"]
+        done = _bind_all(cluster, names, "gpu-node-c")
+        assert _until(lambda: len(_bound(cluster, names)) == 1)
+        time.sleep(0.5)
+        assert len(_bound(cluster, names)) == 1  # the others wait in bind: one waiting record per kind
+        for turn in (2, 3):
+            _run(cluster, _bound(cluster, names)[-1] if turn == 2 else
+                 next(n for n in _bound(cluster, names) if cluster.api.get_object("pods", n, "default")
+                      .get("status", {}).get("phase") != "Running"))
+            assert _until(lambda turn=turn: len(_bound(cluster, names)) == turn)
+        assert done.result(timeout=10) == ["", "", ""]
+    finally:
+        cluster.ext.stop()
+        cluster.api.stop()
+
+
+def test_a_bind_that_waits_too_long_fails_with_the_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = _start(tmp_path, monkeypatch, "0.3")
+    try:
+        errors = _bind_all(cluster, ["a", "b"], "gpu-node-c").result(timeout=10)
+        assert sorted(errors)[0] == ""
+        assert "being handed to the kubelet" in sorted(errors)[1] and "not its turn within 0.3 s" in sorted(errors)[1]
+        assert len(_bound(cluster, ["a", "b"])) == 1
+    finally:
+        cluster.ext.stop()
+        cluster.api.stop()
+
+
+def test_prioritize_spreads_a_burst_away_from_nodes_handing_one_over() -> None:
+    from kubegpu.scheduler.verbs import away_from_handoffs
+
+    names = ["a", "b", "c"]
+    # b hands a pod of this kind over: a (which fits, however it scored) goes first; c does not fit.
+    assert away_from_handoffs(names, [0, 10, 0], {"b": "waiting"}, {"a", "b"}, {}) == [1, 0, 0]
+    # Every node it fits is busy: the shortest queue of waiting binds wins.
+    assert away_from_handoffs(names, [10, 3, 0], {"a": "w", "b": "w"}, {"a", "b"}, {"a": 4, "b": 1}) == [6, 9, 0]
