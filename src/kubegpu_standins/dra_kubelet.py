@@ -169,7 +169,10 @@ class DraKubelet:
         for entry in os.scandir(self.registry):
             if entry.name.startswith("."):
                 continue
-            st = entry.stat(follow_symlinks=False)
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:  # removed between the listing and the stat: fsnotify would say Remove
+                continue
             if stat.S_ISSOCK(st.st_mode):
                 seen[entry.path] = (st.st_ino, st.st_ctime_ns)  # inodes are reused: ctime tells files apart
         with self._lock:

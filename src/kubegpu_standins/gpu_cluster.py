@@ -235,6 +235,10 @@ class ContainerCheck:
         return not same or (self.record_core != "" and self.env_core != self.record_core)
 
 
+class ExtenderUnavailable(Exception):
+    """The extender's filter could not be had (not running, unreachable, or its answer carries Error)."""
+
+
 class GpuCluster:
     def __init__(self, nodes: list[NodeSpec], *, key: bytes | None = b"kubegpu-test-record-key-0123456789",
                  swap_prob: float = 0.3, seed: int = 0, root: Path | None = None) -> None:
@@ -384,7 +388,15 @@ class GpuCluster:
             with self._bind_lock:
                 self.queue.forget(q.key) if bound else self.queue.unschedulable(q.key)
             return True
-        node = self._filter_and_score(pod)
+        try:
+            node = self._filter_and_score(pod)
+        except ExtenderUnavailable as exc:
+            # kube-scheduler: an extender that errs (unreachable, or an answer carrying Error) fails the
+            # scheduling cycle with an error, not Unschedulable: the pod goes to the back-off queue.
+            with self._bind_lock:
+                self.why_pending[pod["metadata"]["name"]] = f"filter: {exc}"[:300]
+                self.queue.errored(q.key)
+            return True
         if node is None:
             with self._bind_lock:
                 self.queue.unschedulable(q.key)
@@ -396,13 +408,18 @@ class GpuCluster:
 
     def _filter_and_score(self, pod: dict[str, Any]) -> str | None:
         ext = self.ext
-        if ext is None:
-            return None
         names = [n for n, node in self.nodes.items() if self._allocatable(node, pod)]
         if not names:
             return None
+        if ext is None:
+            raise ExtenderUnavailable("the extender is not running")
         args = {"Pod": pod, "Nodes": None, "NodeNames": names}
-        out = self.http.post(f"{ext.url}/scheduler/filter", json=args).json()
+        try:
+            out = self.http.post(f"{ext.url}/scheduler/filter", json=args).json()
+        except Exception as exc:
+            raise ExtenderUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        if out.get("Error"):
+            raise ExtenderUnavailable(str(out["Error"]))
         passed = out.get("NodeNames") or []
         if not passed:
             self.why_pending[pod["metadata"]["name"]] = str(out.get("FailedNodes") or out.get("Error"))[:300]

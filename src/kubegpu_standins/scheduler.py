@@ -302,7 +302,10 @@ class SchedulingQueue:
       event (``schedule_one.go``: "This Pod will be requeued from unschedulable pod pool to activeQ/backoffQ
       by any kind of cluster events", kubernetes#122019): any change of an assigned pod or a node, or an
       update of the pod itself, moves it to the back-off queue if its back-off has not passed, else to the
-      active queue. With no event at all it waits for the flush after ``UNSCHEDULABLE_FLUSH_S``.
+      active queue. With no event at all it waits for the flush after ``UNSCHEDULABLE_FLUSH_S``;
+    - a scheduling cycle that fails with an error (an extender unreachable, or its filter answer carrying
+      ``Error``: ``extender.go`` returns it as an error, not as Unschedulable) sends the pod to the back-off
+      queue, as a failed bind does.
 
     Not modelled: ``SchedulerPopFromBackoffQ`` (1.33+ beta, which pops backing-off pods when the active queue
     is empty and would only make the stand-in faster), priorities, preemption, gated pods.
@@ -318,6 +321,7 @@ class SchedulingQueue:
     unschedulable_count: int = 0
     bind_failures: int = 0
     flushed: int = 0
+    cycle_errors: int = 0
     requeued_by_event: int = 0
 
     def backoff_s(self, attempts: int) -> float:
@@ -363,6 +367,13 @@ class SchedulingQueue:
         if (p := self.pods.get(key)) is not None:
             p.where = "unschedulable"
             self.unschedulable_count += 1
+
+    def errored(self, key: str) -> None:
+        """The scheduling cycle failed with an error (an extender unreachable or answering Error), not
+        Unschedulable: kube-scheduler sends such a pod to the back-off queue, not the unschedulable pool."""
+        if (p := self.pods.get(key)) is not None:
+            p.where = "backoff"
+            self.cycle_errors += 1
 
     def bind_failed(self, key: str) -> None:
         """The binding cycle failed (the extender's bind error, the API): back-off queue."""

@@ -226,3 +226,19 @@ def test_scheduling_queue_backs_off_and_requeues_as_kube_scheduler_does() -> Non
     assert q.pop() is None
     now[0] = 4.5 + 300  # the flush
     assert q.pop() is not None and q.flushed == 1
+
+
+def test_scheduling_queue_backs_off_a_pod_whose_extender_erred() -> None:
+    """An extender that is down or answers Error fails the cycle with an error: the pod is tried again after
+    its back-off with no cluster event, not parked until the 5-minute flush (extender.go, schedule_one.go)."""
+    from kubegpu_standins.scheduler import SchedulingQueue
+
+    now = [0.0]
+    q = SchedulingQueue(clock=lambda: now[0])
+    q.add("d/a", "u-a")
+    assert q.pop() is not None
+    q.errored("d/a")
+    assert q.pop() is None  # backing off 1 s
+    now[0] = 1.0
+    a = q.pop()
+    assert a is not None and a.key == "d/a" and q.cycle_errors == 1 and q.flushed == 0
