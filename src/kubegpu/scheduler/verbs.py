@@ -22,12 +22,13 @@ from typing import Any
 import numpy as np
 
 from kubegpu.model.allocation import ContainerAllocation, PodAllocation
-from kubegpu.model.request import PodRequest, RequestKind, parse_pod
+from kubegpu.model.request import PodRequest, RequestKind
 from kubegpu.placement import Demand, choose_gpus, fit, pick_best, request_demand
 from kubegpu.placement.node import grants_on
 from kubegpu.scheduler.accounting import Ledger
 from kubegpu.scheduler.mirror import ArrayMirror
 from kubegpu.scheduler.nodes import NodeRecord, all_linked, for_node
+from kubegpu.scheduler.parsed import parsed_pod as parse_pod  # once per pod version
 from kubegpu.scheduler.requests import pod_demand, requires_nvlink, simple_demand, with_resources
 from kubegpu.scheduler.scoring import Scoring
 
