@@ -42,3 +42,6 @@ def test_bounded_and_uncached_without_a_uid() -> None:
     pod = _pod("1")
     del pod["metadata"]["uid"]
     assert cache(pod) == parse_pod(pod) and len(cache) == 3
+    huge = _pod("1", "99")
+    huge["metadata"]["annotations"] = {"x": "y" * 100_000}
+    assert cache(huge) == parse_pod(huge) and len(cache) == 3

@@ -23,10 +23,12 @@ from kubegpu.model.resources import GPU_RESOURCES_ENV
 
 _encode = msgspec.json.Encoder().encode
 MAX_KEPT = 4096  # pod versions: a burst of pending pods, each asked about a few times within seconds
+MAX_READ_BYTES = 64 * 1024  # a real pod's spec and annotations are a few KiB; a larger (hostile) one is not kept
 
 
 class ParsedPods:
-    """A bounded LRU of ``parse_pod`` results (default arguments only)."""
+    """A bounded LRU of ``parse_pod`` results (default arguments only): at most ``limit`` pods of at most
+    ``MAX_READ_BYTES`` each."""
 
     def __init__(self, limit: int = MAX_KEPT) -> None:
         self._limit = limit
@@ -49,6 +51,8 @@ class ParsedPods:
             self._kept.move_to_end(key)
             return kept[1]
         request = parse_pod(pod)
+        if len(read) > MAX_READ_BYTES:
+            return request
         self._kept[key] = (read, request)
         self._kept.move_to_end(key)
         if len(self._kept) > self._limit:
