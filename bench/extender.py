@@ -5,8 +5,9 @@ trace-like mix of pods already bound and filling the GPUs to about 70 %, plus th
 place. Running pods carry the extender's record and, as in a live cluster, the node's acknowledgement
 (``kubegpu.io/device-assigned``), except a share ``--unserved`` of them (1 % by default: pods bound a
 moment ago whose kubelet handoff is still in flight), which the extender's handoff wait holds against
-pods of the same kind on their nodes; the bench's own binds are never served either, so they add to
-it. ``kubegpu scheduler`` (its own process, as deployed: the learned target workload and the handoff
+pods of the same kind on their nodes. The bench's own binds are acknowledged by a thread playing the
+node daemons (``--no-ack``: never, so each node then waits on its first bench pod until the wait runs out).
+``kubegpu scheduler`` (its own process, as deployed: the learned target workload and the handoff
 wait on; ``KUBEGPU_HANDOFF_WAIT`` is dropped from its environment) watches it. This process then plays
 kube-scheduler: for each pending pod, sequentially, ``filter`` with every node name, ``prioritize``
 with the nodes that passed, ``bind`` to the best one. Prints one JSON object as its last line:
@@ -42,6 +43,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -178,6 +180,35 @@ def serve_apiserver(nodes: int, pending: int, fill: float, seed: int, kubeconfig
     api.stop()
 
 
+def acknowledge(api_url: str, names: list[str | None]) -> None:
+    """Thread: play each bound pod's node daemon, as a live node does once its kubelet has been handed the
+    pod: write the acknowledgement (``kubegpu.io/device-assigned``) of the GPUs the extender recorded, so
+    the handoff wait of the next pod of that kind on that node ends. ``None`` ends the thread."""
+    from kubegpu.model.allocation import decode as decode_alloc
+    from kubegpu.model.records import Ack, encode_acks
+
+    with httpx.Client(base_url=f"{api_url}/api/v1/namespaces/{NAMESPACE}/pods", timeout=60) as api:
+        k = 0
+        while True:
+            while k >= len(names):
+                time.sleep(0.002)
+            name = names[k]
+            k += 1
+            if name is None:
+                return
+            ann = api.get(f"/{name}").json()["metadata"].get("annotations") or {}
+            alloc = decode_alloc(ann["kubegpu.io/device-allocated"])
+            acks = {}
+            for c in alloc.containers:
+                whole = all(g.core >= 100 for g in c.grants)
+                devices = tuple(g.uuid if whole else f"{g.uuid}::{name}" for g in c.grants)
+                resource = "nvidia.com/gpu" if whole else "kubegpu.io/gpu.shared"
+                acks[c.container or "main"] = Ack(resource, devices, c.grants)
+            api.patch(f"/{name}", content=encode({"metadata": {"annotations": {
+                "kubegpu.io/device-assigned": encode_acks(acks)}}}),
+                headers={"Content-Type": "application/merge-patch+json"})
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -272,7 +303,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         spy = None
         if args.py_spy:  # a sampling profile of the extender during the timed loop only
             spy = subprocess.Popen([str(Path(python).parent / "py-spy"), "record", "--pid", str(ext.pid), "--rate",
-                                    "500", "--format", "raw", "--output", args.py_spy, "--nonblocking"],
+                                    "500", "--format", "raw", "--output", args.py_spy, "--nonblocking", "--gil"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1.0)
         names = [f"node-{i:05d}" for i in range(args.nodes)]
@@ -307,6 +338,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             mark = now
 
         placed = unschedulable = bind_errors = 0
+        bound: list[str | None] = []  # appended only (the acknowledging thread reads it)
+        acker = threading.Thread(target=acknowledge, args=(info["url"], bound), daemon=True) if args.ack else None
+        if acker is not None:
+            acker.start()
         fit_nodes: list[int] = []
         cpu_before = cpu_s(ext.pid), cpu_s(api.pid)
         load_before = os.getloadavg()[0]
@@ -347,7 +382,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 bind_errors += 1
             else:
                 placed += 1
+                bound.append(meta["name"])
         elapsed = time.perf_counter() - start
+        bound.append(None)
+        if acker is not None:
+            acker.join(60)
         charge("other")
         cpu_ext, cpu_api = cpu_s(ext.pid) - cpu_before[0], cpu_s(api.pid) - cpu_before[1]
         if spy is not None:
@@ -369,6 +408,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "bind_errors": bind_errors,
             "filter_feasible_nodes_mean": round(float(np.mean(fit_nodes)), 1) if fit_nodes else 0,
             "handoff_wait": True,
+            "binds_acknowledged": args.ack,
             "handoff_blocked_nodes_mean": round((rejections(metrics, "handoff-pending") - blocked_before) / filters, 1),
             "learned_workload": {"live_pods": learned["live_pods"], "generation": learned["generation"],
                                  "shapes": len(learned["shapes"]),
@@ -424,6 +464,8 @@ def main() -> None:
     parser.add_argument("--unserved", type=float, default=0.01,
                         help="share of running pods still being handed to their kubelet (not acknowledged)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--no-ack", dest="ack", action="store_false",
+                        help="never acknowledge the bench's own binds (each node then waits on its first one)")
     parser.add_argument("--py-spy", default="", help="write a py-spy raw profile of the extender's timed loop here")
     parser.add_argument("--serve-apiserver", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--kubeconfig", default="", help=argparse.SUPPRESS)

@@ -23,11 +23,12 @@ from kubegpu.model import annotations as A
 from kubegpu.model import signing
 from kubegpu.model.allocation import PodAllocation
 from kubegpu.model.records import Shape, ambiguous, read_pod, request_shapes
-from kubegpu.model.request import PodRequest, parse_pod
+from kubegpu.model.request import PodRequest
 from kubegpu.placement import Demand, PlacementConflict
 from kubegpu.placement.workload import LearnedWorkload
 from kubegpu.scheduler.mirror import ArrayMirror
 from kubegpu.scheduler.nodes import NodeRecord
+from kubegpu.scheduler.parsed import parsed_pod as parse_pod  # once per pod version
 from kubegpu.scheduler.requests import pod_demand, pod_resources
 
 log = logging.getLogger(__name__)

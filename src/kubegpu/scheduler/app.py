@@ -39,12 +39,12 @@ from kubegpu.kube.resources import Pod
 from kubegpu.kube.writes import abind_pod, is_conflict, retry_async
 from kubegpu.model import annotations as A
 from kubegpu.model.allocation import AnnotationError, PodAllocation, decode, encode
-from kubegpu.model.request import parse_pod
 from kubegpu.model.signing import record_annotations
 from kubegpu.placement import DEFAULT_POLICY, PlacementConflict
 from kubegpu.scheduler import wire
 from kubegpu.scheduler.limits import Limits, LoopShare, bounded_filter, too_many_gpu_containers
 from kubegpu.scheduler.metrics import ExtenderMetrics
+from kubegpu.scheduler.parsed import parsed_pod as parse_pod  # once per pod version
 from kubegpu.scheduler.requests import pod_policies
 from kubegpu.scheduler.state import ClusterView
 

@@ -34,8 +34,9 @@ from typing import Any
 import numpy as np
 
 from kubegpu.model.limits import DEFAULT_MAX_GPU_CONTAINERS, count_gpu_containers, too_many_gpu_containers
-from kubegpu.model.request import PodRequest, RequestKind, parse_pod
+from kubegpu.model.request import PodRequest, RequestKind
 from kubegpu.placement import MILLI, Demand, request_demand
+from kubegpu.scheduler.parsed import parsed_pod as parse_pod  # once per pod version
 from kubegpu.scheduler.requests import pod_demand, requires_nvlink, simple_demand
 from kubegpu.scheduler.state import ClusterView, FilterOutcome
 

@@ -42,6 +42,7 @@ class ArrayMirror:
         self._nodes = nodes
         self._cluster: ClusterState | None = None
         self._row: dict[str, int] = {}
+        self.names_by_row = np.zeros(0, object)  # (N,) each row's node name, for the current arrays
         self.rank = np.zeros(0, np.int64)  # (N,) position of each row's name in name order: the tie order
         self._model_masks: dict[frozenset[str], np.ndarray] = {}
         # The last node list, its rows and each name's position (see rows_of).
@@ -98,6 +99,7 @@ class ArrayMirror:
         st.set_model_matcher(self.model_mask)
         self._cluster = st
         self._row = {r.name: i for i, r in enumerate(recs)}
+        self.names_by_row = np.array(st.names, dtype=object)  # (N,) each row's node name (the filter's answers)
         order = np.argsort(np.array(st.names, dtype=object), kind="stable") if recs else np.zeros(0, np.int64)
         self.rank = np.empty(len(recs), np.int64)
         self.rank[order] = np.arange(len(recs))

@@ -22,12 +22,13 @@ from typing import Any
 import numpy as np
 
 from kubegpu.model.allocation import ContainerAllocation, PodAllocation
-from kubegpu.model.request import PodRequest, RequestKind, parse_pod
+from kubegpu.model.request import PodRequest, RequestKind
 from kubegpu.placement import Demand, choose_gpus, fit, pick_best, request_demand
 from kubegpu.placement.node import grants_on
 from kubegpu.scheduler.accounting import Ledger
 from kubegpu.scheduler.mirror import ArrayMirror
 from kubegpu.scheduler.nodes import NodeRecord, all_linked, for_node
+from kubegpu.scheduler.parsed import parsed_pod as parse_pod  # once per pod version
 from kubegpu.scheduler.requests import pod_demand, requires_nvlink, simple_demand, with_resources
 from kubegpu.scheduler.scoring import Scoring
 
@@ -103,9 +104,10 @@ class Verbs:
         pod_demand_ = pod_demand(request, pod)
         roomy = (cluster.cpu_free[rows] >= pod_demand_.cpu_milli) & (cluster.mem_free[rows] >= pod_demand_.memory_bytes)
         short = ok & ~roomy
+        by_row = self.mirror.names_by_row  # a mask's names as one numpy take, not a Python loop over them all
         if short.any():
             texts = _resources_short(cluster, rows[short], pod_demand_)
-            failed.update(zip(compress(names_known, short.tolist()), texts, strict=True))
+            failed.update(zip(by_row[rows[short]].tolist(), texts, strict=True))
             reasons["insufficient-cpu-memory"] += len(texts)
             ok = ok & roomy
         simple = simple_demand(request)
@@ -115,12 +117,12 @@ class Verbs:
             all_cand = self.mirror.candidates(demand)
             enough = self.mirror.candidate_counts(demand)[rows] >= demand.count
             good = ok & enough
-            passed.extend(compress(names_known, good.tolist()))
+            passed.extend(by_row[rows[good]].tolist())
             self.mirror.passed_memo = (list(passed), rows[good])
             short = ok & ~enough
             if short.any():
                 texts = self.mirror.reasons.insufficient(cluster, rows[short], demand, all_cand)
-                failed.update(zip(compress(names_known, short.tolist()), texts, strict=True))
+                failed.update(zip(by_row[rows[short]].tolist(), texts, strict=True))
                 reasons["insufficient-gpu"] += len(texts)
             return FilterOutcome(passed, failed, unresolvable, reasons)
         # Exact path (several GPU containers, MIG, replicas, NVLink): first what the arrays can rule out

@@ -82,7 +82,7 @@ def _readable_values(reasons: dict[str, str]) -> dict[str, str]:
     return dict(zip(reasons, map(readable, reasons.values()), strict=True))
 
 
-class HostPriority(msgspec.Struct):
+class HostPriority(msgspec.Struct, gc=False):  # thousands per answer, no references: never tracked
     Host: str
     Score: int
 
