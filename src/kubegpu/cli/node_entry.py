@@ -241,11 +241,6 @@ def run_node(args: NodeArgs, backend_factory: Callable[..., Any] = _backend) -> 
     ``backend_factory`` is ``_backend`` unless a caller (the demo) replaced :data:`kubegpu.cli.node._backend`."""
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from kubegpu.node.config import ConfigError
-    from kubegpu.node.daemon import NodeDaemon
-    from kubegpu.node.metrics import NodeMetrics
-    from kubegpu.node.options import load_node_options
-
     inventory, node_name, kubeconfig = args.inventory, args.node_name, args.kubeconfig
     try:
         flags = parse_extra_flags(list(args.extra))
@@ -267,7 +262,12 @@ def run_node(args: NodeArgs, backend_factory: Callable[..., Any] = _backend) -> 
         return run_dra(flags, env, backend=dra_backend, kubeconfig=kubeconfig, node_name=node_name,
                        run_for=args.run_for, dry_run=args.dry_run, as_json=args.as_json)
 
+    # Imported past the DRA branch: a DRA node never loads the device-plugin servers.
+    from kubegpu.node.config import ConfigError
     from kubegpu.node.config.select import with_node_config
+    from kubegpu.node.daemon import NodeDaemon
+    from kubegpu.node.metrics import NodeMetrics
+    from kubegpu.node.options import load_node_options
 
     # NVIDIA's per-node selection: the node's nvidia.com/device-plugin.config label names the config entry.
     label = NodeConfigLabel(False if args.standalone else kubeconfig, node_name)
@@ -298,9 +298,12 @@ def run_node(args: NodeArgs, backend_factory: Callable[..., Any] = _backend) -> 
         except Exception as exc:
             _error(f"[red]error:[/red] {exc}")
             return EXIT_INIT
-        from kubegpu.cli.console import make_console
+        if args.as_json:
+            _print_plans(None, plans, True)
+        else:
+            from kubegpu.cli.console import make_console
 
-        _print_plans(make_console(stderr=not args.as_json), plans, args.as_json)
+            _print_plans(make_console(stderr=True), plans, False)
         return EXIT_OK
 
     metrics = NodeMetrics()
