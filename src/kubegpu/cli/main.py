@@ -4,7 +4,7 @@
 A process started as ``kubegpu node ...`` (the node daemon, on every GPU node for its whole life)
 does not load typer, rich or the other commands at all: ``app`` is then a small entry that runs the
 node through :func:`kubegpu.cli.node_entry.lean_main` and builds the full CLI only for what that
-does not take (``--help``, a malformed option), so every input behaves as before (about 10 MB less
+does not take (``--help``, a malformed option), so every input behaves as before (about 12 MB less
 resident memory; the node's budget is 60 MB).
 """
 

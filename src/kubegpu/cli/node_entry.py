@@ -2,7 +2,7 @@
 
 The node daemon lives on every GPU node for the node's lifetime, beside NVIDIA's plugin budget
 (20-30 MB); its target is 60 MB resident. typer (with the pydantic it parses options with), rich and
-the other commands' modules cost about 10 MB of that and do nothing once the options are read. So
+the other commands' modules cost about 12 MB of that and do nothing once the options are read. So
 ``kubegpu.cli.main`` hands a process started as ``kubegpu node ...`` to :func:`lean_main`, which reads
 the command's own options exactly as the typer command declares them (:mod:`kubegpu.cli.node`) and
 runs :func:`run_node`; any argument list it does not take as it is (``--help``, a malformed or
