@@ -32,6 +32,7 @@ from kubegpu.install.values import (
     webhook_failure_policy,
 )
 from kubegpu.model import resources as R
+from kubegpu.node.runtime_env import env_entries as node_runtime_env
 
 Obj = dict[str, Any]
 
@@ -155,7 +156,7 @@ def node_objects(v: Values) -> list[Obj]:
     ]
     if mig_monitoring(v):
         env.append({"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"})
-    env += resources_env(v) + record_key_env(v)
+    env += resources_env(v) + record_key_env(v) + node_runtime_env()
     for key, value in (
         ("MIG_STRATEGY", v.mig_strategy),
         ("FAIL_ON_INIT_ERROR", v.fail_on_init_error),

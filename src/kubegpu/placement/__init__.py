@@ -38,28 +38,59 @@ Units: compute in milli-GPU (1000 = one GPU; percent x 10) in the array API, per
 grants; memory in bytes; CPU in millicores.
 """
 
-from kubegpu.placement.cluster import MILLI, ClusterState, Demand
-from kubegpu.placement.engine import Placement, choose_gpus, pick_best, place, score_nodes
-from kubegpu.placement.frag import FragTerms, node_frag
-from kubegpu.placement.node import (
-    ContainerChoice,
-    Fit,
-    NodeState,
-    PlacementConflict,
-    PodChoice,
-    fit,
-    request_demand,
-)
-from kubegpu.placement.policies import (
-    DEFAULT_POLICY,
-    PAPER_POLICIES,
-    POLICY_NAMES,
-    Policy,
-    ScoreContext,
-    get_policy,
-)
-from kubegpu.placement.topology import LINK_SCORES, GpuSetError, LinkType, choose_gpu_set, pair_score
-from kubegpu.placement.workload import Workload, WorkloadShape
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kubegpu.placement.cluster import MILLI, ClusterState, Demand
+    from kubegpu.placement.engine import Placement, choose_gpus, pick_best, place, score_nodes
+    from kubegpu.placement.frag import FragTerms, node_frag
+    from kubegpu.placement.node import (
+        ContainerChoice,
+        Fit,
+        NodeState,
+        PlacementConflict,
+        PodChoice,
+        fit,
+        request_demand,
+    )
+    from kubegpu.placement.policies import (
+        DEFAULT_POLICY,
+        PAPER_POLICIES,
+        POLICY_NAMES,
+        Policy,
+        ScoreContext,
+        get_policy,
+    )
+    from kubegpu.placement.topology import LINK_SCORES, GpuSetError, LinkType, choose_gpu_set, pair_score
+    from kubegpu.placement.workload import Workload, WorkloadShape
+
+# Each name's module, imported on first use (PEP 562): the node daemon needs only the NVLink choice
+# (`topology`, pure Python) and should not load numpy (about 13 MB resident) with the array API.
+_WHERE = {
+    "MILLI": "cluster", "ClusterState": "cluster", "Demand": "cluster",
+    "Placement": "engine", "choose_gpus": "engine", "pick_best": "engine", "place": "engine",
+    "score_nodes": "engine",
+    "FragTerms": "frag", "node_frag": "frag",
+    "ContainerChoice": "node", "Fit": "node", "NodeState": "node", "PlacementConflict": "node",
+    "PodChoice": "node", "fit": "node", "request_demand": "node",
+    "DEFAULT_POLICY": "policies", "PAPER_POLICIES": "policies", "POLICY_NAMES": "policies", "Policy": "policies",
+    "ScoreContext": "policies", "get_policy": "policies",
+    "LINK_SCORES": "topology", "GpuSetError": "topology", "LinkType": "topology", "choose_gpu_set": "topology",
+    "pair_score": "topology",
+    "Workload": "workload", "WorkloadShape": "workload",
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{where}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DEFAULT_POLICY",

@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from kubegpu.install.values import Values, default_affinity, node_fullname
 from kubegpu.node.dra.names import DRIVER, MODE_LABEL, TYPE_GPU, TYPE_MIG, TYPE_SHARED
+from kubegpu.node.runtime_env import env_entries as node_runtime_env
 
 Obj = dict[str, Any]
 APP: Final = "kubegpu"
@@ -150,7 +151,7 @@ def daemonset(v: Values, *, all_nodes: bool = False, shared_gpus: str = "all") -
     ]
     env = [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
            {"name": "KUBEGPU_KUBELET_PLUGIN", "value": "dra"},
-           {"name": "NVIDIA_DRIVER_ROOT", "value": v.nvidia_driver_root}]
+           {"name": "NVIDIA_DRIVER_ROOT", "value": v.nvidia_driver_root}, *node_runtime_env()]
     container = {
         "name": "dra-node", "image": v.image.ref, "imagePullPolicy": v.image.pull_policy, "command": ["kubegpu"],
         "args": ["node", "--kubelet-plugin", "dra", "--dra-plugins-dir", f"{kubelet}/plugins",

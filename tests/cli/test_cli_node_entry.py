@@ -1,0 +1,124 @@
+"""``kubegpu node``'s lean entry (issue 23): it reads the command's options exactly as the typer command
+does, hands what it does not take to typer, and a node daemon process loads neither typer nor rich,
+pydantic, click or numpy."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+import kubegpu.cli.node as node_cli
+from kubegpu.cli.main import app
+from kubegpu.cli.node_entry import ENVS, FLAGS, VALUES, NodeArgs, parse_node_argv
+
+ARGVS: list[list[str]] = [
+    [],
+    ["--standalone", "--inventory", "dgx1-v100", "--shared-slots", "100", "--metrics-address", "0"],
+    ["--mig-strategy", "mixed", "--standalone", "--pass-device-specs", "--inventory=t4x4", "--x=y", "value"],
+    ["--node-name", "a", "--node-name=b", "--run-for", "2.5", "--log-level", "debug", "--dry-run", "--json"],
+    ["--kubelet-plugin", "dra", "--dra-shared-gpus", "4-7", "--kubeconfig", "/k", "--inventory", ""],
+    ["--inventory=", "--run-for=3", "--standalone", "--standalone", "--config-file", "f.yaml"],
+    ["stray", "--fail-on-init-error=false"],
+]
+ENVIRONS: list[dict[str, str]] = [
+    {},
+    {"NODE_NAME": "env-node", "KUBECONFIG": "/env/kc", "KUBEGPU_KUBELET_PLUGIN": "dra"},
+    {"NODE_NAME": "", "KUBECONFIG": ""},  # empty: as if unset (click's rule)
+]
+# What the lean reader leaves to typer: help, option ends, short options, missing or odd values.
+TYPER_ONLY: list[list[str]] = [
+    ["--help"], ["--standalone", "--help"], ["--", "--standalone"], ["-h"], ["-"], ["--inventory"],
+    ["--inventory", "--standalone"], ["--standalone=true"], ["--run-for", "x"], ["--run-for", "1e3"],
+    ["--run-for=-1"], ["--log-level", "-v"],
+]
+
+
+def typer_args(argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> NodeArgs:
+    """The NodeArgs the typer command hands to run_node for ``kubegpu node <argv>`` under ``env``."""
+    seen: list[NodeArgs] = []
+
+    def record(args: NodeArgs, backend: Any) -> int:
+        seen.append(args)
+        return 0
+
+    monkeypatch.setattr(node_cli, "run_node", record)
+    for var in ENVS.values():
+        monkeypatch.delenv(var, raising=False)
+    result = CliRunner().invoke(app, ["node", *argv], env=env)
+    assert result.exit_code == 0, result.output
+    (args,) = seen
+    return args
+
+
+@pytest.mark.parametrize("env", ENVIRONS, ids=["no-env", "env", "empty-env"])
+@pytest.mark.parametrize("argv", ARGVS, ids=[str(i) for i in range(len(ARGVS))])
+def test_lean_reader_reads_what_the_typer_command_reads(argv: list[str], env: dict[str, str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert parse_node_argv(argv, env) == typer_args(argv, env, monkeypatch)
+
+
+@pytest.mark.parametrize("argv", TYPER_ONLY, ids=[" ".join(a) for a in TYPER_ONLY])
+def test_what_the_lean_reader_cannot_take_as_it_is_goes_to_typer(argv: list[str]) -> None:
+    assert parse_node_argv(argv, {}) is None
+
+
+def test_option_tables_are_the_typer_commands_options() -> None:
+    command = typer.main.get_command(app).commands["node"]  # type: ignore[attr-defined]
+    declared = {p.opts[0]: p for p in command.params if p.opts and p.opts[0] != "--help"}
+    assert set(declared) == set(FLAGS) | set(VALUES)
+    for opt, p in declared.items():
+        assert p.is_flag == (opt in FLAGS), opt
+        field = FLAGS.get(opt) or VALUES[opt]
+        assert p.name == field or (p.name, field) == ("as_json", "as_json"), opt
+        assert p.envvar == ENVS.get(field), opt
+        assert p.default == getattr(NodeArgs(), field), opt
+
+
+def run_kubegpu(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """``kubegpu <args>`` as the console script runs it; stderr's last line lists the heavy modules loaded."""
+    code = ("import atexit, sys\n"
+            "atexit.register(lambda: print(json.dumps(sorted(m for m in ('typer', 'rich', 'pydantic', 'click', "
+            "'numpy', 'kubegpu.cli.node', 'kubegpu.placement.cluster') if m in sys.modules)), file=sys.stderr))\n"
+            "import json\n"
+            "from kubegpu.cli.main import app\n"
+            "sys.exit(app())\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env,
+                          timeout=60, cwd=tmp_path)
+
+
+def loaded(result: subprocess.CompletedProcess[str]) -> list[str]:
+    return list(json.loads(result.stderr.strip().splitlines()[-1]))
+
+
+def test_node_daemon_process_loads_no_cli_framework(tmp_path: Path) -> None:
+    # Served for half a second with no kubelet (it keeps retrying to register), then a clean stop.
+    result = run_kubegpu(["node", "--standalone", "--inventory", "dgx1-v100", "--device-plugin-dir",
+                          str(tmp_path / "dp"), "--cdi-spec-dir", str(tmp_path / "cdi"), "--metrics-address", "0",
+                          "--run-for", "0.5", "--log-level", "warning"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert loaded(result) == []
+    plans = run_kubegpu(["node", "--standalone", "--inventory", "t4x4", "--dry-run", "--json"], tmp_path)
+    assert plans.returncode == 0, plans.stderr
+    assert "nvidia.com/gpu" in [p["resource"] for p in json.loads(plans.stdout)]
+    assert loaded(plans) == []
+
+
+def test_node_help_and_bad_input_still_get_typers_answers(tmp_path: Path) -> None:
+    helped = run_kubegpu(["node", "--help"], tmp_path)
+    assert helped.returncode == 0 and "--kubelet-plugin KIND" in helped.stdout
+    assert "--mig-strategy VALUE" in helped.stdout  # the node config's options, in the epilog
+    bad = run_kubegpu(["node", "--run-for", "soon"], tmp_path)
+    assert bad.returncode == 2 and "Invalid value for '--run-for'" in bad.stderr
+    unknown = run_kubegpu(["node", "--standalone", "--inventory", "t4x4", "--dry-run", "--no-such-flag", "1"],
+                          tmp_path)
+    assert unknown.returncode == 2 and "configuration error:" in unknown.stderr
+    assert "typer" not in loaded(unknown)  # a config error is the daemon's answer, not typer's

@@ -1,0 +1,41 @@
+"""What keeps the node daemon at its memory target (issue 23) beyond the lean entry (tests/cli/
+test_cli_node_entry.py): the preferred-allocation path loads no numpy, and both DaemonSets run the
+daemon with the runtime environment the benchmarks measure."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from kubegpu.install.dra import apply_dra
+from kubegpu.install.render import render
+from kubegpu.install.values import Values
+from kubegpu.node.runtime_env import NODE_ENV
+
+
+def test_whole_gpu_preference_loads_no_numpy() -> None:
+    code = ("import sys\n"
+            "from kubegpu.inventory.fake import FakeBackend\n"
+            "from kubegpu.node import preferred\n"
+            "from kubegpu.node.resources import whole_device\n"
+            "gpus = FakeBackend('dgx1-v100').discover().gpus\n"
+            "known = {g.uuid: whole_device(g) for g in gpus}\n"
+            "print(len(preferred.whole_gpus(gpus, sorted(known), [], 2, known)))\n"
+            "print('numpy' in sys.modules)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["2", "False"]
+
+
+def test_both_daemonsets_run_the_daemon_with_the_node_runtime_env() -> None:
+    v = Values()
+    objs = apply_dra(render(v), v)
+    daemonsets = {o["metadata"]["name"]: o for o in objs if o["kind"] == "DaemonSet"}
+    nodes = [o for name, o in daemonsets.items() if "node" in name or "dra" in name]
+    assert len(nodes) == 2, sorted(daemonsets)
+    for ds in nodes:
+        (container,) = ds["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert {k: env.get(k) for k in NODE_ENV} == NODE_ENV, ds["metadata"]["name"]
