@@ -21,7 +21,6 @@ deleted, as the simulator drops it.
 
 from __future__ import annotations
 
-import json
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -47,7 +46,7 @@ from kubegpu_standins.kube_scheduler_model import (
     select_host,
     total_scores,
 )
-from kubegpu_standins.trace_scheduler import HEADERS, NAMESPACE, ReplayOutcome, trace_pod
+from kubegpu_standins.trace_scheduler import NAMESPACE, ReplayOutcome, post_verb, trace_pod
 
 MAX_PODS = 1000
 HANDOFF_REASON = "is being handed to the kubelet"  # the extender's filter reason (scheduler/accounting.py)
@@ -83,13 +82,7 @@ class ProductionScheduler:
         self.retried = 0  # pods tried again after waiting for acknowledgements
 
     def _post(self, verb: str, body: Any, out: ReplayOutcome) -> Any:
-        start = time.perf_counter()
-        resp = self.http.post(f"{self.url}/{verb}", content=json.dumps(body, separators=(",", ":")),
-                              headers=HEADERS)
-        out.verb_seconds[verb].append(time.perf_counter() - start)
-        if resp.status_code != 200:
-            raise RuntimeError(f"extender {verb} answered HTTP {resp.status_code}: {resp.text[:200]}")
-        return resp.json()
+        return post_verb(self.http, self.url, verb, body, out)
 
     @staticmethod
     def _asks(tp: TracePod) -> dict[str, int]:

@@ -88,6 +88,16 @@ class ReplayOutcome:
                                                                            "bind": []})
 
 
+def post_verb(http: httpx.Client, url: str, verb: str, body: Any, out: ReplayOutcome) -> Any:
+    """One extender verb as kube-scheduler posts it (compact JSON), timed into ``out``."""
+    start = time.perf_counter()
+    resp = http.post(f"{url}/{verb}", content=json.dumps(body, separators=(",", ":")), headers=HEADERS)
+    out.verb_seconds[verb].append(time.perf_counter() - start)
+    if resp.status_code != 200:
+        raise RuntimeError(f"extender {verb} answered HTTP {resp.status_code}: {resp.text[:200]}")
+    return resp.json()
+
+
 class TraceScheduler:
     """Plays kube-scheduler for a trace against an extender at ``url`` and the stand-in API server ``api``."""
 
@@ -101,13 +111,7 @@ class TraceScheduler:
         self.http = httpx.Client(timeout=30.0)
 
     def _post(self, verb: str, body: Any, out: ReplayOutcome) -> Any:
-        start = time.perf_counter()
-        resp = self.http.post(f"{self.url}/{verb}", content=json.dumps(body, separators=(",", ":")),
-                              headers=HEADERS)
-        out.verb_seconds[verb].append(time.perf_counter() - start)
-        if resp.status_code != 200:
-            raise RuntimeError(f"extender {verb} answered HTTP {resp.status_code}: {resp.text[:200]}")
-        return resp.json()
+        return post_verb(self.http, self.url, verb, body, out)
 
     def run(self, pods: Sequence[TracePod], order: Sequence[int]) -> ReplayOutcome:
         out = ReplayOutcome()
