@@ -29,6 +29,7 @@ from kubegpu.scheduler.accounting import Ledger
 from kubegpu.scheduler.mirror import ArrayMirror
 from kubegpu.scheduler.nodes import NodeRecord, all_linked, for_node
 from kubegpu.scheduler.parsed import parsed_pod as parse_pod  # once per pod version
+from kubegpu.scheduler.reasons import readable
 from kubegpu.scheduler.requests import pod_demand, requires_nvlink, simple_demand, with_resources
 from kubegpu.scheduler.scoring import Scoring
 
@@ -52,6 +53,12 @@ def _resources_short(cluster: Any, rows: np.ndarray, demand: Demand) -> list[str
             out.append(f"{demand.memory_bytes / 2**30:.1f} GiB memory requested, "
                        f"{int(cluster.mem_free[r]) / 2**30:.1f} GiB free on this GPU node")
     return out
+
+
+def _resources_short_readable(cluster: Any, rows: np.ndarray, demand: Demand) -> list[str]:
+    """:func:`_resources_short` as the filter answer words it (``readable``: they start with a number).
+    Worded here, once per distinct text, so that the answer's thousands of reasons need no second pass."""
+    return list(map(readable, _resources_short(cluster, rows, demand)))
 
 
 class Verbs:
@@ -93,8 +100,8 @@ class Verbs:
             self.mirror.passed_memo = (list(passed), all_rows[ok])
             bad = np.flatnonzero(~ok)
             if len(bad):
-                failed.update(zip((names[int(i)] for i in bad), _resources_short(cluster, all_rows[bad], demand),
-                                  strict=True))
+                texts = _resources_short_readable(cluster, all_rows[bad], demand)
+                failed.update(zip((names[int(i)] for i in bad), texts, strict=True))
                 reasons["insufficient-cpu-memory"] += len(bad)
             return FilterOutcome(passed, failed, unresolvable, reasons)
         if not known.any():
@@ -106,7 +113,7 @@ class Verbs:
         short = ok & ~roomy
         by_row = self.mirror.names_by_row  # a mask's names as one numpy take, not a Python loop over them all
         if short.any():
-            texts = _resources_short(cluster, rows[short], pod_demand_)
+            texts = _resources_short_readable(cluster, rows[short], pod_demand_)
             failed.update(zip(by_row[rows[short]].tolist(), texts, strict=True))
             reasons["insufficient-cpu-memory"] += len(texts)
             ok = ok & roomy

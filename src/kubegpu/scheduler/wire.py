@@ -78,7 +78,9 @@ class ExtenderFilterResult(msgspec.Struct):
 
 def _readable_values(reasons: dict[str, str]) -> dict[str, str]:
     distinct = set(reasons.values())
-    if all(readable(r) is r for r in distinct):
+    # Equal, not the same object: readable's cache answers an equal text worded earlier with that earlier
+    # string, and the row caches word a changed row anew, so identity would rebuild nearly every answer.
+    if all(readable(r) == r for r in distinct):
         return reasons
     return dict(zip(reasons, map(readable, reasons.values()), strict=True))
 
