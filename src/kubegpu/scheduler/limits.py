@@ -37,7 +37,6 @@ from kubegpu.model.limits import DEFAULT_MAX_GPU_CONTAINERS, count_gpu_container
 from kubegpu.model.request import PodRequest, RequestKind
 from kubegpu.placement import MILLI, Demand, request_demand
 from kubegpu.scheduler.parsed import parsed_pod as parse_pod  # once per pod version
-from kubegpu.scheduler.reasons import readable
 from kubegpu.scheduler.requests import pod_demand, requires_nvlink, simple_demand
 from kubegpu.scheduler.state import ClusterView, FilterOutcome
 
@@ -133,8 +132,7 @@ def aggregate(request: PodRequest) -> Aggregate:
 
 
 def aggregate_short(view: ClusterView, rows: np.ndarray, need: Aggregate) -> list[str]:
-    """Per row, why the node cannot hold ``need`` in total ('' when it might), worded as the answer
-    sends it (``readable``)."""
+    """Per row, why the node cannot hold ``need`` in total ('' when it might)."""
     cluster = view.cluster
     ok = cluster.gpu_ok[rows]
     core = np.where(ok, cluster.core_free[rows], 0).sum(axis=1)
@@ -150,8 +148,8 @@ def aggregate_short(view: ClusterView, rows: np.ndarray, need: Aggregate) -> lis
         if whole_free[i] < need.whole:
             out[i] = f"{need.who}: {need.whole} whole GPUs requested in all, {int(whole_free[i])} free"
         elif core[i] < need.milli:
-            out[i] = readable(f"{need.who} need {need.milli / 10:g} % of a GPU's compute in all, "
-                              f"the node has {int(core[i]) / 10:g} % free")
+            out[i] = (f"{need.who} need {need.milli / 10:g} % of a GPU's compute in all, "
+                      f"the node has {int(core[i]) / 10:g} % free")
         else:
             out[i] = (f"{need.who} need {int(mem_need[i]) / 2**30:.1f} GiB of GPU memory in all, "
                       f"the node has {int(gmem_free[i]) / 2**30:.1f} GiB free")
