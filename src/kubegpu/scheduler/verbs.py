@@ -251,9 +251,20 @@ class Verbs:
                 scores[known[feasible]] = scaled
                 blocked = self.ledger.handoff_blocked(pod, request)
                 if blocked:
-                    fits_at = {names[int(i)] for i in known[feasible]}
-                    return away_from_handoffs(names, scores.tolist(), blocked, fits_at, self.ledger.waiting_binds)
+                    fits = np.zeros(len(names), bool)
+                    fits[known[feasible]] = True
+                    return away_from_handoffs(names, scores, self.named(names, all_rows, blocked), fits,
+                                              self.ledger.waiting_binds)
         return scores.tolist()
+
+    def named(self, names: Sequence[str], all_rows: np.ndarray, which: Mapping[str, Any]) -> np.ndarray:
+        """Which of ``names`` (their rows ``all_rows``, -1 unknown) are keys of ``which``, as a mask: by
+        row for known nodes (no Python pass over thousands of names), by name for the rest."""
+        rows = self.mirror.rows_of(list(which), remember=False)
+        mask = np.isin(all_rows, rows[rows >= 0])
+        for i in np.flatnonzero(all_rows < 0).tolist():
+            mask[i] = names[i] in which
+        return mask
 
     def node_scores(self, policy_name: str, demand: Demand, rows: np.ndarray, cand: np.ndarray) -> np.ndarray:
         """The policy's raw scores of ``rows`` (the very call the simulator makes; the policy keeps its own
@@ -304,16 +315,20 @@ class Verbs:
         return result.choice.to_allocation(), result.reason
 
 
-def away_from_handoffs(names: Sequence[str], scores: list[int], blocked: Mapping[str, str],
-                       fits_at: set[str], waiting_binds: Mapping[str, int]) -> list[int]:
+def away_from_handoffs(names: Sequence[str], scores: np.ndarray, blocked: np.ndarray, fits: np.ndarray,
+                       waiting_binds: Mapping[str, int]) -> list[int]:
     """Nodes where a pod of this kind is being handed to the kubelet score 0 while another node it fits scores
     at least 1: bind would wait there for its turn (docs/handoff.md), so a burst of identical pods spreads
     over nodes and their handoffs overlap instead of queueing behind one node's. Where every node it fits
-    is handing one over, the node with the fewest binds waiting scores highest (the shortest queue)."""
-    if not any(n in fits_at and n not in blocked for n in names):
-        return [MAX_PRIORITY - min(MAX_PRIORITY - 1, waiting_binds.get(n, 0)) if n in fits_at else s
-                for n, s in zip(names, scores, strict=True)]
-    return [0 if n in blocked else max(s, 1) if n in fits_at else s for n, s in zip(names, scores, strict=True)]
+    is handing one over, the node with the fewest binds waiting scores highest (the shortest queue).
+    ``scores``, ``blocked`` (handing one over) and ``fits`` are per position of ``names``."""
+    scores = np.asarray(scores, np.int64)
+    if not (fits & ~blocked).any():
+        out = scores.copy()
+        for i in np.flatnonzero(fits).tolist():  # all of them hand one over: as few as such nodes
+            out[i] = MAX_PRIORITY - min(MAX_PRIORITY - 1, waiting_binds.get(names[i], 0))
+        return out.tolist()
+    return np.where(blocked, 0, np.where(fits, np.maximum(scores, 1), scores)).tolist()
 
 
 def _linked(rec: NodeRecord, alloc: PodAllocation) -> bool:
