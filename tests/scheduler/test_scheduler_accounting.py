@@ -353,3 +353,15 @@ def test_learned_workload_counts_cpu_pods_on_gpu_nodes_but_not_daemonset_or_stat
     assert free - int(view.cluster.cpu_free[view.rows_of(["n"], remember=False)[0]]) == 18_000
     view.observe_pod(cpu_pod("batch"), deleted=True)
     assert learner.live == 0
+
+
+def test_named_mask_matches_names_known_or_not() -> None:
+    """prioritize's mask of the nodes handing a pod over: by row for known nodes, by name for the others."""
+    view = ClusterView()
+    for i in range(4):
+        inv = FakeBackend("t4x4", node_name=f"n{i}").discover()
+        view.set_inventory(inv.name, inv)
+    names = ["n2", "ghost", "n0", "n2", "n3", "other", "n1"]
+    rows = view.rows_of(names, remember=False)
+    for which in ({}, {"n2": "w"}, {"ghost": "w", "n0": "w"}, {"n1": "w", "gone": "w", "other": "w", "n3": "w"}):
+        assert view.named(names, rows, which).tolist() == [n in which for n in names]

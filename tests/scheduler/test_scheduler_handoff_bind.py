@@ -90,10 +90,36 @@ def test_a_bind_that_waits_too_long_fails_with_the_reason(tmp_path: Path, monkey
 
 
 def test_prioritize_spreads_a_burst_away_from_nodes_handing_one_over() -> None:
-    from kubegpu.scheduler.verbs import away_from_handoffs
+    import random
+
+    import numpy as np
+
+    from kubegpu.scheduler.verbs import MAX_PRIORITY, away_from_handoffs
+
+    def mask(names: list[str], which: object) -> np.ndarray:
+        return np.array([n in which for n in names], bool)  # type: ignore[operator]
 
     names = ["a", "b", "c"]
     # b hands a pod of this kind over: a (which fits, however it scored) goes first; c does not fit.
-    assert away_from_handoffs(names, [0, 10, 0], {"b": "waiting"}, {"a", "b"}, {}) == [1, 0, 0]
+    assert away_from_handoffs(names, np.array([0, 10, 0]), mask(names, {"b"}), mask(names, {"a", "b"}),
+                              {}) == [1, 0, 0]
     # Every node it fits is busy: the shortest queue of waiting binds wins.
-    assert away_from_handoffs(names, [10, 3, 0], {"a": "w", "b": "w"}, {"a", "b"}, {"a": 4, "b": 1}) == [6, 9, 0]
+    assert away_from_handoffs(names, np.array([10, 3, 0]), mask(names, {"a", "b"}), mask(names, {"a", "b"}),
+                              {"a": 4, "b": 1}) == [6, 9, 0]
+
+    def rule(scores: list[int], blocked: set[str], fits_at: set[str], waiting: dict[str, int]) -> list[int]:
+        """The rule node by node, as docs/handoff.md states it."""
+        if not any(n in fits_at and n not in blocked for n in names):
+            return [MAX_PRIORITY - min(MAX_PRIORITY - 1, waiting.get(n, 0)) if n in fits_at else s
+                    for n, s in zip(names, scores, strict=True)]
+        return [0 if n in blocked else max(s, 1) if n in fits_at else s for n, s in zip(names, scores, strict=True)]
+
+    rng = random.Random(5)
+    for _ in range(300):
+        names = [f"n{rng.randrange(12)}" for _ in range(rng.randrange(1, 12))]  # repeats too
+        scores = [rng.randrange(11) for _ in names]
+        blocked = {n for n in names if rng.random() < 0.4}
+        fits_at = {n for n in names if rng.random() < 0.6}
+        waiting = {n: rng.randrange(15) for n in names if rng.random() < 0.5}
+        assert away_from_handoffs(names, np.array(scores), mask(names, blocked), mask(names, fits_at),
+                                  waiting) == rule(scores, blocked, fits_at, waiting)

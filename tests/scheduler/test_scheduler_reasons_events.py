@@ -52,3 +52,19 @@ def test_the_filter_result_carries_only_readable_reasons() -> None:
 
 def test_the_recorded_garbling_is_what_the_check_catches() -> None:
     assert as_event(1, "50 % compute free") == "0/1 nodes are available: 1 50 %!c(MISSING)ompute free."
+
+
+def test_readable_reasons_are_sent_as_given_whatever_string_object_holds_them() -> None:
+    """A map whose reasons are all readable is encoded as it is (no second map of thousands of nodes),
+    also when its texts are equal to, but not the very objects of, texts worded before (the row caches
+    word a changed row anew)."""
+    first = "not enough GPU compute: GPU 3 has 20 percent free, 50 percent requested"
+    assert readable(first) is first
+    again = "".join(list(first))  # equal text, another object
+    assert again == first and again is not first
+    failed = {"n1": again, "n2": again}
+    result = wire.ExtenderFilterResult(None, None, failed, {})
+    assert result.FailedNodes is failed
+    # a reason that needs rewording still gets it
+    result = wire.ExtenderFilterResult(None, None, {"n1": again, "n2": "50 % free"}, {})
+    assert result.FailedNodes == {"n1": first, "n2": "not enough GPUs: 50 percent free"}

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kubegpu.scheduler.wire import MAX_NAME, NameMemo, WireError, decode_args
+from kubegpu.scheduler.wire import MAX_NAME, HostPriority, NameMemo, WireError, decode_args, encode_priorities
 
 NODES = [f"node-{i:03d}" for i in range(40)]
 
@@ -73,3 +73,29 @@ def test_lists_longer_than_any_cluster_are_decoded_but_not_held(monkeypatch: pyt
     first = decode_args(body(NODES), memo).NodeNames
     again = decode_args(body(NODES), memo).NodeNames
     assert first == again == NODES and again is not None and first is not None and again[0] is not first[0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(names=st.lists(st.text(min_size=1, max_size=12), max_size=30),
+       scores=st.lists(st.integers(min_value=-2, max_value=300), max_size=30))
+def test_prioritize_answer_decodes_as_the_struct_encoding(names: list[str], scores: list[int]) -> None:
+    """The two-byte score slots decode (Go or Python alike: plain JSON) to exactly the HostPriority list,
+    whatever the names (commas, quotes, escapes) and scores (0..10, or out of range: encoded in full)."""
+    scores = [s if i % 3 else s % 11 for i, s in enumerate(scores)]  # mostly in range
+    names = names[:len(scores)]
+    scores = scores[:len(names)]
+    expected = msgspec.json.encode(list(map(HostPriority, names, scores)))
+    for raw in (None, msgspec.json.encode(names)):
+        got = encode_priorities(names, scores, raw)
+        assert json.loads(got) == json.loads(expected)
+        assert msgspec.json.decode(got) == msgspec.json.decode(expected)
+
+
+def test_prioritize_answer_reuses_the_filter_answer_bytes() -> None:
+    memo = NameMemo()
+    passed = ["a", "b,c", "d"]
+    raw = memo.answered(passed)
+    assert memo.encoded(passed) is raw and memo.encoded(list(passed)) is None
+    got = encode_priorities(passed, [10, 3, 0], raw)
+    assert json.loads(got) == [{"Host": "a", "Score": 10}, {"Host": "b,c", "Score": 3}, {"Host": "d", "Score": 0}]
+    assert encode_priorities(["x", "y"], [7, 10]) == b'[{"Host":"x","Score":7 },{"Host":"y","Score":10}]'

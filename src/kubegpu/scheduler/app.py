@@ -210,7 +210,7 @@ class Extender:
         except Exception:
             log.exception("prioritize failed")  # errors are ignored by the scheduler: score nothing
             scores = [0] * len(names)
-        return _json(wire.encode(list(map(wire.HostPriority, names, scores))))
+        return _json(wire.encode_priorities(names, scores, self.names.encoded(names)))
 
     async def bind(self, body: bytes) -> Response:
         args = wire.decode_binding(body)

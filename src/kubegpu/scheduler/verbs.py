@@ -29,6 +29,7 @@ from kubegpu.scheduler.accounting import Ledger
 from kubegpu.scheduler.mirror import ArrayMirror
 from kubegpu.scheduler.nodes import NodeRecord, all_linked, for_node
 from kubegpu.scheduler.parsed import parsed_pod as parse_pod  # once per pod version
+from kubegpu.scheduler.reasons import readable
 from kubegpu.scheduler.requests import pod_demand, requires_nvlink, simple_demand, with_resources
 from kubegpu.scheduler.scoring import Scoring
 
@@ -52,6 +53,12 @@ def _resources_short(cluster: Any, rows: np.ndarray, demand: Demand) -> list[str
             out.append(f"{demand.memory_bytes / 2**30:.1f} GiB memory requested, "
                        f"{int(cluster.mem_free[r]) / 2**30:.1f} GiB free on this GPU node")
     return out
+
+
+def _resources_short_readable(cluster: Any, rows: np.ndarray, demand: Demand) -> list[str]:
+    """:func:`_resources_short` as the filter answer words it (``readable``: they start with a number).
+    Worded here, once per distinct text, so that the answer's thousands of reasons need no second pass."""
+    return list(map(readable, _resources_short(cluster, rows, demand)))
 
 
 class Verbs:
@@ -93,8 +100,8 @@ class Verbs:
             self.mirror.passed_memo = (list(passed), all_rows[ok])
             bad = np.flatnonzero(~ok)
             if len(bad):
-                failed.update(zip((names[int(i)] for i in bad), _resources_short(cluster, all_rows[bad], demand),
-                                  strict=True))
+                texts = _resources_short_readable(cluster, all_rows[bad], demand)
+                failed.update(zip((names[int(i)] for i in bad), texts, strict=True))
                 reasons["insufficient-cpu-memory"] += len(bad)
             return FilterOutcome(passed, failed, unresolvable, reasons)
         if not known.any():
@@ -106,7 +113,7 @@ class Verbs:
         short = ok & ~roomy
         by_row = self.mirror.names_by_row  # a mask's names as one numpy take, not a Python loop over them all
         if short.any():
-            texts = _resources_short(cluster, rows[short], pod_demand_)
+            texts = _resources_short_readable(cluster, rows[short], pod_demand_)
             failed.update(zip(by_row[rows[short]].tolist(), texts, strict=True))
             reasons["insufficient-cpu-memory"] += len(texts)
             ok = ok & roomy
@@ -244,9 +251,20 @@ class Verbs:
                 scores[known[feasible]] = scaled
                 blocked = self.ledger.handoff_blocked(pod, request)
                 if blocked:
-                    fits_at = {names[int(i)] for i in known[feasible]}
-                    return away_from_handoffs(names, scores.tolist(), blocked, fits_at, self.ledger.waiting_binds)
+                    fits = np.zeros(len(names), bool)
+                    fits[known[feasible]] = True
+                    return away_from_handoffs(names, scores, self.named(names, all_rows, blocked), fits,
+                                              self.ledger.waiting_binds)
         return scores.tolist()
+
+    def named(self, names: Sequence[str], all_rows: np.ndarray, which: Mapping[str, Any]) -> np.ndarray:
+        """Which of ``names`` (their rows ``all_rows``, -1 unknown) are keys of ``which``, as a mask: by
+        row for known nodes (no Python pass over thousands of names), by name for the rest."""
+        rows = self.mirror.rows_of(list(which), remember=False)
+        mask = np.isin(all_rows, rows[rows >= 0])
+        for i in np.flatnonzero(all_rows < 0).tolist():
+            mask[i] = names[i] in which
+        return mask
 
     def node_scores(self, policy_name: str, demand: Demand, rows: np.ndarray, cand: np.ndarray) -> np.ndarray:
         """The policy's raw scores of ``rows`` (the very call the simulator makes; the policy keeps its own
@@ -297,16 +315,20 @@ class Verbs:
         return result.choice.to_allocation(), result.reason
 
 
-def away_from_handoffs(names: Sequence[str], scores: list[int], blocked: Mapping[str, str],
-                       fits_at: set[str], waiting_binds: Mapping[str, int]) -> list[int]:
+def away_from_handoffs(names: Sequence[str], scores: np.ndarray, blocked: np.ndarray, fits: np.ndarray,
+                       waiting_binds: Mapping[str, int]) -> list[int]:
     """Nodes where a pod of this kind is being handed to the kubelet score 0 while another node it fits scores
     at least 1: bind would wait there for its turn (docs/handoff.md), so a burst of identical pods spreads
     over nodes and their handoffs overlap instead of queueing behind one node's. Where every node it fits
-    is handing one over, the node with the fewest binds waiting scores highest (the shortest queue)."""
-    if not any(n in fits_at and n not in blocked for n in names):
-        return [MAX_PRIORITY - min(MAX_PRIORITY - 1, waiting_binds.get(n, 0)) if n in fits_at else s
-                for n, s in zip(names, scores, strict=True)]
-    return [0 if n in blocked else max(s, 1) if n in fits_at else s for n, s in zip(names, scores, strict=True)]
+    is handing one over, the node with the fewest binds waiting scores highest (the shortest queue).
+    ``scores``, ``blocked`` (handing one over) and ``fits`` are per position of ``names``."""
+    scores = np.asarray(scores, np.int64)
+    if not (fits & ~blocked).any():
+        out = scores.copy()
+        for i in np.flatnonzero(fits).tolist():  # all of them hand one over: as few as such nodes
+            out[i] = MAX_PRIORITY - min(MAX_PRIORITY - 1, waiting_binds.get(names[i], 0))
+        return out.tolist()
+    return np.where(blocked, 0, np.where(fits, np.maximum(scores, 1), scores)).tolist()
 
 
 def _linked(rec: NodeRecord, alloc: PodAllocation) -> bool:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import msgspec
+import numpy as np
 
 from kubegpu.scheduler.reasons import readable
 
@@ -77,7 +78,9 @@ class ExtenderFilterResult(msgspec.Struct):
 
 def _readable_values(reasons: dict[str, str]) -> dict[str, str]:
     distinct = set(reasons.values())
-    if all(readable(r) is r for r in distinct):
+    # Equal, not the same object: readable's cache answers an equal text worded earlier with that earlier
+    # string, and the row caches word a changed row anew, so identity would rebuild nearly every answer.
+    if all(readable(r) == r for r in distinct):
         return reasons
     return dict(zip(reasons, map(readable, reasons.values()), strict=True))
 
@@ -85,6 +88,44 @@ def _readable_values(reasons: dict[str, str]) -> dict[str, str]:
 class HostPriority(msgspec.Struct, gc=False):  # thousands per answer, no references: never tracked
     Host: str
     Score: int
+
+
+_HOST_SEP = b',"Score":  },{"Host":'  # between two names' JSON: a score slot of two bytes, then the next host
+_COMMA, _SPACE, _ZERO = ord(","), ord(" "), ord("0")
+
+
+def encode_priorities(names: list[str], scores: list[int], raw: bytes | None = None) -> bytes:
+    """The JSON of ``list(map(HostPriority, names, scores))`` as Go's decoder reads it, built without a
+    struct per host: prioritize answers thousands. ``raw``: ``encode(names)`` when the caller has it.
+
+    Each score takes a two-byte slot (``5`` is written ``5 ``: JSON allows the space, and a score is
+    0..10), so the answer is the names' canonical JSON with one C-level ``replace`` of its separators and
+    the digits set through numpy. Correct by construction: the separators are replaced only when the
+    array holds exactly ``len(names) - 1`` commas, i.e. no name holds one; otherwise (or for a score
+    outside 0..10) the answer is encoded struct by struct."""
+    n = len(names)
+    if n == 0 or n != len(scores):
+        return encode(list(map(HostPriority, names, scores)))
+    if raw is None:
+        raw = encode(names)
+    inner = raw[1:-1]
+    try:
+        digits = np.frombuffer(bytes(scores), np.uint8)  # bytes(): ints in 0..255 or an error, in C
+    except (TypeError, ValueError):
+        digits = None
+    if digits is None or digits.max() > 10 or inner.count(b",") != n - 1:
+        return encode(list(map(HostPriority, names, scores)))
+    out = bytearray().join([b'[{"Host":', inner.replace(b",", _HOST_SEP), b',"Score":  }]'])
+    buf = np.frombuffer(out, np.uint8)
+    # each slot follows its name's JSON, shifted by the bytes inserted before it
+    ends = np.empty(n, np.int64)
+    ends[:-1] = np.flatnonzero(np.frombuffer(inner, np.uint8) == _COMMA)
+    ends[-1] = len(inner)
+    slots = ends + (len(b'[{"Host":') + len(b',"Score":')) + np.arange(n, dtype=np.int64) * (len(_HOST_SEP) - 1)
+    ten = digits == 10
+    buf[slots] = np.where(ten, _ZERO + 1, _ZERO + digits)
+    buf[slots + 1] = np.where(ten, _ZERO, _SPACE)
+    return bytes(out)
 
 
 class ExtenderBindingResult(msgspec.Struct):
@@ -140,6 +181,10 @@ class NameMemo:
                                                  or self._misses >= self.MISSES_BEFORE_REPLACING):
             self._hold(names, raw)
         return names
+
+    def encoded(self, names: list[str]) -> bytes | None:
+        """The canonical JSON of ``names`` when it is the very list the last filter answered."""
+        return self._answer[0] if names is self._answer[1] else None
 
     def answered(self, names: list[str]) -> bytes:
         """The JSON of a filter's passing names, remembered: prioritize is sent exactly this list."""
