@@ -532,10 +532,7 @@ class HandoffResolver:
         """Compare PodResources (grouped per container) with what was served; report and correct."""
         grouped = group(holdings)
         with self._lock:
-            pods = dict(self._pods)
-            served = dict(self._served)
-        with self._lock:
-            given = dict(self._given)
+            pods, served, given = dict(self._pods), dict(self._served), dict(self._given)
         divergent, bypass, unacked = compare(pods, served, grouped, given)
         with self._lock:  # served to the container that holds them: nothing left to tell apart
             for (_pod, container), per in grouped.items():
@@ -573,23 +570,9 @@ class HandoffResolver:
                 if told is not None:
                     self._acknowledge(d.pod_key)
                 continue
-            p = pods.get(d.pod_key)
-            entry = next((e for e in p.entries if e.container == d.container), None) if p else None
-            if entry is not None:
-                gpus = M.kubelet_gpus(d.kubelet_ids)
-                ack = Ack(d.resource, d.kubelet_ids, tuple(self._grant(entry, u) for u in gpus))
-                with self._lock:
-                    self._served[(d.uid, d.container)] = ack
-                self._acknowledge(d.pod_key)
+            self._acknowledge_held(pods.get(d.pod_key), d.pod_key, d.uid, d.container, d.resource, d.kubelet_ids)
         for h in unacked:  # the kubelet holds exactly the record, and no acknowledgement says so yet
-            p = pods.get(h.pod_key)
-            entry = next((e for e in p.entries if e.container == h.container), None) if p else None
-            if entry is not None:
-                grants = tuple(self._grant(entry, u) for u in M.kubelet_gpus(h.kubelet_ids))
-                ack = Ack(h.resource, h.kubelet_ids, grants)
-                with self._lock:
-                    self._served[(h.uid, h.container)] = ack
-                self._acknowledge(h.pod_key)
+            self._acknowledge_held(pods.get(h.pod_key), h.pod_key, h.uid, h.container, h.resource, h.kubelet_ids)
         self._report_collisions(pods)
         now = time.monotonic()
         held_now = {g for b in bypass for g in M.kubelet_gpus(b.kubelet_ids)}
@@ -609,6 +592,18 @@ class HandoffResolver:
                     self._served[(b.uid, b.container)] = Ack(b.resource, b.kubelet_ids, grants)
                 self._acknowledge(b.pod_key)
         return out
+
+    def _acknowledge_held(self, p: PodView | None, pod_key: str, uid: str, container: str, resource: str,
+                          ids: tuple[str, ...]) -> None:
+        """Record and acknowledge the container's own record on the GPUs the kubelet holds for it (what
+        PodResources shows is what the accounting must follow)."""
+        entry = next((e for e in p.entries if e.container == container), None) if p else None
+        if entry is None:
+            return
+        grants = tuple(self._grant(entry, u) for u in M.kubelet_gpus(ids))
+        with self._lock:
+            self._served[(uid, container)] = Ack(resource, ids, grants)
+        self._acknowledge(pod_key)
 
     def _report_collisions(self, pods: Mapping[str, PodView]) -> None:
         """Live records that put more than a GPU's compute on it: a Warning Event on each pod involved
