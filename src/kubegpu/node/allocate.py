@@ -27,7 +27,6 @@ VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
 VOLUME_MOUNTS_HOST = "/dev/null"
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 CDI_PLUGIN_NAME = "kubegpu-device-plugin"
-MPS_CONTAINER_ROOT = "/mps"  # kept for the DRA driver's import; the layout lives in node.mps.spec
 
 ENV_VISIBLE_GPUS = "KUBEGPU_VISIBLE_GPUS"
 ENV_CORE = "KUBEGPU_GPU_CORE_PERCENT"

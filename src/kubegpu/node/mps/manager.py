@@ -89,9 +89,7 @@ class MpsManager:
         """The binding of ``spec``'s daemon, started and checked first. Raises MpsError."""
         entry = self._entry(spec)
         with entry.lock:
-            if entry.up and not entry.control.answers():  # asked now, not at the last supervision pass
-                entry.up, entry.failures, entry.next_try = False, 0, self.clock()
-                entry.reason = "the control daemon stopped answering get_server_list"
+            self._went_silent(entry)  # asked now, not at the last supervision pass
             if not entry.up:
                 if entry.failures and self.clock() < entry.next_try:
                     raise MpsError(f"MPS daemon {spec.name} ({spec.describe()}) is down: {entry.reason}")
@@ -151,9 +149,7 @@ class MpsManager:
         for e in entries:
             with e.lock:
                 was = e.up
-                if e.up and not e.control.answers():
-                    e.up, e.failures, e.next_try = False, 0, self.clock()
-                    e.reason = "the control daemon stopped answering get_server_list"
+                if self._went_silent(e):
                     log.warning("MPS daemon %s: %s; restarting", e.spec.name, e.reason)
                 if not e.up and self.clock() >= e.next_try:
                     try:
@@ -211,6 +207,15 @@ class MpsManager:
                                         base_env=self.base_env))
             self._entries[spec.name] = e
             return e
+
+    def _went_silent(self, e: _Entry) -> bool:
+        """Mark a daemon that was up and no longer answers as down, due for a restart now. Caller holds
+        ``e.lock``. True when it just went down."""
+        if not e.up or e.control.answers():
+            return False
+        e.up, e.failures, e.next_try = False, 0, self.clock()
+        e.reason = "the control daemon stopped answering get_server_list"
+        return True
 
     def _bring_up(self, e: _Entry) -> None:
         """Start, set the defaults, verify them and the server list. Caller holds ``e.lock``."""
