@@ -95,17 +95,27 @@ def device_crd() -> Obj:
     return yaml.safe_load(text)
 
 
+def _config_docs(v: Values) -> list[dict[str, Any] | None]:
+    """Each ``config.map`` entry as a mapping; None for one that is not YAML of a mapping (opaque)."""
+    docs: list[dict[str, Any] | None] = []
+    for text in v.config.map.values():
+        try:
+            doc = yaml.safe_load(text) or {}
+        except yaml.YAMLError:
+            doc = None
+        docs.append(doc if isinstance(doc, dict) else None)
+    return docs
+
+
 def mig_monitoring(v: Values) -> bool:
     """NVIDIA's chart rule (``allPossibleMigStrategiesAreNone``): MIG monitoring is set up unless every
     strategy the daemon could run with is ``none`` (the value, else each ``config.map`` entry's)."""
     if v.mig_strategy is not None:
         return v.mig_strategy != "none"
-    for text in v.config.map.values():
-        try:
-            doc = yaml.safe_load(text) or {}
-        except yaml.YAMLError:
+    for doc in _config_docs(v):
+        if doc is None:
             return True  # cannot tell: as NVIDIA's chart does with an opaque ConfigMap
-        flags = doc.get("flags") if isinstance(doc, dict) else None
+        flags = doc.get("flags")
         if isinstance(flags, dict) and flags.get("migStrategy", "none") != "none":
             return True
     return False
@@ -137,12 +147,9 @@ MPS_ROOT = "/run/nvidia/mps"  # flags.mpsRoot's default; mounted at the same pat
 
 def mps_in_use(v: Values) -> bool:
     """Whether a config.map entry shares GPUs with MPS (sharing.mps) or enforces shares with it."""
-    for text in v.config.map.values():
-        doc = yaml.safe_load(text) or {}
-        if isinstance(doc, dict) and ((doc.get("sharing") or {}).get("mps")
-                                      or (doc.get("kubegpu") or {}).get("shareEnforcement") == "mps"):
-            return True
-    return False
+    return any(doc is not None and ((doc.get("sharing") or {}).get("mps")
+                                    or (doc.get("kubegpu") or {}).get("shareEnforcement") == "mps")
+               for doc in _config_docs(v))
 
 
 def node_objects(v: Values) -> list[Obj]:
