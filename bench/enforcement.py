@@ -260,7 +260,7 @@ def dra_share(backend_factory: Callable[[], Any], work: Path, mps_root: str, bin
     """The DRA driver prepares one consumable-capacity share; its answer is the claim's CDI spec."""
     from kubegpu.model.quantity import format_bytes
     from kubegpu.node.dra.daemon import DraDaemon, DraOptions
-    from kubegpu.node.dra.names import DRIVER, TYPE_SHARED
+    from kubegpu.node.dra.names import DRIVER
     from kubegpu.node.dra.prepare import cdi_spec_path
     from kubegpu.node.dra.slices import DraSettings
 
@@ -276,7 +276,7 @@ def dra_share(backend_factory: Callable[[], Any], work: Path, mps_root: str, bin
     d = DraDaemon(backend_factory(), opts, None, reader=Reader())
     d.start()
     try:
-        dev = next(x for x in d.table().values() if x.type == TYPE_SHARED)
+        dev = next(x for x in d.table().values() if x.share_memory_max)  # a GPU that takes shares
         claims["share"] = {"metadata": {"uid": "bench-claim-uid", "name": "share", "namespace": "bench"},
                            "status": {"allocation": {"devices": {"results": [{
                                "driver": DRIVER, "pool": NODE, "device": dev.name, "request": "gpu",
