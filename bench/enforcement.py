@@ -18,7 +18,11 @@ The sequence (the same with or without a GPU):
 With an NVIDIA GPU and PyTorch each client is a CUDA process: memory is what it could allocate in 1 GiB
 blocks (``memory_over_limit_gib``: the worst excess over its limit), compute its bf16 8192³ matmul
 throughput as a share of one client alone through an unlimited MPS server (``compute_error_points``: the
-worst |measured − granted| × 100). Without them the stand-in ``nvidia-cuda-mps-control`` answers instead
+worst |measured − granted| × 100; ``…_at_baseline_clock``: the same with each client's throughput taken at the
+unlimited client's SM clock, since a lone small share runs at a higher clock). A share has ``escaped`` when it
+could allocate more than its limit, when raising its own environment got it more than 5 % more throughput,
+or when its throughput at the baseline clock is more than 5 points over its grant (more SMs). Without them
+the stand-in ``nvidia-cuda-mps-control`` answers instead
 (``"gpu": null``): the limits are those its server grants each client, so the memory and compute figures
 check what kubegpu told MPS, not what a GPU did, and the throughput ratio is null.
 
@@ -51,7 +55,7 @@ CLIENT = r"""
 import json, os, sys, time
 import torch
 cap = int(os.environ["BENCH_CAP_GIB"]); seconds = float(os.environ["BENCH_SECONDS"])
-out = {"allocated_gib": 0, "tflops": None, "error": ""}
+out = {"allocated_gib": 0, "tflops": None, "sm_clock_mhz": None, "power_w": None, "error": ""}
 try:
     blocks = []
     if cap > 0:
@@ -80,6 +84,14 @@ try:
                 a @ b
             torch.cuda.synchronize(); k += 10
         out["tflops"] = 2 * n**3 * k / (time.perf_counter() - t0) / 1e12
+        try:  # the SM clock right after the timed loop: a lone small share runs at a higher clock
+            import pynvml
+            pynvml.nvmlInit()
+            h = pynvml.nvmlDeviceGetHandleByUUID(os.environ["CUDA_VISIBLE_DEVICES"])
+            out["sm_clock_mhz"] = pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)
+            out["power_w"] = round(pynvml.nvmlDeviceGetPowerUsage(h) / 1000)
+        except Exception:
+            pass
 except Exception as exc:
     out["error"] = f"{type(exc).__name__}: {exc}"[:300]
 print(json.dumps(out))
@@ -152,6 +164,7 @@ class CudaRunner(Runner):
         self.total_gib = total_gib
         self.seconds = seconds
         self.baseline: float | None = None
+        self.baseline_clock: int | None = None
 
     def _spawn(self, env: dict[str, str], gpu: str, cap: int, seconds: float, start: float | None = None
                ) -> subprocess.Popen[str]:
@@ -175,11 +188,14 @@ class CudaRunner(Runner):
         got = self._result(self._spawn(env, gpu, cap, self.seconds if compute else 0))
         if got.get("error"):
             log(f"client error: {got['error']}")
-        share = None
+        share = per_clock = None
         if got.get("tflops") and self.baseline:
             share = got["tflops"] / self.baseline
-        return {"allocated_gib": got["allocated_gib"], "share": share, "tflops": got.get("tflops"),
-                "error": got.get("error", "")}
+            if got.get("sm_clock_mhz") and self.baseline_clock:
+                per_clock = share * self.baseline_clock / got["sm_clock_mhz"]
+        return {"allocated_gib": got["allocated_gib"], "share": share, "share_at_baseline_clock": per_clock,
+                "tflops": got.get("tflops"), "sm_clock_mhz": got.get("sm_clock_mhz"),
+                "power_w": got.get("power_w"), "error": got.get("error", "")}
 
     def concurrent(self, envs: Sequence[dict[str, str]], gpu: str) -> list[float | None]:
         start = time.time() + 8  # every client starts its timed loop at once, after CUDA is up
@@ -354,9 +370,10 @@ def run(standin: bool) -> dict[str, Any]:
             b = base.serve(share_spec([(gpu0.uuid, 100, gpu0.memory_bytes)]))
             env = {k: v for k, v in b.env}
             env["CUDA_MPS_PIPE_DIRECTORY"] = b.mounts[0][0]
-            tf = runner._result(runner._spawn(env, gpu0.uuid, 0, runner.seconds)).get("tflops")
-            runner.baseline = tf
-            log(f"one client alone through an unlimited MPS server: {tf} TFLOP/s")
+            got = runner._result(runner._spawn(env, gpu0.uuid, 0, runner.seconds))
+            runner.baseline, runner.baseline_clock = got.get("tflops"), got.get("sm_clock_mhz")
+            baseline = {k: got.get(k) for k in ("tflops", "sm_clock_mhz", "power_w")}
+            log(f"one client alone through an unlimited MPS server: {baseline}")
             base.stop()
 
         flags = {"shared-slots": "16", "share-enforcement": "mps", "mps-control-binary": binary,
@@ -428,13 +445,17 @@ def run(standin: bool) -> dict[str, Any]:
 
     over = max((r["over_gib"] for r in results), default=0.0)
     comp = [r["compute_error_points"] for r in results if r["compute_error_points"] is not None]
+    at = [abs(r["share_at_baseline_clock_pct"] - r["granted_core"]) for r in results
+          if r["share_at_baseline_clock_pct"] is not None]
     return {
         "gpu": runner.gpu,
         "mode": "cuda" if runner.gpu else "stand-in (limits as the stand-in server grants them; no throughput)",
         "shares_tested": len(served),
         "memory_over_limit_gib": round(over, 2),
         "compute_error_points": round(max(comp), 1) if comp else None,
-        "env_raise_escapes": sum(1 for r in results if r["raised"] and r["escaped"]),
+        "compute_error_points_at_baseline_clock": round(max(at), 1) if at else None,
+        "env_raise_escapes": sum(1 for r in results if r["raised_env"] and r["escaped"]),
+        "escapes": sum(1 for r in results if r["escaped"]),
         "void_limits_served": void,
         "two_share_throughput_ratio": None if two_ratio is None else round(two_ratio, 3),
         "clients": results,
@@ -446,16 +467,28 @@ def check_all(runner: Runner, served: Sequence[Served], compute: bool = True) ->
     out = []
     for s in served:
         limit_gib = s.memory_bytes / GIB
+        served_share: float | None = None
         for raised in (False, True):
             env = s.host_env(**({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100",
                                  "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={runner.total_gib + 8}G"} if raised else {}))
             got = runner.measure(env, s.gpu, limit_gib, compute)
             over = max(0.0, got["allocated_gib"] - limit_gib)
-            err = None if got.get("share") is None or not compute else abs(got["share"] * 100 - s.core)
-            escaped = over > 0 or (err is not None and got["share"] * 100 > s.core + 5)
-            row = {"share": s.label, "path": s.path, "raised_env": raised, "raised": raised,
+            share = got.get("share") if compute else None
+            err = None if share is None else abs(share * 100 - s.core)
+            # A lone share runs at a higher SM clock than the whole GPU does (power headroom), so its share of
+            # the unlimited client's throughput is above its grant; what it must not get is more SMs (its
+            # throughput at the unlimited client's clock) or anything more by raising its own environment.
+            at_clock = got.get("share_at_baseline_clock") if compute else None
+            gained = raised and share is not None and served_share is not None and share > served_share * 1.05
+            escaped = over > 0 or gained or (at_clock is not None and at_clock * 100 > s.core + 5) or (
+                at_clock is None and share is not None and share * 100 > s.core + 5)
+            if not raised:
+                served_share = share
+            row = {"share": s.label, "path": s.path, "raised_env": raised,
                    "granted_core": s.core, "limit_gib": round(limit_gib, 2), "allocated_gib": got["allocated_gib"],
-                   "measured_share_pct": None if got.get("share") is None else round(got["share"] * 100, 1),
+                   "measured_share_pct": None if share is None else round(share * 100, 1),
+                   "share_at_baseline_clock_pct": None if at_clock is None else round(at_clock * 100, 1),
+                   "sm_clock_mhz": got.get("sm_clock_mhz"), "power_w": got.get("power_w"),
                    "over_gib": over, "compute_error_points": err, "escaped": escaped}
             log(json.dumps(row))
             out.append(row)

@@ -1,0 +1,35 @@
+"""``bench/enforcement.py`` runs end to end against the stand-in MPS control daemon.
+
+The bench is the check run on a real GPU when one is lent (docs/sharing.md); it only ever ran there after a
+change to the DRA driver had broken it unnoticed. Running its stand-in mode here keeps it working, and its
+figures are what kubegpu told MPS for every kind of share it serves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_enforcement_bench_standin_serves_every_share_within_its_limits() -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "enforcement.py"), "--standin"], env=env,
+                       capture_output=True, text=True, timeout=100, check=False)
+    assert p.returncode == 0, p.stderr[-2000:]
+    result = json.loads(p.stdout.strip().splitlines()[-1])
+    assert result["gpu"] is None
+    assert result["shares_tested"] == 6
+    assert result["memory_over_limit_gib"] == 0.0
+    assert result["escapes"] == 0 and result["env_raise_escapes"] == 0
+    assert result["void_limits_served"] == 0
+    paths = {c["path"] for c in result["clients"]}
+    assert paths == {"allocate", "prepare"}  # the device plugin's answers and the DRA driver's
+    for client in result["clients"]:
+        assert client["allocated_gib"] <= client["limit_gib"]
+        assert client["measured_share_pct"] in (None, client["granted_core"])
+    assert "refused while the daemon was down" in p.stderr
