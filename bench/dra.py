@@ -16,8 +16,11 @@ change, and the node daemon's memory in DRA mode.
   kubelet to the in-process driver: ``mixed_running`` of ``mixed_claims``, ``mixed_over_capacity_gpus``
   (compute or memory summed per GPU over the allocations, target 0) and ``mixed_burst_s``.
 
+``--nvml``: the daemon finds the node's GPUs through NVML (no ``--inventory``), as on a real GPU node; claims
+go round the GPUs it publishes, and the series that need the fake backend (health, mixed) are left out.
+
 Prints progress to stderr and one JSON object as the last line of stdout.
-Usage: ``python bench/dra.py [--claims 300] [--health 10]``.
+Usage: ``python bench/dra.py [--claims 300] [--health 10] [--nvml]``.
 """
 
 from __future__ import annotations
@@ -80,15 +83,16 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def bench_prepare(root: Path, claims: int) -> dict[str, Any]:
+def bench_prepare(root: Path, claims: int, nvml: bool = False) -> dict[str, Any]:
     api = ApiServer().start()
     kubelet = DraKubelet(api, root / "kubelet", NODE)
     kubelet.start()
     cmd = [sys.executable, "-c", "from kubegpu.cli.main import app; app()", "node", "--kubelet-plugin", "dra",
-           "--inventory", TOPOLOGY, "--node-name", NODE, "--kubeconfig", str(api.write_kubeconfig(root / "kc")),
+           *([] if nvml else ["--inventory", TOPOLOGY, "--dra-shared-gpus", "4-7"]),
+           "--node-name", NODE, "--kubeconfig", str(api.write_kubeconfig(root / "kc")),
            "--dra-plugins-dir", str(root / "kubelet" / "plugins"),
            "--dra-registry-dir", str(root / "kubelet" / "plugins_registry"),
-           "--cdi-spec-dir", str(root / "cdi"), "--dra-shared-gpus", "4-7", "--log-level", "warning"]
+           "--cdi-spec-dir", str(root / "cdi"), "--log-level", "warning"]
     proc = subprocess.Popen(cmd, env={**os.environ, **NODE_ENV})
     try:
         if not kubelet.wait(lambda: DRIVER in kubelet.plugins and bool(api.objects("resourceslices",
@@ -96,12 +100,18 @@ def bench_prepare(root: Path, claims: int) -> dict[str, Any]:
             raise RuntimeError("the DRA daemon did not register and publish")
         time.sleep(0.5)  # the registration's own work (the kubelet's health stream) has settled
         rss_registered = _rss_mb(proc.pid)
+        published = sorted(d["name"] for s in api.objects("resourceslices", "resource.k8s.io")
+                           for d in s["spec"].get("devices", []) if "-mig-" not in d["name"])
+        # The fake DGX A100 takes shares on GPUs 4-7 and whole claims on 0-3; a real node: every GPU, both.
+        whole_gpus, share_gpus = (published, published) if nvml else ([f"gpu-{i}" for i in range(4)],
+                                                                      [f"gpu-{i}" for i in range(4, 8)])
         ch = grpc.insecure_channel(f"unix://{kubelet.plugins[DRIVER].endpoint}")
         stub = dra_v1_pb2_grpc.DRAPluginStub(ch)
         out: dict[str, Any] = {}
         unprep: list[float] = []
         for kind, share in (("whole", False), ("share", True)):
-            objs = [api.put_object(_claim(i, f"gpu-{(4 if share else 0) + i % 4}", NODE, share))
+            gpus = share_gpus if share else whole_gpus
+            objs = [api.put_object(_claim(i, gpus[i % len(gpus)], NODE, share))
                     for i in range(claims + WARMUP)]
             lat: list[float] = []
             for o in objs:
@@ -131,7 +141,7 @@ def bench_prepare(root: Path, claims: int) -> dict[str, Any]:
                 "prepare_share_p99_ms": round(p(out["share"], .99), 3),
                 "prepare_share_p50_ms": round(p(out["share"], .5), 3),
                 "unprepare_p99_ms": round(p(unprep, .99), 3),
-                "rss_registered_mb": round(rss_registered, 1), "rss_mb": round(rss, 1),
+                "rss_registered_mb": round(rss_registered, 1), "rss_mb": round(rss, 1), "gpus": len(published),
                 "claims_measured": 2 * claims, "load_avg_1m": os.getloadavg()[0],
                 "cpus": os.cpu_count()}
     finally:
@@ -248,15 +258,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--claims", type=int, default=300, help="claims prepared per kind (whole, share)")
     ap.add_argument("--health", type=int, default=10, help="health changes (Xid, then recovery)")
+    ap.add_argument("--nvml", action="store_true", help="find the node's real GPUs through NVML (a GPU node)")
     a = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="kgb-", dir="/tmp"))
     try:
-        res = bench_prepare(root, a.claims)
-        res.update(bench_health(root, a.health))
-        res.update(bench_mixed(root))
+        res = bench_prepare(root, a.claims, a.nvml)
+        if not a.nvml:
+            res.update(bench_health(root, a.health))
+            res.update(bench_mixed(root))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    res.update({"topology": TOPOLOGY, "targets": {"prepare_p99_ms": 5, "prepare_share_p99_ms": 10,
+    res.update({"topology": "nvml" if a.nvml else TOPOLOGY, "targets": {"prepare_p99_ms": 5, "prepare_share_p99_ms": 10,
                                                   "slice_publish_ms": 1000, "rss_mb": 60,
                                                   "mixed_over_capacity_gpus": 0}})
     print(json.dumps(res))

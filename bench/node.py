@@ -15,6 +15,8 @@ kubelet over real unix sockets. Measured from the kubelet side:
 
 ``health_propagation_ms`` (injected Xid -> Unhealthy seen on the ListAndWatch stream) needs
 the fake backend's injection call, so it runs an in-process daemon on the same topology.
+``--nvml``: the daemon finds the node's GPUs through NVML (no ``--inventory``), as on a real GPU node; GPU
+sets are then sized to the GPUs found, and the health series (which needs the fake backend) is left out.
 The last line is one JSON object. Targets: allocate p99 <= 1 ms, preferred p99 <= 5 ms
 (slots <= 20 ms), health <= 1000 ms, re-register <= 1000 ms, RSS <= 60 MB (issue 23).
 """
@@ -75,8 +77,10 @@ def rpc_latencies(kubelet: StandinKubelet, n: int, rng: random.Random) -> dict[s
     for i in slot_ids:
         by_gpu.setdefault(i.split("::")[0], []).append(i)
 
+    sizes = [k for k in (1, 2, 4) if k <= len(gpu_ids)]
+
     def pref_gpu() -> pb.PreferredAllocationRequest:
-        size = rng.choice((1, 2, 4))
+        size = rng.choice(sizes)
         avail = rng.sample(gpu_ids, rng.randint(size, len(gpu_ids)))
         return pb.PreferredAllocationRequest(container_requests=[
             pb.ContainerPreferredAllocationRequest(available_deviceIDs=avail, allocation_size=size)])
@@ -89,9 +93,9 @@ def rpc_latencies(kubelet: StandinKubelet, n: int, rng: random.Random) -> dict[s
 
     def alloc() -> tuple[Any, pb.AllocateRequest]:
         if rng.random() < 0.5:
-            ids, stub = rng.sample(gpu_ids, rng.randint(1, 2)), stub_gpu
+            ids, stub = rng.sample(gpu_ids, rng.randint(1, min(2, len(gpu_ids)))), stub_gpu
         else:
-            ids = [rng.choice(by_gpu[g]) for g in rng.sample(sorted(by_gpu), rng.randint(1, 2))]
+            ids = [rng.choice(by_gpu[g]) for g in rng.sample(sorted(by_gpu), rng.randint(1, min(2, len(by_gpu))))]
             stub = stub_slots
         return stub, pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
 
@@ -178,6 +182,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=1000, help="RPCs per latency series")
     ap.add_argument("--restarts", type=int, default=10)
     ap.add_argument("--health-rounds", type=int, default=16)
+    ap.add_argument("--nvml", action="store_true", help="find the node's real GPUs through NVML (a GPU node)")
     ns = ap.parse_args()
     rng = random.Random(7)
 
@@ -188,7 +193,8 @@ def main() -> None:
     # As the DaemonSet runs it: the kubegpu entry point, metrics served, NODE_ENV in the environment.
     proc = subprocess.Popen(
         [sys.executable, "-c", "from kubegpu.cli.main import app; app()", "node", "--standalone",
-         "--inventory", TOPOLOGY, "--device-plugin-dir", str(tmp / "dp"), "--shared-slots", "100",
+         *([] if ns.nvml else ["--inventory", TOPOLOGY]), "--device-plugin-dir", str(tmp / "dp"),
+         "--shared-slots", "100",
          "--cdi-spec-dir", str(tmp / "cdi"), "--metrics-address", "127.0.0.1:0", "--log-level", "warning"],
         stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, **NODE_ENV})
     result: dict[str, Any] = {}
@@ -201,9 +207,10 @@ def main() -> None:
         rr = reregister(kubelet, ns.restarts)
         lat2 = rpc_latencies(kubelet, ns.n // 4, rng)  # after the restarts, still serving
         rss = rss_mb(proc.pid)
-        hp = health_propagation(ns.health_rounds)
+        hp = [] if ns.nvml else health_propagation(ns.health_rounds)
         result = {
-            "topology": TOPOLOGY,
+            "topology": "nvml" if ns.nvml else TOPOLOGY,
+            "gpus": len(kubelet.healthy(GPU)),
             "allocate_p50_ms": round(p(lat["allocate"], 0.5), 3),
             "allocate_p99_ms": round(p(lat["allocate"], 0.99), 3),
             "preferred_p50_ms": round(p(lat["preferred"], 0.5), 3),
@@ -211,8 +218,8 @@ def main() -> None:
             "preferred_p50_ms_slots": round(p(lat["preferred_slots"], 0.5), 3),
             "preferred_p99_ms_slots": round(p(lat["preferred_slots"], 0.99), 3),
             "allocate_p99_ms_after_restarts": round(p(lat2["allocate"], 0.99), 3),
-            "health_propagation_ms": round(statistics.median(hp), 1),
-            "health_propagation_max_ms": round(max(hp), 1),
+            "health_propagation_ms": round(statistics.median(hp), 1) if hp else None,
+            "health_propagation_max_ms": round(max(hp), 1) if hp else None,
             "reregister_ms": round(statistics.median(rr), 1),
             "reregister_max_ms": round(max(rr), 1),
             "rss_registered_mb": round(rss_registered, 1),
