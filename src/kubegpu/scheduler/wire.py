@@ -10,21 +10,30 @@ With ``nodeCacheCapable`` kube-scheduler sends node names only, thousands per
 index, and sends ``/prioritize`` the very list ``/filter`` answered. Those lists
 are recognised by their bytes (:class:`NameMemo`) and answered with the name
 strings already held, so a repeat costs a few byte comparisons instead of
-thousands of new strings (and their hashes, and a lookup each).
+thousands of new strings (and their hashes, and a lookup each). A window of the
+held list says where it lies in it (:class:`NameWindow`), so the extender maps
+it to array rows with a slice of rows mapped once, not a lookup per name.
+
+Answers are built from JSON pieces kept per node row (the names' tokens) and
+per distinct reason or score, joined once (:func:`priorities_json`,
+:class:`~kubegpu.scheduler.reasons.ReasonMap`), not from thousands of objects
+encoded anew per pod.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, overload
 
 import msgspec
 import numpy as np
 
-from kubegpu.scheduler.reasons import readable
+from kubegpu.scheduler.reasons import ReasonMap, readable
 
 MAX_NAME = 253  # a DNS subdomain, the longest name Kubernetes gives a pod, a namespace or a node
+MAX_SCORE = 10  # kube-scheduler's MaxExtenderPriority
 
 
 class WireError(ValueError):
@@ -50,7 +59,7 @@ class ExtenderArgs:
 
     Pod: dict[str, Any] | None
     Nodes: NodeList | None
-    NodeNames: list[str] | None
+    NodeNames: Sequence[str] | None
 
 
 class ExtenderBindingArgs(msgspec.Struct):
@@ -63,17 +72,26 @@ class ExtenderBindingArgs(msgspec.Struct):
 class ExtenderFilterResult(msgspec.Struct):
     Nodes: NodeList | None
     NodeNames: list[str] | msgspec.Raw | None  # Raw: the names already encoded (NameMemo.answered)
-    FailedNodes: dict[str, str]
-    FailedAndUnresolvableNodes: dict[str, str]
+    # A ReasonMap is sent as the JSON it holds (its texts are readable as its tokens were made)
+    FailedNodes: dict[str, str] | ReasonMap | msgspec.Raw
+    FailedAndUnresolvableNodes: dict[str, str] | ReasonMap | msgspec.Raw
     Error: str = ""
 
     def __post_init__(self) -> None:
         # kube-scheduler formats these into Events: worded for that (scheduler/reasons.py). Thousands of
         # nodes per filter, few distinct reasons (mostly the same string objects): reword the distinct
         # ones, and rebuild a map only when one of them changes.
-        self.FailedNodes = _readable_values(self.FailedNodes)
-        self.FailedAndUnresolvableNodes = _readable_values(self.FailedAndUnresolvableNodes)
+        self.FailedNodes = _readable_map(self.FailedNodes)
+        self.FailedAndUnresolvableNodes = _readable_map(self.FailedAndUnresolvableNodes)
         self.Error = readable(self.Error) if self.Error else ""
+
+
+def _readable_map(reasons: dict[str, str] | ReasonMap | msgspec.Raw) -> dict[str, str] | msgspec.Raw:
+    if isinstance(reasons, ReasonMap):
+        return msgspec.Raw(reasons.json())
+    if isinstance(reasons, msgspec.Raw):
+        return reasons
+    return _readable_values(reasons)
 
 
 def _readable_values(reasons: dict[str, str]) -> dict[str, str]:
@@ -128,6 +146,56 @@ def encode_priorities(names: list[str], scores: list[int], raw: bytes | None = N
     return bytes(out)
 
 
+class HostTable:
+    """Every node row's entry of a prioritize answer, ``{"Host":"name","Score":NN},``, as one row of a byte
+    matrix of equal widths (spaces after the name, which JSON allows between tokens, make them equal): an
+    answer is a take of rows, two score bytes set per row, and one copy, with no object per node.
+
+    ``None`` from :meth:`build` where the names' lengths differ too much for padding to be cheap (then the
+    answer is built by :func:`encode_priorities`)."""
+
+    MAX_PAD = 24  # bytes of spaces a row may carry (names of one cluster mostly have similar lengths)
+    _HEAD = b'{"Host":'
+    _TAIL = b',"Score":  },'
+
+    def __init__(self, matrix: np.ndarray) -> None:
+        self.matrix = matrix  # (N, W) uint8
+        self.width = matrix.shape[1]
+
+    @classmethod
+    def build(cls, names: list[str]) -> HostTable | None:
+        tokens = list(map(encode, names))
+        if not tokens:
+            return None
+        widest, narrowest = max(map(len, tokens)), min(map(len, tokens))
+        if widest - narrowest > cls.MAX_PAD:
+            return None
+        width = len(cls._HEAD) + widest + len(cls._TAIL)
+        flat = b"".join(cls._HEAD + t.ljust(widest) + cls._TAIL for t in tokens)
+        matrix = np.frombuffer(flat, np.uint8).reshape(len(tokens), width)
+        matrix.flags.writeable = False
+        return cls(matrix)
+
+    def answer(self, rows: np.ndarray, scores: np.ndarray) -> bytes | None:
+        """The JSON of the rows' ``HostPriority`` entries with ``scores`` (0..10); None for a score outside."""
+        n = len(rows)
+        if n == 0:
+            return b"[]"
+        scores = np.asarray(scores)
+        if scores.dtype.kind not in "iu" or scores.min() < 0 or scores.max() > MAX_SCORE or len(scores) != n:
+            return None
+        flat = np.empty(n * self.width + 1, np.uint8)
+        flat[0] = ord("[")
+        body = flat[1:].reshape(n, self.width)
+        np.take(self.matrix, rows, axis=0, out=body)
+        ten = scores >= MAX_SCORE
+        slot = self.width - 4  # the two score bytes, before "},"
+        body[:, slot] = np.where(ten, ord("1"), ord("0") + scores)
+        body[:, slot + 1] = np.where(ten, ord("0"), ord(" "))
+        flat[-1] = ord("]")  # in place of the last entry's comma
+        return flat.tobytes()
+
+
 class ExtenderBindingResult(msgspec.Struct):
     Error: str = ""
 
@@ -136,6 +204,71 @@ _args = msgspec.json.Decoder(_ExtenderArgs)
 _names = msgspec.json.Decoder(list[Annotated[str, msgspec.Meta(max_length=MAX_NAME)]])  # checked in C
 _bind = msgspec.json.Decoder(ExtenderBindingArgs)
 encode = msgspec.json.Encoder().encode
+
+
+class HeldNames:
+    """One list a :class:`NameMemo` holds: its names twice over (every rotation is a slice of them)."""
+
+    __slots__ = ("names",)
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names + names
+
+    def __len__(self) -> int:
+        return len(self.names) // 2
+
+
+class NameWindow(list[str]):
+    """A node list that is ``len(self)`` names of ``held.names`` from ``start`` on (equal to that slice, and
+    the very strings): a caller that keeps something per held name takes a slice of it instead of looking
+    every name up. A plain list otherwise; never change it."""
+
+    __slots__ = ("held", "start")
+
+    def __init__(self, held: HeldNames, start: int, stop: int) -> None:
+        super().__init__(held.names[start:stop])
+        self.held = held
+        self.start = start
+
+
+class RowNames(Sequence[str]):
+    """The names of some node rows, ``by_row[rows]``, taken only when read: a filter's passing nodes, which
+    the extender answers as JSON from its :class:`~kubegpu.scheduler.reasons.NameTable` and recognises by
+    this object when prioritize is sent the same list, mostly without a string object touched per node."""
+
+    __slots__ = ("_list", "by_row", "rows")
+
+    def __init__(self, by_row: np.ndarray, rows: np.ndarray) -> None:
+        self.by_row, self.rows = by_row, rows
+        self._list: list[str] | None = None
+
+    def list(self) -> list[str]:
+        if self._list is None:
+            self._list = self.by_row[self.rows].tolist()
+        return self._list
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        return self.list()[i]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.list())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RowNames | list | tuple):
+            return self.list() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"RowNames({self.list()!r})"
 
 
 class NameMemo:
@@ -153,13 +286,13 @@ class NameMemo:
 
     def __init__(self) -> None:
         self._ring = b""  # the held list's inner bytes, twice, joined by a comma: every rotation is a slice
-        self._names: list[str] = []  # the held names, twice
+        self._held = HeldNames([])  # the held names, twice
         self._starts: list[int] = []  # byte offset of each name of the ring (and the ring's length + 1)
         self._at: dict[bytes, int] = {}  # each held name's JSON -> its index
         self._misses = 0
-        self._answer: tuple[bytes, list[str]] = (b"[]", [])
+        self._answer: tuple[bytes, Sequence[str]] = (b"[]", [])
 
-    def names(self, raw: bytes) -> list[str]:
+    def names(self, raw: bytes) -> Sequence[str]:
         """The names in ``raw`` (a JSON array of strings, any spelling). Raises :class:`WireError`."""
         if raw == self._answer[0]:
             return self._answer[1]
@@ -177,22 +310,24 @@ class NameMemo:
             raise WireError("not an ExtenderArgs JSON object: NodeNames is not an array of strings "
                             "(valid UTF-8)") from None
         self._misses += 1
-        if 0 < len(names) <= self.MAX_HELD and (len(names) >= len(self._names) // 2
+        if 0 < len(names) <= self.MAX_HELD and (len(names) >= len(self._held)
                                                  or self._misses >= self.MISSES_BEFORE_REPLACING):
             self._hold(names, raw)
         return names
 
-    def encoded(self, names: list[str]) -> bytes | None:
+    def encoded(self, names: Sequence[str]) -> bytes | None:
         """The canonical JSON of ``names`` when it is the very list the last filter answered."""
         return self._answer[0] if names is self._answer[1] else None
 
-    def answered(self, names: list[str]) -> bytes:
-        """The JSON of a filter's passing names, remembered: prioritize is sent exactly this list."""
-        raw = encode(names)
+    def answered(self, names: Sequence[str], raw: bytes | None = None) -> bytes:
+        """The JSON of a filter's passing names, remembered: prioritize is sent exactly this list. ``raw``:
+        their canonical JSON (``encode(list(names))``) when the caller has it."""
+        if raw is None:
+            raw = encode(list(names))
         self._answer = (raw, names)
         return raw
 
-    def _window(self, raw: bytes) -> list[str] | None:
+    def _window(self, raw: bytes) -> NameWindow | None:
         if not self._at or len(raw) < 2 or raw[0] != 0x5B or raw[-1] != 0x5D:  # [ ... ]
             return None
         inner = raw[1:-1]
@@ -209,7 +344,7 @@ class NameMemo:
             return None
         if self._ring[start:end] != inner:
             return None
-        return self._names[p:q]
+        return NameWindow(self._held, p, q)
 
     def _hold(self, names: list[str], raw: bytes) -> None:
         tokens = list(map(encode, names))
@@ -217,7 +352,7 @@ class NameMemo:
             self._at = {}  # not the canonical spelling (or repeats a name): nothing to match windows against
             return
         self._ring = b",".join(tokens + tokens)
-        self._names = names + names
+        self._held = HeldNames(names)
         starts = [0]
         for t in tokens + tokens:
             starts.append(starts[-1] + len(t) + 1)
@@ -251,7 +386,7 @@ def decode_args(body: bytes, memo: NameMemo | None = None) -> ExtenderArgs:
     return ExtenderArgs(args.Pod, args.Nodes, names)
 
 
-def node_names(args: ExtenderArgs) -> list[str]:
+def node_names(args: ExtenderArgs) -> Sequence[str]:
     if args.NodeNames is not None:
         return args.NodeNames
     assert args.Nodes is not None
