@@ -25,6 +25,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Annotated, Any, overload
 
 import msgspec
@@ -218,37 +219,23 @@ class HeldNames:
         return len(self.names) // 2
 
 
-class NameWindow(list[str]):
-    """A node list that is ``len(self)`` names of ``held.names`` from ``start`` on (equal to that slice, and
-    the very strings): a caller that keeps something per held name takes a slice of it instead of looking
-    every name up. A plain list otherwise; never change it."""
+class _Names(Sequence[str]):
+    """A node list held as where its names are, listed only when read as a list: thousands of names per
+    request, and copying a list of them touches every string object (its reference count), which costs more
+    than the answer itself once they are out of the processor's caches. Never change it."""
 
-    __slots__ = ("held", "start")
+    __slots__ = ("_list",)
 
-    def __init__(self, held: HeldNames, start: int, stop: int) -> None:
-        super().__init__(held.names[start:stop])
-        self.held = held
-        self.start = start
-
-
-class RowNames(Sequence[str]):
-    """The names of some node rows, ``by_row[rows]``, taken only when read: a filter's passing nodes, which
-    the extender answers as JSON from its :class:`~kubegpu.scheduler.reasons.NameTable` and recognises by
-    this object when prioritize is sent the same list, mostly without a string object touched per node."""
-
-    __slots__ = ("_list", "by_row", "rows")
-
-    def __init__(self, by_row: np.ndarray, rows: np.ndarray) -> None:
-        self.by_row, self.rows = by_row, rows
+    def __init__(self) -> None:
         self._list: list[str] | None = None
+
+    def _take(self) -> list[str]:
+        raise NotImplementedError
 
     def list(self) -> list[str]:
         if self._list is None:
-            self._list = self.by_row[self.rows].tolist()
+            self._list = self._take()
         return self._list
-
-    def __len__(self) -> int:
-        return len(self.rows)
 
     @overload
     def __getitem__(self, i: int) -> str: ...
@@ -261,14 +248,61 @@ class RowNames(Sequence[str]):
         return iter(self.list())
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, RowNames | list | tuple):
+        if isinstance(other, _Names | list | tuple):
             return self.list() == list(other)
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"RowNames({self.list()!r})"
+        return f"{type(self).__name__}({self.list()!r})"
+
+
+class NameWindow(_Names):
+    """The names ``held.names[start:stop]`` (a window, cyclically, of the list a :class:`NameMemo` holds): a
+    caller that keeps something per held name takes a slice of it instead of looking every name up."""
+
+    __slots__ = ("held", "start", "stop")
+
+    def __init__(self, held: HeldNames, start: int, stop: int) -> None:
+        super().__init__()
+        self.held, self.start, self.stop = held, start, stop
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, i: int | slice) -> str | list[str]:  # type: ignore[override]
+        if isinstance(i, slice):
+            return self.list()[i]
+        n = self.stop - self.start
+        if not -n <= i < n:
+            raise IndexError("name index out of range")
+        return self.held.names[self.start + (i if i >= 0 else i + n)]
+
+    def __iter__(self) -> Iterator[str]:
+        return islice(self.held.names, self.start, self.stop)
+
+    def _take(self) -> list[str]:
+        return self.held.names[self.start:self.stop]
+
+
+class RowNames(_Names):
+    """The names of some node rows, ``by_row[rows]``: a filter's passing nodes, which the extender answers as
+    JSON from its :class:`~kubegpu.scheduler.reasons.NameTable` and recognises by this object when
+    prioritize is sent the same list."""
+
+    __slots__ = ("by_row", "rows")
+
+    def __init__(self, by_row: np.ndarray, rows: np.ndarray) -> None:
+        super().__init__()
+        self.by_row, self.rows = by_row, rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def _take(self) -> list[str]:
+        out: list[str] = self.by_row[self.rows].tolist()
+        return out
 
 
 class NameMemo:
@@ -330,19 +364,19 @@ class NameMemo:
     def _window(self, raw: bytes) -> NameWindow | None:
         if not self._at or len(raw) < 2 or raw[0] != 0x5B or raw[-1] != 0x5D:  # [ ... ]
             return None
-        inner = raw[1:-1]
-        if len(inner) * 2 + 1 > len(self._ring):  # longer than the held list
+        size = len(raw) - 2  # the array's inner bytes, compared in place (no copy of tens of KiB)
+        if size * 2 + 1 > len(self._ring):  # longer than the held list
             return None
-        cut = inner.find(b'",')
-        p = self._at.get(inner if cut < 0 else inner[:cut + 1])
+        cut = raw.find(b'",', 1)
+        p = self._at.get(raw[1:-1] if cut < 0 else raw[1:cut + 1])
         if p is None:
             return None
         start = self._starts[p]
-        end = start + len(inner)
+        end = start + size
         q = bisect_left(self._starts, end + 1)  # the window must end where a held name ends
         if q >= len(self._starts) or self._starts[q] != end + 1 or q - p > len(self._at):
             return None
-        if self._ring[start:end] != inner:
+        if not self._ring.startswith(memoryview(raw)[1:-1], start):
             return None
         return NameWindow(self._held, p, q)
 
