@@ -217,7 +217,7 @@ async def _exact(view: ClusterView, pod: Mapping[str, Any], request: PodRequest,
                 ok[j] = False
     # Exact fits node by node, in the order given, in slices, until enough nodes pass or time is up.
     nvlink = requires_nvlink(pod)
-    candidates = [names_known[i] for i in np.flatnonzero(ok)]
+    candidates = [names_known[i] for i in np.flatnonzero(ok).tolist()]
     demand = pod_demand(request, pod)
     slice_end = clock() + limits.slice_s
     for done, n in enumerate(candidates):

@@ -199,11 +199,11 @@ class Verbs:
         if whole_total:
             free_whole = self.mirror.candidate_counts(Demand.whole(1))[rows]
             short = ok & (free_whole < whole_total)
-            for i in np.flatnonzero(short):
+            for i in np.flatnonzero(short).tolist():
                 failed[names_known[i]] = f"{whole_total} whole GPUs requested in all, {int(free_whole[i])} free"
             reasons["insufficient-gpu"] += int(short.sum())
             ok = ok & ~short
-        candidates = np.flatnonzero(ok)
+        candidates = np.flatnonzero(ok).tolist()
         need = pod_demand_
         for done, i in enumerate(candidates):
             n = names_known[i]

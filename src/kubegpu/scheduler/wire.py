@@ -23,7 +23,7 @@ encoded anew per pod.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Annotated, Any, overload
@@ -74,8 +74,8 @@ class ExtenderFilterResult(msgspec.Struct):
     Nodes: NodeList | None
     NodeNames: list[str] | msgspec.Raw | None  # Raw: the names already encoded (NameMemo.answered)
     # A ReasonMap is sent as the JSON it holds (its texts are readable as its tokens were made)
-    FailedNodes: dict[str, str] | ReasonMap | msgspec.Raw
-    FailedAndUnresolvableNodes: dict[str, str] | ReasonMap | msgspec.Raw
+    FailedNodes: Mapping[str, str] | msgspec.Raw
+    FailedAndUnresolvableNodes: Mapping[str, str] | msgspec.Raw
     Error: str = ""
 
     def __post_init__(self) -> None:
@@ -87,12 +87,12 @@ class ExtenderFilterResult(msgspec.Struct):
         self.Error = readable(self.Error) if self.Error else ""
 
 
-def _readable_map(reasons: dict[str, str] | ReasonMap | msgspec.Raw) -> dict[str, str] | msgspec.Raw:
+def _readable_map(reasons: Mapping[str, str] | msgspec.Raw) -> dict[str, str] | msgspec.Raw:
     if isinstance(reasons, ReasonMap):
         return msgspec.Raw(reasons.json())
     if isinstance(reasons, msgspec.Raw):
         return reasons
-    return _readable_values(reasons)
+    return _readable_values(reasons if isinstance(reasons, dict) else dict(reasons))
 
 
 def _readable_values(reasons: dict[str, str]) -> dict[str, str]:
@@ -113,7 +113,7 @@ _HOST_SEP = b',"Score":  },{"Host":'  # between two names' JSON: a score slot of
 _COMMA, _SPACE, _ZERO = ord(","), ord(" "), ord("0")
 
 
-def encode_priorities(names: list[str], scores: list[int], raw: bytes | None = None) -> bytes:
+def encode_priorities(names: Sequence[str], scores: list[int], raw: bytes | None = None) -> bytes:
     """The JSON of ``list(map(HostPriority, names, scores))`` as Go's decoder reads it, built without a
     struct per host: prioritize answers thousands. ``raw``: ``encode(names)`` when the caller has it.
 
@@ -126,7 +126,7 @@ def encode_priorities(names: list[str], scores: list[int], raw: bytes | None = N
     if n == 0 or n != len(scores):
         return encode(list(map(HostPriority, names, scores)))
     if raw is None:
-        raw = encode(names)
+        raw = encode(list(names))
     inner = raw[1:-1]
     try:
         digits = np.frombuffer(bytes(scores), np.uint8)  # bytes(): ints in 0..255 or an error, in C
@@ -232,7 +232,7 @@ class _Names(Sequence[str]):
     def _take(self) -> list[str]:
         raise NotImplementedError
 
-    def list(self) -> list[str]:
+    def listed(self) -> list[str]:
         if self._list is None:
             self._list = self._take()
         return self._list
@@ -242,20 +242,20 @@ class _Names(Sequence[str]):
     @overload
     def __getitem__(self, i: slice) -> list[str]: ...
     def __getitem__(self, i: int | slice) -> str | list[str]:
-        return self.list()[i]
+        return self.listed()[i]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.list())
+        return iter(self.listed())
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, _Names | list | tuple):
-            return self.list() == list(other)
+            return self.listed() == list(other)
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.list()!r})"
+        return f"{type(self).__name__}({self.listed()!r})"
 
 
 class NameWindow(_Names):
@@ -273,7 +273,7 @@ class NameWindow(_Names):
 
     def __getitem__(self, i: int | slice) -> str | list[str]:  # type: ignore[override]
         if isinstance(i, slice):
-            return self.list()[i]
+            return self.listed()[i]
         n = self.stop - self.start
         if not -n <= i < n:
             raise IndexError("name index out of range")
