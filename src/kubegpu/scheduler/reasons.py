@@ -5,9 +5,10 @@ the number of nodes that gave it ("0/3 nodes are available: 2 <reason>."). So a 
 (``50 % compute`` became ``50 %!c(MISSING)ompute``) and starts with words, not a number ("1 1 whole
 GPU(s)"). :func:`readable` enforces both on every reason the extender sends, whoever wrote it.
 
-A filter answers thousands of nodes, most failing, and few distinct reasons; the answer is built from JSON
-pieces kept for them (:func:`token` per distinct text, the node names' per row) rather than a map of
-thousands of entries encoded anew per pod (:class:`ReasonMap`).
+A filter answers thousands of nodes, most failing, with few distinct reasons: reasons are kept per row as
+codes into a :class:`TextTable` (:class:`ReasonCache`, by row version), and the answer's map is built from
+byte tables (:class:`NameTable`, :class:`ReasonMap`) rather than a dict of thousands of entries encoded anew
+per pod.
 """
 
 from __future__ import annotations

@@ -14,10 +14,11 @@ thousands of new strings (and their hashes, and a lookup each). A window of the
 held list says where it lies in it (:class:`NameWindow`), so the extender maps
 it to array rows with a slice of rows mapped once, not a lookup per name.
 
-Answers are built from JSON pieces kept per node row (the names' tokens) and
-per distinct reason or score, joined once (:func:`priorities_json`,
-:class:`~kubegpu.scheduler.reasons.ReasonMap`), not from thousands of objects
-encoded anew per pod.
+Answers are built from byte tables kept per node row (the names' JSON, padded to
+one width: :class:`HostTable`, :class:`~kubegpu.scheduler.reasons.NameTable`)
+and per distinct reason, taken and copied once, not from thousands of objects
+encoded anew per pod; the lists are held as where their names are
+(:class:`NameWindow`, :class:`RowNames`), never copied name by name.
 """
 
 from __future__ import annotations
