@@ -118,6 +118,18 @@ def _used_of(terms: FragTerms, rows: np.ndarray | slice, left: np.ndarray, cpu: 
     return exact_dot(terms.weight, runs * a)
 
 
+def _unique(f: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(f, return_inverse=True)`` for free compute (milli), by a table over 0..MILLI where every
+    value lies there (exactly the same arrays, without numpy's general sort: a few GPUs' values per call)."""
+    if len(f) == 0 or f.min() < 0 or f.max() > MILLI:
+        return np.unique(f, return_inverse=True)
+    present = np.zeros(MILLI + 1, bool)
+    present[f] = True
+    values = np.flatnonzero(present).astype(f.dtype)
+    index = np.cumsum(present) - 1
+    return values, index[f]
+
+
 class FragCache:
     """Per-node sums behind the fragment of one cluster, refreshed only where nodes changed.
 
@@ -193,7 +205,7 @@ def frag_delta_per_gpu(
     f = np.where(cluster.gpu_ok[node, gi], cluster.core_free[node, gi], 0).astype(np.int64)  # (K,)
     # A GPU going from f to f - m changes shape t's A by d_a[t, f] and drops it from C when d_c is -1.
     # Tables over the distinct values of f, then the sums over shapes become small matrix products.
-    values, inverse = np.unique(f, return_inverse=True)
+    values, inverse = _unique(f)
     tm = terms.milli[:, None]
     ge_b = values[None, :] >= tm
     ge_a = (values[None, :] - m) >= tm
@@ -297,7 +309,7 @@ def capacity_delta_per_gpu(
     m = int(demand.milli)
     node = rows[ni]
     f = np.where(cluster.gpu_ok[node, gi], cluster.core_free[node, gi], 0).astype(np.int64)
-    values, inverse = np.unique(f, return_inverse=True)
+    values, inverse = _unique(f)
     tm = terms.milli[:, None]
     ge_b = values[None, :] >= tm
     ge_a = (values[None, :] - m) >= tm

@@ -187,7 +187,7 @@ class Extender:
         if not out.passed and out.reasons:
             self.metrics.unschedulable.labels(out.reasons.most_common(1)[0][0]).inc()
         if args.NodeNames is not None:
-            passed = msgspec.Raw(self.names.answered(out.passed))  # prioritize is sent this list next
+            passed = msgspec.Raw(self.names.answered(out.passed, out.passed_json))  # prioritize is sent this list next
             result = wire.ExtenderFilterResult(None, passed, out.failed, out.unresolvable)
         else:
             assert args.Nodes is not None
@@ -203,14 +203,12 @@ class Extender:
         names = wire.node_names(args)
         try:
             node_policy, _ = self.policies(args.Pod)
-            if too_many_gpu_containers(args.Pod, self.limits.max_gpu_containers):
-                scores = [0] * len(names)  # filter refused it; nothing to score
-            else:
-                scores = self.view.prioritize(args.Pod, names, node_policy)
+            if not too_many_gpu_containers(args.Pod, self.limits.max_gpu_containers):
+                return _json(self.view.prioritize_json(args.Pod, names, node_policy, self.names.encoded(names)))
         except Exception:
             log.exception("prioritize failed")  # errors are ignored by the scheduler: score nothing
-            scores = [0] * len(names)
-        return _json(wire.encode_priorities(names, scores, self.names.encoded(names)))
+        # refused by filter (nothing to score), or failed
+        return _json(wire.encode_priorities(names, [0] * len(names), self.names.encoded(names)))
 
     async def bind(self, body: bytes) -> Response:
         args = wire.decode_binding(body)

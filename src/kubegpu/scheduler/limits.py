@@ -37,6 +37,7 @@ from kubegpu.model.limits import DEFAULT_MAX_GPU_CONTAINERS, count_gpu_container
 from kubegpu.model.request import PodRequest, RequestKind
 from kubegpu.placement import MILLI, Demand, request_demand
 from kubegpu.scheduler.parsed import parsed_pod as parse_pod  # once per pod version
+from kubegpu.scheduler.reasons import ReasonMap
 from kubegpu.scheduler.requests import pod_demand, requires_nvlink, simple_demand
 from kubegpu.scheduler.state import ClusterView, FilterOutcome
 
@@ -182,10 +183,10 @@ async def _exact(view: ClusterView, pod: Mapping[str, Any], request: PodRequest,
                  gpu_policy: str, limits: Limits, clock: Any, share: LoopShare) -> FilterOutcome:
     start = clock()
     passed: list[str] = []
-    failed: dict[str, str] = {}
+    failed = ReasonMap()
     reasons: Counter[str] = Counter()
     cluster = view.cluster
-    all_rows = view.rows_of(names)
+    all_rows = view.node_rows(names)
     names_known, rows, ok = view.known_and_allowed(names, all_rows, request, failed, reasons)
     # Each distinct container demand alone (a pod of identical containers costs one pass).
     seen: dict[Demand, str] = {}
@@ -216,7 +217,7 @@ async def _exact(view: ClusterView, pod: Mapping[str, Any], request: PodRequest,
                 ok[j] = False
     # Exact fits node by node, in the order given, in slices, until enough nodes pass or time is up.
     nvlink = requires_nvlink(pod)
-    candidates = [names_known[i] for i in np.flatnonzero(ok)]
+    candidates = [names_known[i] for i in np.flatnonzero(ok).tolist()]
     demand = pod_demand(request, pod)
     slice_end = clock() + limits.slice_s
     for done, n in enumerate(candidates):

@@ -4,17 +4,27 @@ kube-scheduler puts each reason into an Event message through a printf-style for
 the number of nodes that gave it ("0/3 nodes are available: 2 <reason>."). So a reason never holds ``%``
 (``50 % compute`` became ``50 %!c(MISSING)ompute``) and starts with words, not a number ("1 1 whole
 GPU(s)"). :func:`readable` enforces both on every reason the extender sends, whoever wrote it.
+
+A filter answers thousands of nodes, most failing, with few distinct reasons: reasons are kept per row as
+codes into a :class:`TextTable` (:class:`ReasonCache`, by row version), and the answer's map is built from
+byte tables (:class:`NameTable`, :class:`ReasonMap`) rather than a dict of thousands of entries encoded anew
+per pod.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Iterator, Mapping, Sequence
 
+import msgspec
 import numpy as np
 
 from kubegpu.placement import ClusterState, Demand
 from kubegpu.placement.policies import RowCache
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder(str).decode
 
 
 def insufficient(cluster: ClusterState, rows: np.ndarray, demand: Demand,
@@ -23,39 +33,45 @@ def insufficient(cluster: ClusterState, rows: np.ndarray, demand: Demand,
     situation get the same text (kube-scheduler's event then counts them together), so each distinct
     situation is worded once: rows are reduced to an integer code, and only unique codes are formatted.
     A row's text depends on that row's arrays and the demand alone. ``candidates``: the cluster's
-    ``gpu_candidates(demand)`` when the caller has it."""
+    ``gpu_candidates(demand)`` when the caller has it. A filter mostly words the few rows changed since the
+    last filter of its demand, so the steps are few numpy calls, whatever the number of rows."""
     n = len(rows)
     idx = np.arange(n)
     ok = cluster.gpu_ok[rows]
     core = np.where(ok, cluster.core_free[rows], -1).astype(np.int64)
-    cand = cluster.gpu_candidates(demand) if candidates is None else candidates
-    n_cand = cand[rows].sum(axis=1).astype(np.int64)
-    n_ok = ok.sum(axis=1).astype(np.int64)
+    cand = cluster.gpu_candidates(demand, rows) if candidates is None else candidates[rows]
+    n_cand = cand.sum(axis=1, dtype=np.int64)
+    n_ok = ok.sum(axis=1, dtype=np.int64)
     best = core.argmax(axis=1)
     best_pct = np.maximum(core[idx, best], 0) // 10
-    zeros = np.zeros(n, np.int64)
-    mem_best = mem_free = mem_need = zeros
+    none_ok = n_ok == 0
+    mem_best = mem_free = mem_need = None
     if demand.exclusive:  # 0 no usable GPU, 1 whole GPUs short
-        case = np.where(n_ok == 0, 0, 1)
+        case = np.where(none_ok, 0, 1)
+        param = (n_cand << 24) | (n_ok << 16) | (best << 8) | best_pct
     elif demand.count > 1:  # 2 too few GPUs with room, 3 compute short
-        case = np.where(n_ok == 0, 0, np.where(n_cand > 0, 2, 3))
+        case = np.where(none_ok, 0, np.where(n_cand > 0, 2, 3))
+        param = np.where(n_cand > 0, n_cand, (best << 8) | best_pct)
     else:  # 3 compute short, 4 memory short (there is compute, but no GPU with it has the memory)
         roomy = core >= demand.milli
-        case = np.where(n_ok == 0, 0, np.where(roomy.any(axis=1), 4, 3))
+        any_roomy = roomy.any(axis=1)
+        case = np.where(none_ok, 0, np.where(any_roomy, 4, 3))
         mem = np.where(roomy, cluster.gmem_free[rows], -1)
         mem_best = mem.argmax(axis=1)
         tenth_gib = 2**30 // 10
         mem_free = np.maximum(mem[idx, mem_best], 0) // tenth_gib
-        mem_need = cluster.gpu_memory_need(demand)[rows][idx, mem_best] // tenth_gib
-    param = np.select(
-        [case == 1, case == 2, case == 3, case == 4],
-        [(n_cand << 24) | (n_ok << 16) | (best << 8) | best_pct, n_cand, (best << 8) | best_pct,
-         (mem_best << 40) | (mem_free << 20) | mem_need], 0)
-    codes = (case.astype(np.int64) << 56) | param
-    uniq, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
+        mem_need = cluster.gpu_memory_need(demand, rows)[idx, mem_best] // tenth_gib
+        param = np.where(any_roomy, (mem_best << 40) | (mem_free << 20) | mem_need, (best << 8) | best_pct)
+    codes = ((case.astype(np.int64) << 56) | np.where(none_ok, 0, param)).tolist()
+    # The distinct codes in first-seen order, and each row's index among them (a dict: few rows, few codes).
+    index: dict[int, int] = {}
+    inverse = [index.setdefault(c, len(index)) for c in codes]
+    first = [0] * len(index)
+    for k in range(n - 1, -1, -1):
+        first[inverse[k]] = k
     want = demand.milli // 10
     texts = []
-    for k in first.tolist():
+    for k in first:
         c = int(case[k])
         if c == 0:
             texts.append("no healthy GPU available to share (all unhealthy or MIG-enabled)")
@@ -69,33 +85,179 @@ def insufficient(cluster: ClusterState, rows: np.ndarray, demand: Demand,
             texts.append(f"not enough GPU compute: GPU {best[k]} has {best_pct[k]} percent free, "
                          f"{want} percent requested")
         else:
+            assert mem_best is not None and mem_free is not None and mem_need is not None
             texts.append(f"not enough GPU memory: GPU {mem_best[k]} has {mem_free[k] / 10:.1f} GiB free, "
                          f"{mem_need[k] / 10:.1f} GiB requested")
-    assert len(texts) == len(uniq)
-    return np.asarray(texts, dtype=object)[inverse.reshape(-1)].tolist()
+    return [texts[i] for i in inverse]
+
+
+class TextTable:
+    """Distinct texts, each with a code and its readable JSON string: per-row reasons are kept as codes
+    (an integer per row, no object per node), and an answer's texts are encoded once each."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        self.json: list[bytes] = []  # readable(text) as a JSON string
+        self._code: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def code(self, text: str) -> int:
+        c = self._code.get(text)
+        if c is None:
+            c = self._code[text] = len(self.texts)
+            self.texts.append(text)
+            self.json.append(_encode(readable(text)))
+        return c
+
+    def codes(self, texts: Sequence[str]) -> np.ndarray:
+        return np.fromiter(map(self.code, texts), np.int64, len(texts))
 
 
 class ReasonCache:
-    """Per-row :func:`insufficient` texts per demand, kept with the row version they were worded at
-    (a :class:`~kubegpu.placement.policies.RowCache` of texts): a filter pays only for the rows changed
-    since the last filter with the same demand, not for thousands of nodes. At most ``limit`` demands are
-    kept, least recently used dropped."""
+    """Per-row :func:`insufficient` reasons per demand, kept as codes into one :class:`TextTable` with the row
+    version they were worded at (a :class:`~kubegpu.placement.policies.RowCache`): a filter pays only for
+    the rows changed since the last filter with the same demand, not for thousands of nodes. At most
+    ``limit`` demands are kept, least recently used dropped; the table is emptied with them when it holds
+    ``max_texts`` texts (situations are many only where GPUs are)."""
 
-    def __init__(self, limit: int = 64) -> None:
-        self._rows = RowCache(limit, dtype=object)
+    def __init__(self, limit: int = 64, max_texts: int = 100_000) -> None:
+        self._rows = RowCache(limit, dtype=np.int64)
+        self.table = TextTable()
+        self.max_texts = max_texts
 
     def clear(self) -> None:
         self._rows.clear()
+        self.table = TextTable()
+
+    def codes(self, cluster: ClusterState, rows: np.ndarray, demand: Demand,
+              candidates: np.ndarray | None = None) -> tuple[TextTable, np.ndarray]:
+        """The table and each row's code of its :func:`insufficient` text, worded only where a row changed."""
+        if len(self.table) >= self.max_texts:
+            self.clear()
+        table = self.table
+
+        def word(pos: np.ndarray) -> np.ndarray:
+            return table.codes(insufficient(cluster, rows[pos], demand, candidates))
+
+        return table, self._rows.get(demand, cluster, rows, word)
 
     def insufficient(self, cluster: ClusterState, rows: np.ndarray, demand: Demand,
                      candidates: np.ndarray | None = None) -> list[str]:
-        """:func:`insufficient` of ``rows`` (same texts), worded only where a row changed."""
+        """:func:`insufficient` of ``rows`` (same texts), from the kept codes."""
+        table, codes = self.codes(cluster, rows, demand, candidates)
+        return [table.texts[c] for c in codes.tolist()]
 
-        def word(pos: np.ndarray) -> np.ndarray:
-            return np.asarray(insufficient(cluster, rows[pos], demand, candidates), dtype=object)
 
-        out: list[str] = self._rows.get(demand, cluster, rows, word).tolist()
+class NameTable:
+    """Node names as JSON strings, one row each of a byte matrix, padded with spaces to one width (JSON allows
+    spaces between tokens): answers take rows of it instead of touching a string object per node. Kept per
+    array layout by the extender."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        tokens = list(map(_encode, names))
+        self.width = max(map(len, tokens), default=2) + 1  # and a separator after each name
+        self.matrix = np.frombuffer(b"".join(t.ljust(self.width - 1) + b"," for t in tokens), np.uint8).reshape(
+            len(tokens), self.width)
+        self.uniform = all(len(t) == self.width - 1 for t in tokens)
+        self.spaceless = not any(b" " in t for t in tokens)  # padding is then the only space: removable
+
+    def list_json(self, rows: np.ndarray) -> bytes | None:
+        """The canonical JSON array of the rows' names (msgspec's encoding of the list), or None when padding
+        cannot be told from the names."""
+        if not len(rows):
+            return b"[]"
+        if not (self.uniform or self.spaceless):
+            return None
+        flat = np.take(self.matrix, rows, axis=0).reshape(-1)
+        if not self.uniform:
+            flat = flat[flat != ord(" ")]
+        flat[-1] = ord("]")
+        return b"[" + flat.tobytes()
+
+    def keys(self, rows: np.ndarray) -> np.ndarray:
+        """(len(rows), width) bytes: each row's name as a JSON object key, ``"name"   :``."""
+        out = np.take(self.matrix, rows, axis=0)
+        out[:, -1] = ord(":")
         return out
+
+
+class ReasonMap(Mapping[str, str]):
+    """Failed nodes and their reasons, held as what the filter answer's JSON map is built from: the rows of
+    failed nodes with the :class:`NameTable` of their names and a code per row into a :class:`TextTable`.
+    :meth:`json` is byte matrices and one copy (no object per node); the mapping of names to texts (what the
+    tests and the exact paths read) is built only when read. Entries set one by one (``map[name] = text``)
+    are kept aside and come after the rows' in both. Names are distinct (a filter fails each node once);
+    were one repeated, its last entry would win in both, as JSON decoders keep a repeated key's last value."""
+
+    __slots__ = ("_dict", "_loose", "_parts")
+
+    def __init__(self) -> None:
+        self._parts: list[tuple[np.ndarray, np.ndarray, NameTable, TextTable, np.ndarray]] = []
+        self._loose: dict[str, str] = {}
+        self._dict: dict[str, str] | None = None
+
+    def add_rows(self, by_row: np.ndarray, rows: np.ndarray, names: NameTable, table: TextTable,
+                 codes: np.ndarray) -> None:
+        """Rows ``rows`` (names ``by_row[rows]``, JSON in ``names``) failed with ``table``'s texts ``codes``."""
+        if len(rows) != len(codes):
+            raise ValueError("rows and codes differ in length")
+        if len(rows):
+            self._parts.append((by_row, rows, names, table, codes))
+            self._dict = None
+
+    def add_texts(self, by_row: np.ndarray, rows: np.ndarray, names: NameTable, texts: Sequence[str]) -> None:
+        table = TextTable()
+        self.add_rows(by_row, rows, names, table, table.codes(texts))
+
+    def __setitem__(self, name: str, text: str) -> None:
+        self._loose[name] = text
+        self._dict = None
+
+    def json(self) -> bytes:
+        """The JSON object ``{"name": "reason", ...}`` (reasons readable, as :class:`TextTable` keeps them)."""
+        pieces = [b"{"]
+        for _, rows, names, table, codes in self._parts:
+            # The texts this answer uses, each once, padded to the longest of them (codes index the table).
+            used = np.zeros(len(table), bool)
+            used[codes] = True
+            distinct = np.flatnonzero(used)
+            local = np.empty(len(table), np.int64)
+            local[distinct] = np.arange(len(distinct))
+            texts = [table.json[c] for c in distinct.tolist()]
+            width = max(map(len, texts)) + 1
+            values = np.frombuffer(b"".join(t.ljust(width - 1) + b"," for t in texts), np.uint8).reshape(
+                len(texts), width)
+            block = np.concatenate([names.keys(rows), np.take(values, local[codes], axis=0)], axis=1)
+            pieces.append(block.tobytes())
+        if self._loose:
+            pieces.append(b"".join(_encode(k) + b":" + _encode(readable(v)) + b"," for k, v in self._loose.items()))
+        if len(pieces) == 1:
+            return b"{}"
+        pieces[-1] = pieces[-1][:-1] + b"}"  # the last comma closes the map instead
+        return b"".join(pieces)
+
+    def _map(self) -> dict[str, str]:
+        if self._dict is None:
+            out: dict[str, str] = {}
+            for by_row, rows, _, table, codes in self._parts:
+                out.update(zip(by_row[rows].tolist(), (_decode(table.json[c]) for c in codes.tolist()), strict=True))
+            out.update(self._loose)
+            self._dict = out
+        return self._dict
+
+    def __getitem__(self, name: str) -> str:
+        return self._map()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._map())
+
+    def __len__(self) -> int:
+        return len(self._map())
+
+    def __repr__(self) -> str:
+        return f"ReasonMap({self._map()!r})"
 
 
 _PERCENT = re.compile(r"\s*%")

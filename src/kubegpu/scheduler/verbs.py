@@ -29,19 +29,21 @@ from kubegpu.scheduler.accounting import Ledger
 from kubegpu.scheduler.mirror import ArrayMirror
 from kubegpu.scheduler.nodes import NodeRecord, all_linked, for_node
 from kubegpu.scheduler.parsed import parsed_pod as parse_pod  # once per pod version
-from kubegpu.scheduler.reasons import readable
+from kubegpu.scheduler.reasons import NameTable, ReasonMap, TextTable
 from kubegpu.scheduler.requests import pod_demand, requires_nvlink, simple_demand, with_resources
 from kubegpu.scheduler.scoring import Scoring
+from kubegpu.scheduler.wire import HeldNames, HostTable, NameWindow, RowNames, encode_priorities
 
 MAX_PRIORITY = 10  # kube-scheduler's MaxExtenderPriority
 
 
 @dataclass(frozen=True, slots=True)
 class FilterOutcome:
-    passed: list[str]
-    failed: dict[str, str]
-    unresolvable: dict[str, str]
+    passed: Sequence[str]  # RowNames on the array path
+    failed: Mapping[str, str]  # a ReasonMap (sent as the JSON it holds), or a dict
+    unresolvable: Mapping[str, str]
     reasons: Counter[str]  # short reason category -> nodes, for metrics
+    passed_json: bytes | None = None  # the canonical JSON of ``passed`` when the filter built it
 
 
 def _resources_short(cluster: Any, rows: np.ndarray, demand: Demand) -> list[str]:
@@ -55,12 +57,6 @@ def _resources_short(cluster: Any, rows: np.ndarray, demand: Demand) -> list[str
     return out
 
 
-def _resources_short_readable(cluster: Any, rows: np.ndarray, demand: Demand) -> list[str]:
-    """:func:`_resources_short` as the filter answer words it (``readable``: they start with a number).
-    Worded here, once per distinct text, so that the answer's thousands of reasons need no second pass."""
-    return list(map(readable, _resources_short(cluster, rows, demand)))
-
-
 class Verbs:
     """filter, prioritize and choose over the mirror, the ledger and the scoring objects."""
 
@@ -69,6 +65,55 @@ class Verbs:
     ledger: Ledger
     scoring: Scoring
     exact_fit_enough: int
+    # Kept per array layout (rows change only with it): the names' JSON by row, the rows of the name list
+    # kube-scheduler sends (as NameMemo holds it), and the last filter's passing names and rows where they are
+    # a plain list (prioritize is sent that very list).
+    _name_table: tuple[int, NameTable] | None = None
+    _host_table: tuple[int, HostTable | None] | None = None
+    _held_rows: tuple[HeldNames, int, np.ndarray] | None = None
+    _passed: tuple[Sequence[str], int, np.ndarray] | None = None
+
+    # ---- rows and names --------------------------------------------------------------------------
+    def node_rows(self, names: Sequence[str], remember: bool = True) -> np.ndarray:
+        """Array rows of ``names`` (-1 for unknown nodes; read-only). A window of the list kube-scheduler
+        sends (:class:`~kubegpu.scheduler.wire.NameWindow`) is a slice of that list's rows, mapped once per
+        layout; a filter's passing nodes (:class:`~kubegpu.scheduler.wire.RowNames`) are their rows;
+        anything else is looked up."""
+        layout = self.mirror.cluster.layout  # current arrays (rebuilt here if they must be)
+        if isinstance(names, NameWindow):
+            kept = self._held_rows
+            if kept is None or kept[0] is not names.held or kept[1] != layout:
+                half = self.mirror.rows_of(names.held.names[:len(names.held)], remember=False)
+                rows = np.concatenate([half, half])
+                rows.flags.writeable = False
+                kept = self._held_rows = (names.held, layout, rows)
+            return kept[2][names.start:names.start + len(names)]
+        if isinstance(names, RowNames) and names.by_row is self.mirror.names_by_row:  # rows of these arrays
+            return names.rows
+        passed = self._passed
+        if passed is not None and names is passed[0] and passed[1] == layout and len(names) == len(passed[2]):
+            return passed[2]
+        return self.mirror.rows_of(names, remember)
+
+    def name_table(self) -> NameTable:
+        """The rows' names as JSON (:class:`~kubegpu.scheduler.reasons.NameTable`), kept per layout."""
+        cluster = self.mirror.cluster
+        kept = self._name_table
+        if kept is None or kept[0] != cluster.layout:
+            kept = self._name_table = (cluster.layout, NameTable(cluster.names))
+        return kept[1]
+
+    def host_table(self) -> HostTable | None:
+        """The rows' prioritize answer entries (:class:`~kubegpu.scheduler.wire.HostTable`), kept per layout."""
+        cluster = self.mirror.cluster
+        kept = self._host_table
+        if kept is None or kept[0] != cluster.layout:
+            kept = self._host_table = (cluster.layout, HostTable.build(cluster.names))
+        return kept[1]
+
+    def _remember_passed(self, passed: Sequence[str], rows: np.ndarray) -> None:
+        rows.flags.writeable = False
+        self._passed = (passed, self.mirror.cluster.layout, rows)
 
     # ---- filter ----------------------------------------------------------------------------------
     def filter(self, pod: Mapping[str, Any], names: Sequence[str], gpu_policy: str,
@@ -77,19 +122,16 @@ class Verbs:
         if request is None:
             request = parse_pod(pod)
         passed: list[str] = []
-        failed: dict[str, str] = {}
-        unresolvable: dict[str, str] = {}
+        failed = ReasonMap()
         reasons: Counter[str] = Counter()
         if not request.ok:
             why = "request refused: " + "; ".join(str(r) for r in request.refusals)
-            for n in names:
-                unresolvable[n] = why
             reasons["refused"] += len(names)
-            return FilterOutcome(passed, failed, unresolvable, reasons)
+            return FilterOutcome(passed, failed, dict.fromkeys(names, why), reasons)
         cluster = self.mirror.cluster
         # One pass over the names (kube-scheduler sends thousands): rows, -1 for unknown nodes. The whole list
         # kube-scheduler sent, so that its next (rotated) list is answered from the memo.
-        all_rows = self.mirror.rows_of(names)
+        all_rows = self.node_rows(names)
         known = all_rows >= 0
         if not request.wants_gpu:
             # Nodes without kubegpu GPUs are kube-scheduler's alone; GPU nodes must have the CPU and memory.
@@ -97,41 +139,42 @@ class Verbs:
             ok = ~known
             ok[known] = cluster.feasible(demand)[all_rows[known]]
             passed.extend(compress(names, ok.tolist()))
-            self.mirror.passed_memo = (list(passed), all_rows[ok])
-            bad = np.flatnonzero(~ok)
+            self._remember_passed(passed, all_rows[ok])
+            bad = all_rows[~ok]  # GPU nodes short of CPU or memory
             if len(bad):
-                texts = _resources_short_readable(cluster, all_rows[bad], demand)
-                failed.update(zip((names[int(i)] for i in bad), texts, strict=True))
+                failed.add_texts(self.mirror.names_by_row, bad, self.name_table(),
+                                 _resources_short(cluster, bad, demand))
                 reasons["insufficient-cpu-memory"] += len(bad)
-            return FilterOutcome(passed, failed, unresolvable, reasons)
+            return FilterOutcome(passed, failed, {}, reasons)
         if not known.any():
             self.known_and_allowed(names, all_rows, request, failed, reasons)
-            return FilterOutcome(passed, failed, unresolvable, reasons)
+            return FilterOutcome(passed, failed, {}, reasons)
         names_known, rows, ok = self.known_and_allowed(names, all_rows, request, failed, reasons)
         pod_demand_ = pod_demand(request, pod)
-        roomy = (cluster.cpu_free[rows] >= pod_demand_.cpu_milli) & (cluster.mem_free[rows] >= pod_demand_.memory_bytes)
-        short = ok & ~roomy
         by_row = self.mirror.names_by_row  # a mask's names as one numpy take, not a Python loop over them all
+        table = self.name_table()
+        # Over every row at once (contiguous), then one take in the order given.
+        roomy = ((cluster.cpu_free >= pod_demand_.cpu_milli) & (cluster.mem_free >= pod_demand_.memory_bytes))[rows]
+        short = ok & ~roomy
         if short.any():
-            texts = _resources_short_readable(cluster, rows[short], pod_demand_)
-            failed.update(zip(by_row[rows[short]].tolist(), texts, strict=True))
-            reasons["insufficient-cpu-memory"] += len(texts)
+            sub = rows[short]
+            failed.add_texts(by_row, sub, table, _resources_short(cluster, sub, pod_demand_))
+            reasons["insufficient-cpu-memory"] += len(sub)
             ok = ok & roomy
         simple = simple_demand(request)
         nvlink = requires_nvlink(pod)
         if simple is not None and not nvlink:
             demand = simple
-            all_cand = self.mirror.candidates(demand)
-            enough = self.mirror.candidate_counts(demand)[rows] >= demand.count
-            good = ok & enough
-            passed.extend(by_row[rows[good]].tolist())
-            self.mirror.passed_memo = (list(passed), rows[good])
+            enough = (self.mirror.candidate_counts(demand) >= demand.count)[rows]
+            good = rows[ok & enough]
+            good.flags.writeable = False
             short = ok & ~enough
             if short.any():
-                texts = self.mirror.reasons.insufficient(cluster, rows[short], demand, all_cand)
-                failed.update(zip(by_row[rows[short]].tolist(), texts, strict=True))
-                reasons["insufficient-gpu"] += len(texts)
-            return FilterOutcome(passed, failed, unresolvable, reasons)
+                sub = rows[short]
+                failed.add_rows(by_row, sub, table,
+                                *self.mirror.reasons.codes(cluster, sub, demand, self.mirror.candidates(demand)))
+                reasons["insufficient-gpu"] += len(sub)
+            return FilterOutcome(RowNames(by_row, good), failed, {}, reasons, table.list_json(good))
         # Exact path (several GPU containers, MIG, replicas, NVLink): first what the arrays can rule out
         # (each container alone, and the whole GPUs of all app containers together), then placement's
         # fit node by node, in the order given, until enough nodes are found feasible: like
@@ -146,7 +189,8 @@ class Verbs:
             short = ok & (self.mirror.candidate_counts(d)[rows] < d.count)
             bad = np.flatnonzero(short)
             if len(bad):
-                for i, text in zip(bad, self.mirror.reasons.insufficient(cluster, rows[bad], d, d_cand), strict=True):
+                for i, text in zip(bad.tolist(), self.mirror.reasons.insufficient(cluster, rows[bad], d, d_cand),
+                                   strict=True):
                     failed[names_known[i]] = f"container {c.name!r}: {text}"
                 reasons["insufficient-gpu"] += len(bad)
                 ok = ok & ~short
@@ -155,11 +199,11 @@ class Verbs:
         if whole_total:
             free_whole = self.mirror.candidate_counts(Demand.whole(1))[rows]
             short = ok & (free_whole < whole_total)
-            for i in np.flatnonzero(short):
+            for i in np.flatnonzero(short).tolist():
                 failed[names_known[i]] = f"{whole_total} whole GPUs requested in all, {int(free_whole[i])} free"
             reasons["insufficient-gpu"] += int(short.sum())
             ok = ok & ~short
-        candidates = np.flatnonzero(ok)
+        candidates = np.flatnonzero(ok).tolist()
         need = pod_demand_
         for done, i in enumerate(candidates):
             n = names_known[i]
@@ -175,30 +219,52 @@ class Verbs:
             else:
                 failed[n] = miss[1]
                 reasons[miss[0]] += 1
-        return FilterOutcome(passed, failed, unresolvable, reasons)
+        return FilterOutcome(passed, failed, {}, reasons)
 
     def known_and_allowed(self, names: Sequence[str], all_rows: np.ndarray, request: PodRequest,
-                          failed: dict[str, str], reasons: Counter[str],
-                          ) -> tuple[list[str], np.ndarray, np.ndarray]:
+                          failed: ReasonMap, reasons: Counter[str],
+                          ) -> tuple[Sequence[str], np.ndarray, np.ndarray]:
         """The filter's first cut, for the plain and the bounded filter alike: nodes without a readable
         Device object, then nodes whose GPU model the pod does not allow, each failed with its reason.
         Returns the known names, their rows and which of them allow the pod's models."""
         known = all_rows >= 0
-        for i in np.flatnonzero(~known).tolist():
-            rec = self.nodes.get(names[i])
-            failed[names[i]] = (f"its Device object is unreadable: {rec.device_error}" if rec and rec.device_error
-                                else "no GPUs known (no kubegpu Device object; is `kubegpu node` running?)")
-            reasons["no-device-object"] += 1
-        names_known = list(names) if known.all() else list(compress(names, known.tolist()))
-        rows = all_rows[known]
+        if known.all():
+            names_known, rows = names, all_rows
+        else:
+            for i in np.flatnonzero(~known).tolist():
+                rec = self.nodes.get(names[i])
+                failed[names[i]] = (f"its Device object is unreadable: {rec.device_error}"
+                                    if rec and rec.device_error else
+                                    "no GPUs known (no kubegpu Device object; is `kubegpu node` running?)")
+                reasons["no-device-object"] += 1
+            names_known, rows = list(compress(names, known.tolist())), all_rows[known]
         models = request.allowed_models
+        if models is None:
+            return names_known, rows, np.ones(len(rows), bool)
         ok = self.mirror.model_mask(models)[rows] if len(rows) else np.zeros(0, bool)
-        for j in np.flatnonzero(~ok).tolist():
-            n = names_known[j]
-            present = ", ".join(sorted(self.nodes[n].models)) or "none"
-            failed[n] = f"GPU model {present} not in the allowed {', '.join(sorted(models or ()))}"
-            reasons["gpu-model"] += 1
+        if not ok.all():
+            sub = rows[~ok]
+            codes, present = self._models_present()
+            allowed = ", ".join(sorted(models))
+            texts = TextTable()
+            for p in present:
+                texts.code(f"GPU model {p} not in the allowed {allowed}")  # code i: present[i]
+            failed.add_rows(self.mirror.names_by_row, sub, self.name_table(), texts, codes[sub])
+            reasons["gpu-model"] += len(sub)
         return names_known, rows, ok
+
+    _models_kept: tuple[int, np.ndarray, list[str]] | None = None
+
+    def _models_present(self) -> tuple[np.ndarray, list[str]]:
+        """Each row's GPU model names as a reason shows them (``A, B``, or ``none``), as a code per row into
+        the distinct texts; kept per layout (labels and models change only with it)."""
+        cluster = self.mirror.cluster
+        kept = self._models_kept
+        if kept is None or kept[0] != cluster.layout:
+            texts = [", ".join(sorted(self.nodes[n].models)) or "none" for n in cluster.names]
+            distinct, codes = np.unique(np.array(texts, object), return_inverse=True)
+            kept = self._models_kept = (cluster.layout, codes.reshape(-1), distinct.tolist())
+        return kept[1], kept[2]
 
     def exact_fit(self, node: str, request: PodRequest, need: Demand, gpu_policy: str,
                   nvlink: bool) -> tuple[str, str] | None:
@@ -223,39 +289,61 @@ class Verbs:
         The node the policy picks among the feasible ones (the simulator's pick: highest score, ties to the
         lowest node name) alone gets 10; the others 0..9 by their raw score. Nodes without kubegpu GPUs get
         0 for a GPU pod, and 10 for a pod without GPUs (which should leave GPU nodes' CPU to GPU pods)."""
+        return self._prioritize(pod, names, node_policy)[0].tolist()
+
+    def prioritize_json(self, pod: Mapping[str, Any], names: Sequence[str], node_policy: str,
+                        raw: bytes | None = None) -> bytes:
+        """:meth:`prioritize`'s answer as kube-scheduler reads it (``HostPriority`` JSON), built from the
+        rows' kept name tokens. ``raw``: the names' JSON when the caller has it."""
+        scores, all_rows = self._prioritize(pod, names, node_policy)
+        table = self.host_table()
+        out = table.answer(all_rows, scores) if table is not None and (all_rows >= 0).all() else None
+        return out if out is not None else encode_priorities(list(names), scores.tolist(), raw)
+
+    def _prioritize(self, pod: Mapping[str, Any], names: Sequence[str], node_policy: str,
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, rows) of ``names``: :meth:`prioritize`'s scores as an array, and the names' rows."""
         request = parse_pod(pod)
+        all_rows = self.node_rows(names, remember=False)
         if not request.ok:
-            return [0] * len(names)
+            return np.zeros(len(names), np.int64), all_rows
         cluster = self.mirror.cluster
-        all_rows = self.mirror.rows_of(names, remember=False)
         demand = pod_demand(request, pod)
         if request.wants_gpu and simple_demand(request) is None and demand.count == 0:
             # MIG or replicas only: no array demand to score; every known node is as good.
-            return np.where(all_rows >= 0, 5, 0).tolist()
-        known = np.flatnonzero(all_rows >= 0)
+            return np.where(all_rows >= 0, 5, 0), all_rows
+        every = all_rows >= 0
+        known = None if every.all() else np.flatnonzero(every)  # None: every name is a known node
         scores = np.full(len(names), 0 if request.wants_gpu else MAX_PRIORITY, np.int64)
-        if len(known):
-            rows = all_rows[known]
-            feasible = ((cluster.cpu_free[rows] >= demand.cpu_milli) & (cluster.mem_free[rows] >= demand.memory_bytes)
-                        & self.mirror.model_mask(demand.models if demand.count else None)[rows]
-                        & (self.mirror.candidate_counts(demand)[rows] >= demand.count))
-            scores[known] = 0
+        rows = all_rows if known is None else all_rows[known]
+        if len(rows):
+            # Over every row at once (contiguous), then one take in the order given.
+            feasible = ((cluster.cpu_free >= demand.cpu_milli) & (cluster.mem_free >= demand.memory_bytes)
+                        & (self.mirror.candidate_counts(demand) >= demand.count))
+            if demand.count and demand.models is not None:
+                feasible &= self.mirror.model_mask(demand.models)
+            feasible = feasible[rows]
+            if known is None:
+                scores[:] = 0
+            else:
+                scores[known] = 0
             if feasible.any():
                 fit_rows = rows[feasible]
                 raw = self.node_scores(node_policy, demand, fit_rows, self.mirror.candidates(demand)[fit_rows])
-                best = pick_best(raw, None, self.mirror.rank[rows[feasible]])
+                best = pick_best(raw, None, self.mirror.rank[fit_rows])
                 lo, hi = float(raw.min()), float(raw.max())
                 scaled = np.zeros(len(raw), np.int64) if hi - lo < 1e-12 else np.floor(
                     (MAX_PRIORITY - 1) * (raw - lo) / (hi - lo)).astype(np.int64)
                 scaled[best] = MAX_PRIORITY
-                scores[known[feasible]] = scaled
+                at = np.flatnonzero(feasible) if known is None else known[feasible]
+                scores[at] = scaled
                 blocked = self.ledger.handoff_blocked(pod, request)
                 if blocked:
                     fits = np.zeros(len(names), bool)
-                    fits[known[feasible]] = True
-                    return away_from_handoffs(names, scores, self.named(names, all_rows, blocked), fits,
-                                              self.ledger.waiting_binds)
-        return scores.tolist()
+                    fits[at] = True
+                    scores = np.asarray(away_from_handoffs(names, scores, self.named(names, all_rows, blocked), fits,
+                                                           self.ledger.waiting_binds), np.int64)
+        return scores, all_rows
 
     def named(self, names: Sequence[str], all_rows: np.ndarray, which: Mapping[str, Any]) -> np.ndarray:
         """Which of ``names`` (their rows ``all_rows``, -1 unknown) are keys of ``which``, as a mask: by

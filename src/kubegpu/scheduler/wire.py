@@ -10,21 +10,32 @@ With ``nodeCacheCapable`` kube-scheduler sends node names only, thousands per
 index, and sends ``/prioritize`` the very list ``/filter`` answered. Those lists
 are recognised by their bytes (:class:`NameMemo`) and answered with the name
 strings already held, so a repeat costs a few byte comparisons instead of
-thousands of new strings (and their hashes, and a lookup each).
+thousands of new strings (and their hashes, and a lookup each). A window of the
+held list says where it lies in it (:class:`NameWindow`), so the extender maps
+it to array rows with a slice of rows mapped once, not a lookup per name.
+
+Answers are built from byte tables kept per node row (the names' JSON, padded to
+one width: :class:`HostTable`, :class:`~kubegpu.scheduler.reasons.NameTable`)
+and per distinct reason, taken and copied once, not from thousands of objects
+encoded anew per pod; the lists are held as where their names are
+(:class:`NameWindow`, :class:`RowNames`), never copied name by name.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any
+from itertools import islice
+from typing import Annotated, Any, overload
 
 import msgspec
 import numpy as np
 
-from kubegpu.scheduler.reasons import readable
+from kubegpu.scheduler.reasons import ReasonMap, readable
 
 MAX_NAME = 253  # a DNS subdomain, the longest name Kubernetes gives a pod, a namespace or a node
+MAX_SCORE = 10  # kube-scheduler's MaxExtenderPriority
 
 
 class WireError(ValueError):
@@ -50,7 +61,7 @@ class ExtenderArgs:
 
     Pod: dict[str, Any] | None
     Nodes: NodeList | None
-    NodeNames: list[str] | None
+    NodeNames: Sequence[str] | None
 
 
 class ExtenderBindingArgs(msgspec.Struct):
@@ -63,17 +74,26 @@ class ExtenderBindingArgs(msgspec.Struct):
 class ExtenderFilterResult(msgspec.Struct):
     Nodes: NodeList | None
     NodeNames: list[str] | msgspec.Raw | None  # Raw: the names already encoded (NameMemo.answered)
-    FailedNodes: dict[str, str]
-    FailedAndUnresolvableNodes: dict[str, str]
+    # A ReasonMap is sent as the JSON it holds (its texts are readable as its tokens were made)
+    FailedNodes: Mapping[str, str] | msgspec.Raw
+    FailedAndUnresolvableNodes: Mapping[str, str] | msgspec.Raw
     Error: str = ""
 
     def __post_init__(self) -> None:
         # kube-scheduler formats these into Events: worded for that (scheduler/reasons.py). Thousands of
         # nodes per filter, few distinct reasons (mostly the same string objects): reword the distinct
         # ones, and rebuild a map only when one of them changes.
-        self.FailedNodes = _readable_values(self.FailedNodes)
-        self.FailedAndUnresolvableNodes = _readable_values(self.FailedAndUnresolvableNodes)
+        self.FailedNodes = _readable_map(self.FailedNodes)
+        self.FailedAndUnresolvableNodes = _readable_map(self.FailedAndUnresolvableNodes)
         self.Error = readable(self.Error) if self.Error else ""
+
+
+def _readable_map(reasons: Mapping[str, str] | msgspec.Raw) -> dict[str, str] | msgspec.Raw:
+    if isinstance(reasons, ReasonMap):
+        return msgspec.Raw(reasons.json())
+    if isinstance(reasons, msgspec.Raw):
+        return reasons
+    return _readable_values(reasons if isinstance(reasons, dict) else dict(reasons))
 
 
 def _readable_values(reasons: dict[str, str]) -> dict[str, str]:
@@ -94,7 +114,7 @@ _HOST_SEP = b',"Score":  },{"Host":'  # between two names' JSON: a score slot of
 _COMMA, _SPACE, _ZERO = ord(","), ord(" "), ord("0")
 
 
-def encode_priorities(names: list[str], scores: list[int], raw: bytes | None = None) -> bytes:
+def encode_priorities(names: Sequence[str], scores: list[int], raw: bytes | None = None) -> bytes:
     """The JSON of ``list(map(HostPriority, names, scores))`` as Go's decoder reads it, built without a
     struct per host: prioritize answers thousands. ``raw``: ``encode(names)`` when the caller has it.
 
@@ -107,7 +127,7 @@ def encode_priorities(names: list[str], scores: list[int], raw: bytes | None = N
     if n == 0 or n != len(scores):
         return encode(list(map(HostPriority, names, scores)))
     if raw is None:
-        raw = encode(names)
+        raw = encode(list(names))
     inner = raw[1:-1]
     try:
         digits = np.frombuffer(bytes(scores), np.uint8)  # bytes(): ints in 0..255 or an error, in C
@@ -128,6 +148,56 @@ def encode_priorities(names: list[str], scores: list[int], raw: bytes | None = N
     return bytes(out)
 
 
+class HostTable:
+    """Every node row's entry of a prioritize answer, ``{"Host":"name","Score":NN},``, as one row of a byte
+    matrix of equal widths (spaces after the name, which JSON allows between tokens, make them equal): an
+    answer is a take of rows, two score bytes set per row, and one copy, with no object per node.
+
+    ``None`` from :meth:`build` where the names' lengths differ too much for padding to be cheap (then the
+    answer is built by :func:`encode_priorities`)."""
+
+    MAX_PAD = 24  # bytes of spaces a row may carry (names of one cluster mostly have similar lengths)
+    _HEAD = b'{"Host":'
+    _TAIL = b',"Score":  },'
+
+    def __init__(self, matrix: np.ndarray) -> None:
+        self.matrix = matrix  # (N, W) uint8
+        self.width = matrix.shape[1]
+
+    @classmethod
+    def build(cls, names: list[str]) -> HostTable | None:
+        tokens = list(map(encode, names))
+        if not tokens:
+            return None
+        widest, narrowest = max(map(len, tokens)), min(map(len, tokens))
+        if widest - narrowest > cls.MAX_PAD:
+            return None
+        width = len(cls._HEAD) + widest + len(cls._TAIL)
+        flat = b"".join(cls._HEAD + t.ljust(widest) + cls._TAIL for t in tokens)
+        matrix = np.frombuffer(flat, np.uint8).reshape(len(tokens), width)
+        matrix.flags.writeable = False
+        return cls(matrix)
+
+    def answer(self, rows: np.ndarray, scores: np.ndarray) -> bytes | None:
+        """The JSON of the rows' ``HostPriority`` entries with ``scores`` (0..10); None for a score outside."""
+        n = len(rows)
+        if n == 0:
+            return b"[]"
+        scores = np.asarray(scores)
+        if scores.dtype.kind not in "iu" or scores.min() < 0 or scores.max() > MAX_SCORE or len(scores) != n:
+            return None
+        flat = np.empty(n * self.width + 1, np.uint8)
+        flat[0] = ord("[")
+        body = flat[1:].reshape(n, self.width)
+        np.take(self.matrix, rows, axis=0, out=body)
+        ten = scores >= MAX_SCORE
+        slot = self.width - 4  # the two score bytes, before "},"
+        body[:, slot] = np.where(ten, ord("1"), ord("0") + scores)
+        body[:, slot + 1] = np.where(ten, ord("0"), ord(" "))
+        flat[-1] = ord("]")  # in place of the last entry's comma
+        return flat.tobytes()
+
+
 class ExtenderBindingResult(msgspec.Struct):
     Error: str = ""
 
@@ -136,6 +206,104 @@ _args = msgspec.json.Decoder(_ExtenderArgs)
 _names = msgspec.json.Decoder(list[Annotated[str, msgspec.Meta(max_length=MAX_NAME)]])  # checked in C
 _bind = msgspec.json.Decoder(ExtenderBindingArgs)
 encode = msgspec.json.Encoder().encode
+
+
+class HeldNames:
+    """One list a :class:`NameMemo` holds: its names twice over (every rotation is a slice of them)."""
+
+    __slots__ = ("names",)
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names + names
+
+    def __len__(self) -> int:
+        return len(self.names) // 2
+
+
+class _Names(Sequence[str]):
+    """A node list held as where its names are, listed only when read as a list: thousands of names per
+    request, and copying a list of them touches every string object (its reference count), which costs more
+    than the answer itself once they are out of the processor's caches. Never change it."""
+
+    __slots__ = ("_list",)
+
+    def __init__(self) -> None:
+        self._list: list[str] | None = None
+
+    def _take(self) -> list[str]:
+        raise NotImplementedError
+
+    def listed(self) -> list[str]:
+        if self._list is None:
+            self._list = self._take()
+        return self._list
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        return self.listed()[i]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.listed())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _Names | list | tuple):
+            return self.listed() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.listed()!r})"
+
+
+class NameWindow(_Names):
+    """The names ``held.names[start:stop]`` (a window, cyclically, of the list a :class:`NameMemo` holds): a
+    caller that keeps something per held name takes a slice of it instead of looking every name up."""
+
+    __slots__ = ("held", "start", "stop")
+
+    def __init__(self, held: HeldNames, start: int, stop: int) -> None:
+        super().__init__()
+        self.held, self.start, self.stop = held, start, stop
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, i: int | slice) -> str | list[str]:  # type: ignore[override]
+        if isinstance(i, slice):
+            return self.listed()[i]
+        n = self.stop - self.start
+        if not -n <= i < n:
+            raise IndexError("name index out of range")
+        return self.held.names[self.start + (i if i >= 0 else i + n)]
+
+    def __iter__(self) -> Iterator[str]:
+        return islice(self.held.names, self.start, self.stop)
+
+    def _take(self) -> list[str]:
+        return self.held.names[self.start:self.stop]
+
+
+class RowNames(_Names):
+    """The names of some node rows, ``by_row[rows]``: a filter's passing nodes, which the extender answers as
+    JSON from its :class:`~kubegpu.scheduler.reasons.NameTable` and recognises by this object when
+    prioritize is sent the same list."""
+
+    __slots__ = ("by_row", "rows")
+
+    def __init__(self, by_row: np.ndarray, rows: np.ndarray) -> None:
+        super().__init__()
+        self.by_row, self.rows = by_row, rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def _take(self) -> list[str]:
+        out: list[str] = self.by_row[self.rows].tolist()
+        return out
 
 
 class NameMemo:
@@ -153,13 +321,13 @@ class NameMemo:
 
     def __init__(self) -> None:
         self._ring = b""  # the held list's inner bytes, twice, joined by a comma: every rotation is a slice
-        self._names: list[str] = []  # the held names, twice
+        self._held = HeldNames([])  # the held names, twice
         self._starts: list[int] = []  # byte offset of each name of the ring (and the ring's length + 1)
         self._at: dict[bytes, int] = {}  # each held name's JSON -> its index
         self._misses = 0
-        self._answer: tuple[bytes, list[str]] = (b"[]", [])
+        self._answer: tuple[bytes, Sequence[str]] = (b"[]", [])
 
-    def names(self, raw: bytes) -> list[str]:
+    def names(self, raw: bytes) -> Sequence[str]:
         """The names in ``raw`` (a JSON array of strings, any spelling). Raises :class:`WireError`."""
         if raw == self._answer[0]:
             return self._answer[1]
@@ -177,39 +345,41 @@ class NameMemo:
             raise WireError("not an ExtenderArgs JSON object: NodeNames is not an array of strings "
                             "(valid UTF-8)") from None
         self._misses += 1
-        if 0 < len(names) <= self.MAX_HELD and (len(names) >= len(self._names) // 2
+        if 0 < len(names) <= self.MAX_HELD and (len(names) >= len(self._held)
                                                  or self._misses >= self.MISSES_BEFORE_REPLACING):
             self._hold(names, raw)
         return names
 
-    def encoded(self, names: list[str]) -> bytes | None:
+    def encoded(self, names: Sequence[str]) -> bytes | None:
         """The canonical JSON of ``names`` when it is the very list the last filter answered."""
         return self._answer[0] if names is self._answer[1] else None
 
-    def answered(self, names: list[str]) -> bytes:
-        """The JSON of a filter's passing names, remembered: prioritize is sent exactly this list."""
-        raw = encode(names)
+    def answered(self, names: Sequence[str], raw: bytes | None = None) -> bytes:
+        """The JSON of a filter's passing names, remembered: prioritize is sent exactly this list. ``raw``:
+        their canonical JSON (``encode(list(names))``) when the caller has it."""
+        if raw is None:
+            raw = encode(list(names))
         self._answer = (raw, names)
         return raw
 
-    def _window(self, raw: bytes) -> list[str] | None:
+    def _window(self, raw: bytes) -> NameWindow | None:
         if not self._at or len(raw) < 2 or raw[0] != 0x5B or raw[-1] != 0x5D:  # [ ... ]
             return None
-        inner = raw[1:-1]
-        if len(inner) * 2 + 1 > len(self._ring):  # longer than the held list
+        size = len(raw) - 2  # the array's inner bytes, compared in place (no copy of tens of KiB)
+        if size * 2 + 1 > len(self._ring):  # longer than the held list
             return None
-        cut = inner.find(b'",')
-        p = self._at.get(inner if cut < 0 else inner[:cut + 1])
+        cut = raw.find(b'",', 1)
+        p = self._at.get(raw[1:-1] if cut < 0 else raw[1:cut + 1])
         if p is None:
             return None
         start = self._starts[p]
-        end = start + len(inner)
+        end = start + size
         q = bisect_left(self._starts, end + 1)  # the window must end where a held name ends
         if q >= len(self._starts) or self._starts[q] != end + 1 or q - p > len(self._at):
             return None
-        if self._ring[start:end] != inner:
+        if not self._ring.startswith(memoryview(raw)[1:-1], start):
             return None
-        return self._names[p:q]
+        return NameWindow(self._held, p, q)
 
     def _hold(self, names: list[str], raw: bytes) -> None:
         tokens = list(map(encode, names))
@@ -217,7 +387,7 @@ class NameMemo:
             self._at = {}  # not the canonical spelling (or repeats a name): nothing to match windows against
             return
         self._ring = b",".join(tokens + tokens)
-        self._names = names + names
+        self._held = HeldNames(names)
         starts = [0]
         for t in tokens + tokens:
             starts.append(starts[-1] + len(t) + 1)
@@ -251,7 +421,7 @@ def decode_args(body: bytes, memo: NameMemo | None = None) -> ExtenderArgs:
     return ExtenderArgs(args.Pod, args.Nodes, names)
 
 
-def node_names(args: ExtenderArgs) -> list[str]:
+def node_names(args: ExtenderArgs) -> Sequence[str]:
     if args.NodeNames is not None:
         return args.NodeNames
     assert args.Nodes is not None
