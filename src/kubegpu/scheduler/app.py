@@ -37,7 +37,7 @@ from starlette.types import Receive, Scope, Send
 
 from kubegpu.httpserve import BodyError, receive_body
 from kubegpu.kube.slim import SlimPod
-from kubegpu.kube.writes import abind_pod, is_conflict, retry_async
+from kubegpu.kube.writes import abind_pod, is_conflict, is_not_found, retry_async
 from kubegpu.model import annotations as A
 from kubegpu.model.allocation import AnnotationError, PodAllocation, decode, encode
 from kubegpu.model.signing import record_annotations
@@ -276,8 +276,8 @@ class Extender:
         """Bind ``pod`` (the API server's, as a GET or the watch showed it) to ``args.Node``: '' or the reason
         it failed, or :class:`_Reread` to start over from the API server's pod. Unconfirmed (the watch's
         copy), every refusal that depends on the pod is a reread, so that only the API server's current pod
-        is ever refused; a conflict on the Binding is one too (the pod changed since the copy, or a lagging
-        copy of a pod bound since)."""
+        is ever refused; so is a Binding the API server refuses as a conflict (the pod changed since the copy,
+        was recreated, or was bound since) or as not found (deleted since)."""
         ns, name, node = args.PodNamespace, args.PodName, args.Node
         meta = pod.get("metadata") or {}
         uid = str(meta.get("uid") or "")
@@ -334,6 +334,9 @@ class Extender:
                                                     record, resource_version=version))
             except ApiError as e:
                 if not is_conflict(e):
+                    if not confirmed and is_not_found(e):  # gone since the copy: answered as after a GET
+                        self.view.release(key, uid)
+                        return _Reread()
                     raise
                 ours, fresh = await self._bound_to(ns, name, node, value)
                 if not ours:
