@@ -233,7 +233,7 @@ def test_what_bind_reads_of_the_kept_copy_is_what_it_reads_of_the_pod(full: dict
     assert count_gpu_containers(got) == count_gpu_containers(full)
     assert PodFacts.of(got) == PodFacts.of(full)
     assert got["metadata"]["uid"] == full["metadata"]["uid"] and got["metadata"]["resourceVersion"] == "7"
-    kept_keys = set((got["metadata"].get("annotations") or {}))
+    kept_keys = set(got["metadata"].get("annotations") or {})
     assert kept_keys == {k for k in full["metadata"].get("annotations") or {} if read_at_bind(k)}
     assert cache.get("ns/p", "another-uid") is None  # another UID: only a GET can tell which is current
 
