@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import copy
 import time
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
-from sched_harness import Cluster, fixture_pod, pod_yaml
+from sched_harness import Cluster, fixture_pod, pod_yaml, start_cluster
 from test_scheduler_behaviour import pod, share
 
 from kubegpu.kube.slim import SlimPod
@@ -251,3 +252,25 @@ def test_the_watch_keeps_a_bound_pods_tombstone_and_a_pending_pods_copy() -> Non
     tomb = kept_pod(bound)
     assert tomb.spec is not None and tomb.spec.nodeName == "n1" and tomb.spec.containers is None
     assert PendingPods({"ns/p": tomb}).get("ns/p") is None
+
+
+def test_a_handoff_wait_run_out_is_answered_from_the_api_servers_pod(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copy's wait runs out (a pod of its kind is being handed to the kubelet on the node): the answer is
+    given after a GET, within the same deadline (no second wait), with the wait's reason."""
+    monkeypatch.delenv("KUBEGPU_HANDOFF_WAIT", raising=False)  # as deployed: pods of one kind take turns
+    monkeypatch.setenv("KUBEGPU_HANDOFF_WAIT_S", "0.2")
+    api, ext = start_cluster(tmp_path)
+    cluster = Cluster(api, ext)
+    try:
+        first = _put_and_watch(cluster, pod("a", share(20, ratio=20)))
+        assert _bind(cluster, "a", first["metadata"]["uid"], "gpu-node-c") == ""  # waits for its handoff
+        second = _put_and_watch(cluster, pod("b", share(20, ratio=20)))
+        gets = _requests(cluster, "GET pods")
+        err = _bind(cluster, "b", second["metadata"]["uid"], "gpu-node-c")
+        assert "pod default/a is being handed to the kubelet" in err and "not its turn within 0.2 s" in err
+        assert _requests(cluster, "GET pods") == gets + 1
+        assert _record(cluster, "b") == (None, None)
+    finally:
+        ext.stop()
+        api.stop()

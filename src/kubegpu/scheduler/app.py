@@ -302,9 +302,9 @@ class Extender:
                 return _Reread()
             self.metrics.bind_failures.labels("refused").inc()
             return f"kubegpu bind: {why}"
-        # The wait reads only the pod's name and its containers' GPU requests, which never change on a pod:
-        # its answer is the API server's whichever copy it read.
         if why := await self._handoff_turn(pod, node, deadline):
+            if not confirmed:  # the API server's pod waits for what is left of the same deadline (none)
+                return _Reread()
             self.metrics.bind_failures.labels("handoff-wait").inc()
             return f"kubegpu bind: {why}"
         # Choose and hold before the first await below: no other bind can take the same capacity, and no

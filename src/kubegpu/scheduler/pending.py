@@ -14,10 +14,9 @@ as a GET:
   server's pod. So a pod is only ever bound with a choice made for the very version bound, whatever the
   watch's lag: the GET alone never had that guarantee (the pod could change between the GET and the
   Binding).
-- **Only "yes" is answered from the copy.** A refusal that depends on the pod (too many GPU containers,
-  no fit) is answered only after a GET, from the API server's pod; so is a UID other than the one
-  kube-scheduler sent. The handoff wait is the exception: it reads only the pod's name and its
-  containers' GPU requests, which the API server never lets change on a pod.
+- **Only "yes" is answered from the copy.** Every refusal (too many GPU containers, the handoff wait run
+  out, no fit, a UID other than the one kube-scheduler sent) is answered only after a GET, from the API
+  server's pod (the handoff wait is not waited twice: both reads share one deadline).
 - **A miss is a GET.** A pod the watch has not shown yet (created a moment ago), or did not keep (below),
   is read from the API server as before: no answer depends on the watch's timing, only its cost.
 
@@ -83,8 +82,6 @@ class PendingPods:
 
     def __init__(self, cache: Mapping[str, Any]) -> None:
         self._cache = cache
-        self.hits = 0
-        self.misses = 0
 
     def get(self, key: str, uid: str = "") -> dict[str, Any] | None:
         """The unbound pod ``namespace/name`` as the watch last showed it (a fresh dict), or None when the watch
@@ -95,7 +92,5 @@ class PendingPods:
         spec = kept.spec if isinstance(kept, SlimPod) else None
         if (meta is None or spec is None or spec.nodeName or spec.containers is None or not meta.resourceVersion
                 or (uid and meta.uid != uid)):
-            self.misses += 1
             return None
-        self.hits += 1
         return kept.to_dict()  # type: ignore[union-attr]
