@@ -1,4 +1,4 @@
-"""Running the extender: informers for Nodes, Devices and bound Pods feed the view; uvicorn serves the app.
+"""Running the extender: informers for Nodes, Devices and Pods feed the view; uvicorn serves the app.
 
 Pods are watched as :class:`~kubegpu.kube.slim.SlimPod` (decoded straight into the fields the
 accounting reads), all in one watch: bound ones feed the view, and the watch's copies of unbound ones are
