@@ -31,7 +31,7 @@ cluster. This server keeps the behaviour those calls depend on, as the real one 
 - **Binding**: ``POST pods/<name>/binding`` sets ``spec.nodeName`` and copies the Binding's
   ``metadata.annotations`` onto the pod in the same write, as the real server's
   ``setPodHostAndAnnotations`` does (409 when already bound, 404 for a missing pod, 409 on a UID
-  mismatch) and answers a 201 ``Status``.
+  or ``metadata.resourceVersion`` mismatch: both are preconditions there) and answers a 201 ``Status``.
 - **Deletes** are immediate (as with ``gracePeriodSeconds=0``): there is no kubelet here to finish a
   graceful deletion, so no ``deletionTimestamp`` phase.
 - **Errors**: ``Status`` objects with ``Content-Type: application/json`` (what lightkube turns
@@ -446,6 +446,7 @@ class Store:
             raise ApiStatusError(422, "Invalid", "a Binding's target must be a Node")
         bmeta = binding.get("metadata") or {}
         want_uid = bmeta.get("uid") or None
+        want_rv = str(bmeta.get("resourceVersion") or "")
         extra = bmeta.get("annotations") or {}
         if not isinstance(extra, dict) or not all(isinstance(v, str) for v in extra.values()):
             raise ApiStatusError(400, "BadRequest", "a Binding's annotations must be a map of strings")
@@ -453,6 +454,8 @@ class Store:
         def assign(pod: dict[str, Any]) -> dict[str, Any]:
             if want_uid and pod["metadata"]["uid"] != want_uid:
                 raise ApiStatusError(409, "Conflict", _uid_mismatch(want_uid, pod["metadata"]["uid"]))
+            if want_rv and pod["metadata"]["resourceVersion"] != want_rv:  # the real server's precondition
+                raise ApiStatusError(409, "Conflict", _rv_mismatch(want_rv, pod["metadata"]["resourceVersion"]))
             bound = (pod.get("spec") or {}).get("nodeName")
             if bound:
                 raise ApiStatusError(409, "Conflict", f"pod {name} is already assigned to node \"{bound}\"")
@@ -498,6 +501,11 @@ class Store:
         for w in ws:
             w.loop.call_soon_threadsafe(w.queue.put_nowait, None)
         return len(ws)
+
+
+def _rv_mismatch(wanted: str, actual: str) -> str:
+    return (f"Operation cannot be fulfilled on pods: the ResourceVersion in the precondition ({wanted}) does "
+            f"not match the ResourceVersion in record ({actual}). The object might have been modified")
 
 
 def _uid_mismatch(wanted: str, actual: str) -> str:

@@ -44,7 +44,7 @@ DRA_TABLE: dict[str, dict[tuple[str, str], set[str]]] = {
 ROLE_SOURCES = {"kubegpu-node": ["node"], "kubegpu-scheduler-extender": ["scheduler"],
                 "kubegpu-dra-node": ["node/dra"]}
 EXCLUDED_SOURCES = {"kubegpu-node": ["node/dra"]}
-KINDS = {"Node": ("", "nodes"), "Node.Status": ("", "nodes/status"), "Pod": ("", "pods"),
+KINDS = {"Node": ("", "nodes"), "Node.Status": ("", "nodes/status"), "Pod": ("", "pods"), "SlimPod": ("", "pods"),
          "Device": ("kubegpu.io", "devices"), "Event": ("", "events"), "Pod.Binding": ("", "pods/binding"),
          "ResourceClaim": ("resource.k8s.io", "resourceclaims"),
          "ResourceSlice": ("resource.k8s.io", "resourceslices")}

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from kubegpu.inventory.fake import FakeBackend
 from kubegpu.kube.informer import EventType, WatchEvent
-from kubegpu.kube.resources import Device, Node, Pod
+from kubegpu.kube.resources import Device, Node
+from kubegpu.kube.slim import SlimPod
 from kubegpu.model import annotations as A
 from kubegpu.model.allocation import ContainerAllocation, DeviceGrant, PodAllocation, encode
 from kubegpu.node.device_object import device_object
@@ -34,7 +37,7 @@ def test_deleted_objects_leave_the_view_from_their_tombstones() -> None:
     node = Node.from_dict({"apiVersion": "v1", "kind": "Node",
                            "metadata": {"name": "n0", "resourceVersion": "3", "labels": {"a": "b"}}})
     device = Device.from_dict({**device_object(inv), "metadata": {"name": "n0", "resourceVersion": "4"}})
-    pod = Pod.from_dict(gpu_pod(inv))
+    pod = msgspec.convert(gpu_pod(inv), SlimPod)  # as the pod watch decodes it
     for handler, obj in ((node_handler, node), (device_handler, device), (pod_handler, pod)):
         handler(view)(WatchEvent(EventType.ADDED, obj))
     assert "ns/p" in view.held and view.nodes["n0"].state is not None and view.nodes["n0"].labels

@@ -25,6 +25,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.types import PatchType
 
 from kubegpu.kube.resources import Event, Pod
+from kubegpu.kube.slim import SlimBinding, SlimBindingMeta, SlimTarget
 
 T = TypeVar("T")
 CONFLICT_ATTEMPTS = 8
@@ -140,10 +141,19 @@ async def apatch_with_precondition(client: AsyncClient, res: type, name: str,
 
 
 async def abind_pod(client: AsyncClient, namespace: str, name: str, uid: str | None, node: str,
-                    annotations: dict[str, str] | None = None) -> None:
-    with contextlib.suppress(msgspec.ValidationError):  # a 201 Status, see bind_pod
-        await client.create(binding_object(namespace, name, uid, node, annotations), name=name,
-                            namespace=namespace)
+                    annotations: dict[str, str] | None = None, *, resource_version: str | None = None) -> None:
+    """POST the Binding (the extender's commit). Raises ApiError (409 when the pod is already bound, is
+    another pod now (``uid``), or is no longer at ``resource_version``: the API server checks both
+    preconditions in the write that binds).
+
+    The body is :class:`SlimBinding`, the same JSON as :func:`binding_object`'s; the answer (a Status,
+    201) decodes into it without lightkube's model round trip: only the status code, and on an error the
+    Status lightkube turns into ApiError, matter."""
+    binding = SlimBinding(metadata=SlimBindingMeta(name=name, namespace=namespace, uid=uid or None,
+                                                   resourceVersion=resource_version or None,
+                                                   annotations=annotations or None),
+                          target=SlimTarget(apiVersion="v1", kind="Node", name=node))
+    await client.create(binding, name=name, namespace=namespace)  # type: ignore[call-overload]
 
 
 async def retry_async(fn: Callable[[], Awaitable[T]], attempts: int = 3) -> T:

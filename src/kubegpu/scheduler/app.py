@@ -7,9 +7,10 @@ Verbs are served under both ``/<verb>`` and ``/scheduler/<verb>`` (the fixture's
 the reply's ``Error`` field, never a 500 or a hang. Every verb's cost is
 bounded before the expensive work (:mod:`kubegpu.scheduler.limits`).
 Filter and prioritize only read the view; bind is the one commit point: it
-reads the pod from the API server (never what an earlier ``/filter`` body
-said about that UID), chooses the GPUs and holds them before its next ``await``, so concurrent
-binds can never be handed the same capacity, posts one Binding that carries
+works from the API server's pod (never what an earlier ``/filter`` body
+said about that UID: the watch's copy of the pending pod, bound only at that
+version, else a GET; see :mod:`kubegpu.scheduler.pending`), chooses the GPUs and holds them before its
+next ``await``, so concurrent binds can never be handed the same capacity, posts one Binding that carries
 the ``kubegpu.io/device-allocated`` annotation (the API server applies both
 in one write), and releases the hold if that fails.
 """
@@ -35,8 +36,8 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from kubegpu.httpserve import BodyError, receive_body
-from kubegpu.kube.resources import Pod
-from kubegpu.kube.writes import abind_pod, is_conflict, retry_async
+from kubegpu.kube.slim import SlimPod
+from kubegpu.kube.writes import abind_pod, is_conflict, is_not_found, retry_async
 from kubegpu.model import annotations as A
 from kubegpu.model.allocation import AnnotationError, PodAllocation, decode, encode
 from kubegpu.model.signing import record_annotations
@@ -45,6 +46,7 @@ from kubegpu.scheduler import wire
 from kubegpu.scheduler.limits import Limits, LoopShare, bounded_filter, too_many_gpu_containers
 from kubegpu.scheduler.metrics import ExtenderMetrics
 from kubegpu.scheduler.parsed import parsed_pod as parse_pod  # once per pod version
+from kubegpu.scheduler.pending import PendingPods
 from kubegpu.scheduler.requests import pod_policies
 from kubegpu.scheduler.state import ClusterView
 
@@ -64,6 +66,9 @@ def _starlette_verb(handler: VerbHandler) -> Callable[[Request], Awaitable[Respo
 HANDOFF_WAIT_S_ENV = "KUBEGPU_HANDOFF_WAIT_S"
 DEFAULT_HANDOFF_WAIT_S = 7.0
 HANDOFF_POLL_S = 0.01
+# Reads of the pod one bind may make: the watch's copy, the API server's pod, and once more when the pod
+# changed between that read and the Binding (its resourceVersion is the Binding's precondition).
+BIND_READS = 3
 
 
 def _handoff_wait_from_env() -> float:
@@ -95,8 +100,10 @@ class Extender:
     def __init__(self, view: ClusterView, client: AsyncClient | None, *, node_policy: str = DEFAULT_POLICY,
                  gpu_policy: str = DEFAULT_POLICY, max_body_bytes: int = MAX_BODY_BYTES,
                  ready: Callable[[], bool] = lambda: True, limits: Limits | None = None,
-                 body_timeout_s: float = 10.0, handoff_wait_s: float | None = None) -> None:
+                 body_timeout_s: float = 10.0, handoff_wait_s: float | None = None,
+                 pending: PendingPods | None = None) -> None:
         self.view = view
+        self.pending = pending  # the watch of unbound pods bind reads first (None: a GET at every bind)
         # How long a bind waits for its node to finish handing a pod of the same kind to the kubelet before it
         # fails (kube-scheduler then retries after its back-off): below kube-scheduler's extender httpTimeout
         # (the manifests render 10 s), so the answer always arrives before kube-scheduler gives up on it.
@@ -234,41 +241,79 @@ class Extender:
                 return ""  # a retry of a bind that went through (ours, or one the watch has shown)
             self.metrics.bind_failures.labels("already-bound").inc()
             return f"kubegpu bind: pod {key} is already bound to {held.node}"
-        # Always the API server's pod: what an earlier /filter body said about this UID is not evidence.
-        try:
-            current = await retry_async(lambda: self.client.get(Pod, name, namespace=ns))  # type: ignore[union-attr]
-        except ApiError as e:
-            self.metrics.bind_failures.labels("pod-lookup").inc()
-            return f"kubegpu bind: cannot read pod {key}: {e.status.message}"
-        except (OSError, httpx2.HTTPError) as e:
-            self.metrics.bind_failures.labels("api-unreachable").inc()
-            return f"kubegpu bind: API server unreachable: {e}"
-        uid = str(current.metadata.uid or "")
+        deadline = asyncio.get_running_loop().time() + self.handoff_wait_s  # one wait per bind, whatever it reads
+        # Always the API server's pod: what an earlier /filter body said about this UID is not evidence. First
+        # the watch's copy of the pending pod, which binds only at the version copied (the Binding's
+        # precondition) and never refuses on its own word (scheduler/pending.py); then a GET.
+        pod = self.pending.get(key, args.PodUID) if self.pending is not None else None
+        if pod is not None:
+            outcome = await self._bind_pod(args, key, pod, deadline, confirmed=False)
+            if isinstance(outcome, str):
+                return outcome
+            pod = outcome.pod
+        for _ in range(BIND_READS - 1):
+            if pod is None:
+                try:
+                    current = await retry_async(lambda: self.client.get(SlimPod, name, namespace=ns))  # type: ignore[union-attr]
+                except ApiError as e:
+                    self.metrics.bind_failures.labels("pod-lookup").inc()
+                    return f"kubegpu bind: cannot read pod {key}: {e.status.message}"
+                except (OSError, httpx2.HTTPError) as e:
+                    self.metrics.bind_failures.labels("api-unreachable").inc()
+                    return f"kubegpu bind: API server unreachable: {e}"
+                pod = current.to_dict()
+            outcome = await self._bind_pod(args, key, pod, deadline, confirmed=True)
+            if isinstance(outcome, str):
+                return outcome
+            pod = outcome.pod
+        self.metrics.bind_failures.labels("api-error").inc()
+        return f"kubegpu bind: pod {key} kept changing while it was being bound; retried after back-off"
+
+    async def _bind_pod(self, args: wire.ExtenderBindingArgs, key: str, pod: dict[str, Any], deadline: float, *,
+                        confirmed: bool) -> str | _Reread:
+        """Bind ``pod`` (the API server's, as a GET or the watch showed it) to ``args.Node``: '' or the reason
+        it failed, or :class:`_Reread` to start over from the API server's pod. Unconfirmed (the watch's
+        copy), every refusal that depends on the pod is a reread, so that only the API server's current pod
+        is ever refused; so is a Binding the API server refuses as a conflict (the pod changed since the copy,
+        was recreated, or was bound since) or as not found (deleted since)."""
+        ns, name, node = args.PodNamespace, args.PodName, args.Node
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        version = str(meta.get("resourceVersion") or "")
         if args.PodUID and uid != args.PodUID:
+            if not confirmed:
+                return _Reread()
             self.metrics.bind_failures.labels("uid-changed").inc()
             return f"kubegpu bind: pod {key} is now UID {uid}, not {args.PodUID} (recreated)"
-        bound_to = current.spec.nodeName if current.spec else None
+        bound_to = (pod.get("spec") or {}).get("nodeName")
         if bound_to:
-            recorded = _recorded(current)
+            if not confirmed:
+                return _Reread()
+            recorded = _recorded(pod)
             if bound_to == node and recorded is not None:  # bound by an earlier attempt of ours
                 self._hold_quietly(key, uid, node, recorded)
                 return ""
             self.metrics.bind_failures.labels("already-bound").inc()
             return f"kubegpu bind: pod {key} is already bound to {bound_to}"
-        pod = current.to_dict()
         if why := too_many_gpu_containers(pod, self.limits.max_gpu_containers):
+            if not confirmed:
+                return _Reread()
             self.metrics.bind_failures.labels("refused").inc()
             return f"kubegpu bind: {why}"
-        if why := await self._handoff_turn(pod, node):
+        if why := await self._handoff_turn(pod, node, deadline):
+            if not confirmed:  # the API server's pod waits for what is left of the same deadline (none)
+                return _Reread()
             self.metrics.bind_failures.labels("handoff-wait").inc()
             return f"kubegpu bind: {why}"
         # Choose and hold before the first await below: no other bind can take the same capacity, and no
         # other pod of this kind can start waiting on the node between the check above and this hold.
-        if self.view.held.get(key) is not None:  # read again: the watch may have moved during the GET
+        if self.view.held.get(key) is not None:  # read again: the watch may have moved while this bind waited
             self.view.release(key)
         _, gpu_policy = self.policies(pod)
         alloc, why = self.view.choose(pod, node, gpu_policy)
         if alloc is None:
+            if not confirmed:
+                return _Reread()
             self.metrics.bind_failures.labels("no-fit").inc()
             return f"kubegpu bind: {why}"
         try:
@@ -280,12 +325,27 @@ class Extender:
         record = record_annotations(value, uid, node, self.view.record_key)  # signed for the node (h11)
         try:
             # One write: the API server copies the Binding's annotations onto the pod as it sets
-            # spec.nodeName, so a pod is never on a node without its record; the UID is a precondition.
+            # spec.nodeName, so a pod is never on a node without its record; the UID and the version the GPUs
+            # were chosen for are its preconditions.
             try:
                 await retry_async(lambda: abind_pod(self.client, ns, name, uid, node,  # type: ignore[arg-type]
-                                                    record))
+                                                    record, resource_version=version))
             except ApiError as e:
-                if not is_conflict(e) or not await self._bound_to(ns, name, node, value):
+                if not is_conflict(e):
+                    if not confirmed and is_not_found(e):  # gone since the copy: answered as after a GET
+                        self.view.release(key, uid)
+                        return _Reread()
+                    raise
+                ours, fresh = await self._bound_to(ns, name, node, value)
+                if not ours:
+                    # Refused for the pod as the API server has it now (as after a GET) when that is the pod just
+                    # bound with. Otherwise bind again from what it has: after the watch's copy, always (a GET if
+                    # the pod is gone); after the API server's own pod, when that pod changed while unbound.
+                    now = _version(fresh) if fresh is not None else None
+                    if now != (uid, version, "") and (not confirmed or (now is not None and now[0] == uid
+                                                                        and not now[2])):
+                        self.view.release(key, uid)
+                        return _Reread(fresh)
                     raise
         except ApiError as e:
             self.view.release(key, uid)
@@ -299,18 +359,20 @@ class Extender:
         self.metrics.placed.inc()
         return ""
 
-    async def _handoff_turn(self, pod: dict[str, Any], node: str) -> str:
+    async def _handoff_turn(self, pod: dict[str, Any], node: str, deadline: float | None = None) -> str:
         """Wait until no other pod of this pod's kind (kubelet resource, device count) waits on ``node`` for
         its handoff: the one-waiting-record rule, enforced here where binds are serialized (kube-scheduler
         binds asynchronously: the next pod is filtered before the previous bind arrives). '' once it is this
-        pod's turn; the reason when it is not within ``handoff_wait_s``. The caller holds right after, with
+        pod's turn; the reason when it is not within ``handoff_wait_s`` (or by ``deadline``, on the loop's
+        clock, when given). The caller holds right after, with
         no await in between, so two binds of a kind can never both pass. Identical pods (a Deployment scaling
         up) flow at the node's admission pace with no back-off; the wait is a dict lookup per tick."""
         request = parse_pod(pod)
         if not request.wants_gpu:
             return ""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.handoff_wait_s
+        if deadline is None:
+            deadline = loop.time() + self.handoff_wait_s
         while not self._ready():
             # Who waits is rebuilt from the pods (records, acknowledgements, phases): before the first LIST is
             # in (a restart), a pod waiting on the node is invisible and the rule would be guessed.
@@ -334,11 +396,19 @@ class Extender:
             else:
                 ledger.waiting_binds.pop(node, None)
 
-    async def _bound_to(self, ns: str, name: str, node: str, value: str) -> bool:
-        """After a 409 on the Binding: is the pod bound to ``node`` with our record (a retry that raced)?"""
-        pod = await self.client.get(Pod, name, namespace=ns)  # type: ignore[union-attr]
-        return bool(pod.spec and pod.spec.nodeName == node
-                    and ((pod.metadata and pod.metadata.annotations) or {}).get(A.DEVICE_ALLOCATED) == value)
+    async def _bound_to(self, ns: str, name: str, node: str, value: str) -> tuple[bool, dict[str, Any] | None]:
+        """After a 409 on the Binding: is the pod bound to ``node`` with our record (a retry that raced)? And
+        the pod as the API server has it now (None when it is gone)."""
+        try:
+            current = await self.client.get(SlimPod, name, namespace=ns)  # type: ignore[union-attr]
+        except ApiError as e:
+            if getattr(e.status, "code", None) == 404:
+                return False, None
+            raise
+        pod = current.to_dict()
+        spec, meta = pod.get("spec") or {}, pod.get("metadata") or {}
+        return (spec.get("nodeName") == node and (meta.get("annotations") or {}).get(A.DEVICE_ALLOCATED) == value,
+                pod)
 
     def _hold_quietly(self, key: str, uid: str, node: str, alloc: PodAllocation) -> None:
         try:
@@ -371,8 +441,23 @@ class Extender:
         return Response("informers not synced (or view not warmed up) yet", status_code=503, media_type="text/plain")
 
 
-def _recorded(pod: Any) -> PodAllocation | None:
-    value = (pod.metadata.annotations or {}).get(A.DEVICE_ALLOCATED)
+class _Reread:
+    """Bind starts over from the API server's pod: ``pod`` when the conflict's GET just read it, else a GET."""
+
+    __slots__ = ("pod",)
+
+    def __init__(self, pod: dict[str, Any] | None = None) -> None:
+        self.pod = pod
+
+
+def _version(pod: dict[str, Any]) -> tuple[str, str, str]:
+    """(UID, resourceVersion, node bound to or '') of a pod."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    return str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""), str(spec.get("nodeName") or "")
+
+
+def _recorded(pod: dict[str, Any]) -> PodAllocation | None:
+    value = ((pod.get("metadata") or {}).get("annotations") or {}).get(A.DEVICE_ALLOCATED)
     if not value:
         return None
     try:

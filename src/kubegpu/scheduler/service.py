@@ -1,4 +1,8 @@
-"""Running the extender: informers for Nodes, Devices and bound Pods feed the view; uvicorn serves the app.
+"""Running the extender: informers for Nodes, Devices and Pods feed the view; uvicorn serves the app.
+
+Pods are watched as :class:`~kubegpu.kube.slim.SlimPod` (decoded straight into the fields the
+accounting reads), all in one watch: bound ones feed the view, and the watch's copies of unbound ones are
+what bind reads (:mod:`kubegpu.scheduler.pending`).
 
 Everything runs in one asyncio loop, so watch events and HTTP verbs never
 interleave inside a verb. The extender answers ``/healthz`` with 503 until the
@@ -20,19 +24,19 @@ from pathlib import Path
 from typing import Any
 
 from lightkube import AsyncClient
-from lightkube import operators as op
-from lightkube.models.core_v1 import PodSpec
 from lightkube.models.meta_v1 import ObjectMeta
 
 from kubegpu import httpserve
 from kubegpu.httpserve import BoundedServer, ServeLimits, server_context
 from kubegpu.kube.informer import EventType, Informer, WatchEvent
-from kubegpu.kube.resources import Device, Node, Pod
+from kubegpu.kube.resources import Device, Node
+from kubegpu.kube.slim import SlimMeta, SlimPod, SlimSpec
 from kubegpu.model import annotations as A
 from kubegpu.node.device_object import DeviceObjectError, inventory_from_device
 from kubegpu.placement import DEFAULT_POLICY
 from kubegpu.scheduler.app import Extender
 from kubegpu.scheduler.limits import Limits
+from kubegpu.scheduler.pending import PendingPods, kept_for_bind
 from kubegpu.scheduler.state import ClusterView
 
 log = logging.getLogger(__name__)
@@ -87,15 +91,20 @@ def tombstone(obj: Any) -> Any:
     would be most of the extender's memory at scale (a Device object is ~27 KB in lightkube's
     models, a pod ~4 KB)."""
     meta = obj.metadata
+    if isinstance(obj, SlimPod):
+        ann = (meta.annotations if meta else None) or {}
+        kept = SlimMeta(name=meta.name, namespace=meta.namespace, uid=meta.uid, resourceVersion=meta.resourceVersion,
+                        annotations={k: ann[k] for k in (A.DEVICE_ALLOCATED, A.DEVICE_ASSIGNED) if k in ann} or None)
+        return SlimPod(metadata=kept, spec=SlimSpec(nodeName=obj.spec.nodeName if obj.spec else None))
     slim = ObjectMeta(name=meta.name, namespace=meta.namespace, uid=meta.uid, resourceVersion=meta.resourceVersion)
-    if isinstance(obj, Pod):
-        ann = meta.annotations or {}
-        slim.annotations = {k: ann[k] for k in (A.DEVICE_ALLOCATED, A.DEVICE_ASSIGNED) if k in ann} or None
-        node = obj.spec.nodeName if obj.spec else None
-        return Pod(metadata=slim, spec=PodSpec(containers=[], nodeName=node))
     if isinstance(obj, Node):
         return Node(metadata=slim)
     return type(obj)(metadata=slim)
+
+
+def kept_pod(pod: SlimPod) -> SlimPod:
+    """What the pod watch keeps: a bound pod's tombstone; an unbound pod's copy for bind."""
+    return tombstone(pod) if pod.spec is not None and pod.spec.nodeName else kept_for_bind(pod)
 
 
 @dataclass
@@ -119,14 +128,16 @@ class ExtenderService:
                      keep=tombstone),
             Informer(self.client, Device, device_handler(self.view), resync_s=self.resync_s, name="devices",
                      keep=tombstone),
-            # Only bound pods hold GPUs; unbound ones are the extender's own assumptions.
-            Informer(self.client, Pod, pod_handler(self.view), fields={"spec.nodeName": op.not_equal("")},
-                     resync_s=self.resync_s, name="pods", keep=tombstone),
+            # Only bound pods hold GPUs (unbound ones are the extender's own assumptions); unbound ones are
+            # kept for bind, which reads them instead of a GET.
+            Informer(self.client, SlimPod, pod_handler(self.view), resync_s=self.resync_s, name="pods",
+                     keep=kept_pod),
         ]
+        self.pending = PendingPods(self.informers[2].cache)
         self.extender = Extender(self.view, self.client, node_policy=self.node_policy,
                                  gpu_policy=self.gpu_policy, ready=self.ready, limits=self.limits,
                                  max_body_bytes=self.serve_limits.max_body_bytes,
-                                 body_timeout_s=self.serve_limits.body_timeout_s)
+                                 body_timeout_s=self.serve_limits.body_timeout_s, pending=self.pending)
 
     def synced(self) -> bool:
         return all(i.synced.is_set() for i in self.informers)
