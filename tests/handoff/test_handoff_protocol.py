@@ -158,6 +158,24 @@ def test_a_pod_without_record_waiting_beside_a_record_makes_the_call_ambiguous()
         r.resolve(R.NVIDIA_GPU, [GB])
 
 
+def test_a_pod_without_record_the_watch_has_not_shown_is_found_by_a_consistent_read() -> None:
+    """The stress test's swap: a default-scheduler pod asking one whole GPU is admitted while a recorded pod of
+    that kind waits, and this node's watch (2 s behind the kubelet's) does not show it yet. Its call must not
+    be served the recorded pod's GPUs: a consistent read shows it, and the call is refused as ambiguous."""
+    recorded = bound("recorded", WHOLE, PodAllocation((ContainerAllocation("c0", (grant(GA, 100),)),)))
+    plain = bound("plain", WHOLE, None)
+    r = HandoffResolver(NODE, key=KEY, refresh=lambda: [recorded, plain])
+    r.observe(recorded)  # the watch has shown the recorded pod only
+    with pytest.raises(AllocationRefused, match=r"asked both by default/recorded .* default/plain"):
+        r.resolve(R.NVIDIA_GPU, [GA])
+    assert r.metrics.consistent_reads._value.get() >= 1
+    # With the API server unreachable the view alone decides (what it did before): the record is served.
+    alone = HandoffResolver(NODE, key=KEY)
+    alone.observe(recorded)
+    got = alone.resolve(R.NVIDIA_GPU, [GA])
+    assert got is not None and got.pod == "default/recorded"
+
+
 def test_init_container_devices_are_reused_by_the_app_container() -> None:
     r = HandoffResolver(NODE, key=KEY)
     alloc = PodAllocation((ContainerAllocation("i0", (grant(GA, 100),), init=True),

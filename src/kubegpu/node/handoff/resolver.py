@@ -361,7 +361,14 @@ class HandoffResolver:
 
     def _resolve(self, resource: str, ids: tuple[str, ...]) -> ResolvedAllocation | None:
         gpus = M.kubelet_gpus(ids)
-        waiting, _listed = self._decide(resource, len(ids), gpus)
+        waiting, listed = self._decide(resource, len(ids), gpus)
+        if not listed and resource != R.GPU_SLOTS and M.waiting_pods(waiting) and self.consistent_read():
+            # Whole GPUs and MIG devices are also asked by pods another scheduler bound here, with no record.
+            # The kubelet admits such a pod once it sees it bound, but this node's watch may be behind the
+            # kubelet's, and serving the waiting record to that pod's call would give it another pod's GPUs
+            # (seen in the stress test with a 2 s watch lag). A consistent read shows every pod bound before
+            # the call, so the ambiguity check below sees that pod: one LIST per such container start.
+            waiting, listed = self._decide(resource, len(ids), gpus)
         pods = M.waiting_pods(waiting)
         if len(pods) > 1:
             # Two pods wait with this kind even by the API server's word (records from before the extender
