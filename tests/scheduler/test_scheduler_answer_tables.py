@@ -78,6 +78,8 @@ def test_kept_answers_follow_every_change(seed: int) -> None:
     for step in range(60):
         names = nodes[step % len(nodes):] + nodes[:step % len(nodes)] + ["ghost"] * (step % 7 == 0)
         p = pod(step, rng.choice(SHAPES), models="T4" if step % 9 == 0 else "")
+        if step % 13 == seed:  # tables built ahead of the requests (as after the first lists) answer the same
+            view.warm_up()
         kept = answers(view, memo, p, names)
         assert kept == answers(fresh_copy(view), wire.NameMemo(), p, names), step
         op = rng.random()
