@@ -124,6 +124,11 @@ def test_reason_map_json_is_the_map_encoded() -> None:
             "ghost": "no GPUs known"}
     assert json.loads(m.json()) == {k: readable(v) for k, v in want.items()}
     assert dict(m) == {**want, "node-3": readable("50 % free")}  # rows' texts read back as sent
+    only_loose, only_rows = ReasonMap(), ReasonMap()  # each part alone closes the map too
+    only_loose["ghost"] = "no GPUs known"
+    only_rows.add_rows(by_row, np.array([3]), table, texts, texts.codes(["no GPU"]))
+    assert json.loads(only_loose.json()) == {"ghost": "no GPUs known"}
+    assert json.loads(only_rows.json()) == {"d": "no GPU"}
 
 
 @settings(max_examples=200, deadline=None)
