@@ -12,7 +12,10 @@ are recognised by their bytes (:class:`NameMemo`) and answered with the name
 strings already held, so a repeat costs a few byte comparisons instead of
 thousands of new strings (and their hashes, and a lookup each). A window of the
 held list says where it lies in it (:class:`NameWindow`), so the extender maps
-it to array rows with a slice of rows mapped once, not a lookup per name.
+it to array rows with a slice of rows mapped once, not a lookup per name. A body
+that ends with its name list, as kube-scheduler's do, is decoded without it and
+the list read by the memo alone (:func:`_names_last`), so the list's bytes are
+not scanned twice.
 
 Answers are built from byte tables kept per node row (the names' JSON, padded to
 one width: :class:`HostTable`, :class:`~kubegpu.scheduler.reasons.NameTable`)
