@@ -99,3 +99,57 @@ def test_prioritize_answer_reuses_the_filter_answer_bytes() -> None:
     got = encode_priorities(passed, [10, 3, 0], raw)
     assert json.loads(got) == [{"Host": "a", "Score": 10}, {"Host": "b,c", "Score": 3}, {"Host": "d", "Score": 0}]
     assert encode_priorities(["x", "y"], [7, 10]) == b'[{"Host":"x","Score":7 },{"Host":"y","Score":10}]'
+
+
+def _outcome(raw: bytes, memo: NameMemo | None) -> object:
+    try:
+        args = decode_args(raw, memo)
+    except WireError as e:
+        return ("refused", str(e))
+    names = None if args.NodeNames is None else list(args.NodeNames)
+    return (args.Pod, None if args.Nodes is None else msgspec.to_builtins(args.Nodes), names)
+
+
+_TRICKY_BODIES = [
+    b'{"Pod":{"a":1},"Nodes":null,"NodeNames":["node-000"]}',
+    b'{"Pod":{"a":",\\"NodeNames\\":[\\"x\\"]"},"NodeNames":["node-001"]}',  # the key's bytes inside a string
+    b'{"Pod":{"x":{"y":1,"NodeNames":["node-002"]}}',  # nested key, body unbalanced
+    b'{"Pod":{"x":{"y":1,"NodeNames":["node-002"]}}}',  # nested key, the top level has none
+    b'{"Pod":{},"NodeNames":null,"NodeNames":["node-003"]}',  # a repeated key
+    b'{"Pod":{},"NodeNames":["node-004"],"NodeNames":["node-005"]}',
+    b'{"NodeNames":["node-006"],"Pod":{}}',  # another order
+    b'{"Pod":{},"Nodes":{"items":[]},"NodeNames":["node-007"]}',
+    b'{"Pod":null,"NodeNames":["node-008"]}',
+    b'{"Nodes":null,"NodeNames":["node-009"]}',  # no Pod
+    b'{"Pod":{},"NodeNames":["node-010",]}',  # not JSON
+    b'{"Pod":{},"NodeNames":["node-011"] }',
+    b'{"Pod":{},"NodeNames":[1]}',
+    b'{"Pod":{},"NodeNames":["' + b"x" * (MAX_NAME + 1) + b'"]}',
+    b'{"Pod":{"s":"a\\\\"},"NodeNames":["node-012"]}',  # an escaped backslash before the closing quote
+    b'{"Pod":{"s":"\xff"},"NodeNames":["node-013"]}',  # not UTF-8 before the names
+    b'{"Pod":{},"NodeNames":["\xff"]}',
+    b'{"Pod":{},"NodeNames":[]}',
+    b',"NodeNames":[]}',
+]
+
+
+@pytest.mark.parametrize("raw", _TRICKY_BODIES)
+def test_names_read_apart_from_the_body_decode_as_the_whole_body_does(raw: bytes) -> None:
+    """decode_args reads a body ending in its NodeNames array in two parts: whatever the body, the outcome
+    (the arguments, or the refusal and its words) is what decoding the whole body gives."""
+    memo = NameMemo()
+    decode_args(body(NODES), memo)  # a held list, so that windows are matched too
+    assert _outcome(raw, memo) == _outcome(raw, None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(NODES), max_size=8), st.dictionaries(st.text(max_size=5), st.text(max_size=20),
+                                                                      max_size=3),
+       st.sampled_from(["msgspec", "json"]))
+def test_any_body_decodes_as_the_whole_body_would(names: list[str], extra: dict[str, str], spelling: str) -> None:
+    pod: dict[str, object] = {"metadata": {"name": "p", "annotations": extra}, "NodeNames": names}
+    doc = {"Pod": pod, "Nodes": None, "NodeNames": names}
+    raw = msgspec.json.encode(doc) if spelling == "msgspec" else json.dumps(doc).encode()
+    memo = NameMemo()
+    decode_args(body(NODES), memo)
+    assert _outcome(raw, memo) == _outcome(raw, None)

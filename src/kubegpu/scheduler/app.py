@@ -119,6 +119,9 @@ class Extender:
         self._bind_locks: dict[str, asyncio.Lock] = {}
         self.names = wire.NameMemo()  # kube-scheduler's node lists, recognised by their bytes
         self.share = LoopShare()  # requests in flight, for expensive filters to step aside
+        # Each reason's counter, looked up once: a labels() lookup (lock, label checks) costs more than the
+        # increment, and every filter counts a few reasons. Reason keys are the filter's own few words.
+        self._rejected: dict[str, Any] = {}
         verbs = (("filter", self.filter), ("prioritize", self.prioritize), ("bind", self.bind))
         # kube-scheduler POSTs a verb three times per pod: those go straight to their handler (Starlette's
         # routing, middleware and request object cost more than the extender's answer); everything else
@@ -190,7 +193,10 @@ class Extender:
             log.exception("filter failed")
             return _json(wire.encode(wire.ExtenderFilterResult(None, None, {}, {}, f"kubegpu filter: {e}")))
         for reason, n in out.reasons.items():
-            self.metrics.rejected.labels(reason).inc(n)
+            counter = self._rejected.get(reason)
+            if counter is None:
+                counter = self._rejected[reason] = self.metrics.rejected.labels(reason)
+            counter.inc(n)
         if not out.passed and out.reasons:
             self.metrics.unschedulable.labels(out.reasons.most_common(1)[0][0]).inc()
         if args.NodeNames is not None:

@@ -47,7 +47,6 @@ class ArrayMirror:
         self._model_masks: dict[frozenset[str], np.ndarray] = {}
         # The last node list, its rows and each name's position (see rows_of).
         self._rows_memo: tuple[list[str], np.ndarray, dict[str, int]] | None = None
-        self.passed_memo: tuple[list[str], np.ndarray] | None = None  # the last filter's passing nodes
         # gpu_candidates per GPU shape, and their count per row, with the row versions they are current
         # at (see candidates): a pod's filter, the texts of the nodes it fails and its prioritize share them,
         # and the next pod's refresh only the rows changed since.
@@ -84,7 +83,6 @@ class ArrayMirror:
         self._candidates.clear()
         self.reasons.clear()  # keyed by layout: the next arrays have a new one
         self._rows_memo = None
-        self.passed_memo = None
 
     def _rebuild(self) -> None:
         recs = [r for r in self._nodes.values() if r.state is not None]
@@ -139,11 +137,10 @@ class ArrayMirror:
         """Array rows of the named nodes (-1 for unknown ones).
 
         kube-scheduler sends filter the same node list again and again, each time starting at a
-        rotating index, and sends prioritize the very list filter passed: both are kept with their
-        rows, and a repeat (or a rotation of the filter list) is answered without looking each name up."""
+        rotating index: it is kept with its rows, and a repeat (or a rotation) is answered without looking
+        each name up. Prioritize's list (the one filter passed) comes with its rows from the filter
+        (:class:`~kubegpu.scheduler.verbs.Verbs` keeps them), not from here."""
         self.cluster  # noqa: B018 - rows current
-        if self.passed_memo is not None and self.passed_memo[0] == names:
-            return self.passed_memo[1]
         memo = self._rows_memo
         if memo is not None and len(memo[0]) == len(names) and names:
             prev, rows, where = memo

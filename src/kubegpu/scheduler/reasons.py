@@ -216,8 +216,12 @@ class ReasonMap(Mapping[str, str]):
         self._dict = None
 
     def json(self) -> bytes:
-        """The JSON object ``{"name": "reason", ...}`` (reasons readable, as :class:`TextTable` keeps them)."""
-        pieces = [b"{"]
+        """The JSON object ``{"name": "reason", ...}`` (reasons readable, as :class:`TextTable` keeps them).
+
+        Written into one buffer the size of the answer: joining blocks of a few hundred KiB, then trimming
+        the last comma, cost a fresh large allocation (page faults) per step, ~8x the rest of the work."""
+        blocks = []
+        total = 1  # the opening brace; the last comma becomes the closing one
         for _, rows, names, table, codes in self._parts:
             # The texts this answer uses, each once, padded to the longest of them (codes index the table).
             used = np.zeros(len(table), bool)
@@ -229,14 +233,24 @@ class ReasonMap(Mapping[str, str]):
             width = max(map(len, texts)) + 1
             values = np.frombuffer(b"".join(t.ljust(width - 1) + b"," for t in texts), np.uint8).reshape(
                 len(texts), width)
-            block = np.concatenate([names.keys(rows), np.take(values, local[codes], axis=0)], axis=1)
-            pieces.append(block.tobytes())
-        if self._loose:
-            pieces.append(b"".join(_encode(k) + b":" + _encode(readable(v)) + b"," for k, v in self._loose.items()))
-        if len(pieces) == 1:
+            blocks.append((rows, names, values, local[codes]))
+            total += len(rows) * (names.width + width)
+        loose = (b"".join(_encode(k) + b":" + _encode(readable(v)) + b"," for k, v in self._loose.items())
+                 if self._loose else b"")
+        total += len(loose)
+        if total == 1:
             return b"{}"
-        pieces[-1] = pieces[-1][:-1] + b"}"  # the last comma closes the map instead
-        return b"".join(pieces)
+        out = np.empty(total, np.uint8)
+        out[0] = ord("{")
+        at = 1
+        for rows, names, values, which in blocks:
+            n, w = len(rows), names.width + values.shape[1]
+            np.concatenate([names.keys(rows), np.take(values, which, axis=0)], axis=1,
+                           out=out[at:at + n * w].reshape(n, w))
+            at += n * w
+        out[at:] = np.frombuffer(loose, np.uint8)
+        out[-1] = ord("}")
+        return out.tobytes()
 
     def _map(self) -> dict[str, str]:
         if self._dict is None:

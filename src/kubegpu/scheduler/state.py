@@ -168,10 +168,18 @@ class ClusterView(Verbs):
         return self.scoring.context()
 
     def warm_up(self) -> None:
-        """After the first full lists: the workload from every live pod now, the arrays and the context."""
+        """After the first full lists: the workload from every live pod now, the arrays and the context, and
+        the tables the first filter and prioritize would otherwise build while kube-scheduler waits (the
+        rows' names as JSON and as prioritize entries, the rows' model texts, the workload's fill tables:
+        ~30 ms at 5,000 nodes). Each is kept by what it depends on, so building it early answers the same."""
         self.scoring.learner.rebuild()
         self.mirror.cluster  # noqa: B018
-        self.scoring.context()
+        ctx = self.scoring.context()
+        self.name_table()
+        self.host_table()
+        self._models_present()
+        if ctx.workload is not None and len(ctx.workload) > 0:
+            ctx.fill_tables()
 
     # ---- views ---------------------------------------------------------------------------------
     def fragmentation(self) -> float:

@@ -349,7 +349,11 @@ class Verbs:
         """Which of ``names`` (their rows ``all_rows``, -1 unknown) are keys of ``which``, as a mask: by
         row for known nodes (no Python pass over thousands of names), by name for the rest."""
         rows = self.mirror.rows_of(list(which), remember=False)
-        mask = np.isin(all_rows, rows[rows >= 0])
+        # A flag per row and one take (np.isin sorts both sides); the extra last flag, never set, is where
+        # unknown names' -1 lands.
+        hit = np.zeros(self.mirror.cluster.n_nodes + 1, bool)
+        hit[rows[rows >= 0]] = True
+        mask = hit[all_rows]
         for i in np.flatnonzero(all_rows < 0).tolist():
             mask[i] = names[i] in which
         return mask
