@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,9 +13,12 @@ import httpx
 import yaml
 
 from kubegpu.inventory.fake import FakeBackend
+from kubegpu.model.allocation import ContainerAllocation, DeviceGrant, PodAllocation
 from kubegpu.model.inventory import NodeInventory
 from kubegpu.node.device_object import device_object
+from kubegpu.placement import PlacementConflict
 from kubegpu.scheduler.service import ServiceThread
+from kubegpu.scheduler.state import ClusterView
 from kubegpu_standins.apiserver import ApiServer
 
 # Recorded from a real kube-scheduler v1.24 (the bodies it sent, its nodes, the pods), shipped with the tests.
@@ -89,3 +93,20 @@ def start_cluster(tmp_path: Path, inventories: list[NodeInventory] | None = None
     return api, ext
 
 
+
+
+def hold_random(view: ClusterView, rng: random.Random, nodes: list[str], key: str) -> bool:
+    """A pod ``key`` takes a share or whole GPUs (one or two, 10–100 %) on a random node of ``view``; False when
+    the node has no GPUs known or the GPUs drawn cannot take it (what the churn tests draw next instead)."""
+    node = rng.choice(nodes)
+    rec = view.nodes[node]
+    if rec.inventory is None:
+        return False
+    gpus = rng.sample(list(rec.inventory.gpus), rng.randint(1, 2))
+    core = rng.choice([10, 25, 50, 100])
+    grants = tuple(DeviceGrant(g.minor, g.uuid, core, g.memory_bytes * core // 100, core) for g in gpus)
+    try:
+        view.hold(key, key, node, PodAllocation((ContainerAllocation("c", grants),)))
+    except PlacementConflict:
+        return False
+    return True

@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sched_harness import hold_random
 
 from kubegpu.inventory.fake import FakeBackend
-from kubegpu.model.allocation import ContainerAllocation, DeviceGrant, PodAllocation
-from kubegpu.placement import PlacementConflict
 from kubegpu.scheduler import wire
 from kubegpu.scheduler.reasons import NameTable, ReasonMap, TextTable, readable
 from kubegpu.scheduler.state import ClusterView
@@ -84,17 +83,8 @@ def test_kept_answers_follow_every_change(seed: int) -> None:
         assert kept == answers(fresh_copy(view), wire.NameMemo(), p, names), step
         op = rng.random()
         if op < 0.5:  # a pod takes a share or whole GPUs on some node
-            node = rng.choice(nodes)
-            rec = view.nodes[node]
-            if rec.inventory is None:
-                continue
-            gpus = rng.sample(list(rec.inventory.gpus), rng.randint(1, 2))
-            core = rng.choice([10, 25, 50, 100])
-            grants = tuple(DeviceGrant(g.minor, g.uuid, core, g.memory_bytes * core // 100, core) for g in gpus)
             key = f"d/h{step}"
-            try:
-                view.hold(key, key, node, PodAllocation((ContainerAllocation("c", grants),)))
-            except PlacementConflict:
+            if not hold_random(view, rng, nodes, key):
                 continue
             held.append(key)
         elif op < 0.75 and held:  # one leaves

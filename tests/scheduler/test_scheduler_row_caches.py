@@ -9,10 +9,10 @@ import random
 
 import numpy as np
 import pytest
+from sched_harness import hold_random
 
 from kubegpu.inventory.fake import FakeBackend
-from kubegpu.model.allocation import ContainerAllocation, DeviceGrant, PodAllocation
-from kubegpu.placement import Demand, PlacementConflict
+from kubegpu.placement import Demand
 from kubegpu.scheduler.reasons import insufficient
 from kubegpu.scheduler.state import ClusterView
 
@@ -45,17 +45,8 @@ def test_kept_reasons_and_candidates_follow_every_change(seed: int) -> None:
         check(view, rng)
         op = rng.random()
         if op < 0.6:  # a pod takes a share or whole GPUs on some node
-            node = rng.choice(nodes)
-            rec = view.nodes[node]
-            if rec.inventory is None:
-                continue
-            gpus = rng.sample(list(rec.inventory.gpus), rng.randint(1, 2))
-            core = rng.choice([10, 25, 50, 100])
-            grants = tuple(DeviceGrant(g.minor, g.uuid, core, g.memory_bytes * core // 100, core) for g in gpus)
             key = f"d/p{step}"
-            try:
-                view.hold(key, key, node, PodAllocation((ContainerAllocation("c", grants),)))
-            except PlacementConflict:
+            if not hold_random(view, rng, nodes, key):
                 continue
             held.append(key)
         elif op < 0.9 and held:  # one leaves
