@@ -480,8 +480,8 @@ def check_all(runner: Runner, served: Sequence[Served], compute: bool = True) ->
             # throughput at the unlimited client's clock) or anything more by raising its own environment.
             at_clock = got.get("share_at_baseline_clock") if compute else None
             gained = raised and share is not None and served_share is not None and share > served_share * 1.05
-            escaped = over > 0 or gained or (at_clock is not None and at_clock * 100 > s.core + 5) or (
-                at_clock is None and share is not None and share * 100 > s.core + 5)
+            bounded = at_clock if at_clock is not None else share  # raw throughput where no clock was read
+            escaped = over > 0 or gained or (bounded is not None and bounded * 100 > s.core + 5)
             if not raised:
                 served_share = share
             row = {"share": s.label, "path": s.path, "raised_env": raised,

@@ -258,23 +258,22 @@ def test_plain_pod_passes_with_no_patch_and_no_warnings(client: httpx.Client) ->
     assert response == {"uid": "uid-1", "allowed": True}
 
 
-def mutate_timings(client: httpx.Client) -> float:
-    for fam in text_string_to_metric_families(client.get("/metrics").text):
-        for s in fam.samples:
-            if s.name == "kubegpu_webhook_review_seconds_count" and s.labels == {"endpoint": "mutate"}:
-                return s.value
-    return 0.0
+def metric_samples(client: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The webhook's metrics now, by (sample name, sorted labels)."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(client.get("/metrics").text) for s in fam.samples}
+
+
+MUTATE_TIMINGS = ("kubegpu_webhook_review_seconds_count", (("endpoint", "mutate"),))
 
 
 def test_metrics_count_reviews_by_verdict_and_reason(client: httpx.Client) -> None:
-    timed = mutate_timings(client)  # the client is shared with the module's other tests, in any order
+    timed = metric_samples(client).get(MUTATE_TIMINGS, 0.0)  # the client is shared with the module's other tests
     post(client, "/mutate", case_pod(CASES[0]))
     post(client, "/validate", case_pod({"id": "f", "containers": [
         {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "0.5"}}}]}))
     client.post("/mutate", content=b"junk")
-    text = client.get("/metrics").text
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for fam in text_string_to_metric_families(text) for s in fam.samples}
+    samples = metric_samples(client)
 
     def count(endpoint: str, verdict: str, reason: str) -> float:
         key = ("kubegpu_webhook_reviews_total",
@@ -285,7 +284,7 @@ def test_metrics_count_reviews_by_verdict_and_reason(client: httpx.Client) -> No
     assert count("validate", "denied", "whole-number") >= 1
     assert count("mutate", "error", "bad-request") >= 1
     # Answered reviews are timed; the malformed one is counted above, not timed.
-    assert samples[("kubegpu_webhook_review_seconds_count", (("endpoint", "mutate"),))] == timed + 1
+    assert samples[MUTATE_TIMINGS] == timed + 1
     assert samples[("kubegpu_webhook_cert_not_after_seconds", ())] > 0
 
 
