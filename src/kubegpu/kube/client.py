@@ -54,3 +54,15 @@ def make_async_client(kubeconfig: str | Path | None = None, *, context: str | No
     """An asyncio client (the extender serves HTTP and watches in one event loop)."""
     return AsyncClient(load_config(kubeconfig, context), timeout=_timeout(timeout_s),
                        field_manager=field_manager)
+
+
+def lightkube_http(client: AsyncClient) -> tuple[httpx2.AsyncClient, str | None]:
+    """The httpx2 client a lightkube AsyncClient sends through (the kubeconfig's base URL, TLS and
+    credentials, its connection pool) and the client's field manager, for a write too hot for lightkube's
+    request building (:func:`kubegpu.kube.writes.abind_pod`). lightkube keeps both as private attributes;
+    ``tests/kube/test_kube_binding_write.py`` fails if that changes."""
+    generic = client._client
+    http = generic._client
+    if not isinstance(http, httpx2.AsyncClient):
+        raise TypeError(f"lightkube's AsyncClient sends through {type(http).__name__}, not httpx2.AsyncClient")
+    return http, generic._field_manager
