@@ -54,3 +54,16 @@ def test_the_nvml_daemon_loads_no_fake_backend_and_no_yaml_without_a_config_file
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_the_dra_daemon_loads_no_device_plugin_allocate() -> None:
+    # The DRA driver shares the container variables' names with the device plugins, not their Allocate
+    # (nor its protobuf messages).
+    code = ("import sys\n"
+            "import kubegpu.node.dra.cli, kubegpu.node.dra.daemon\n"
+            "print(sorted(m for m in ('kubegpu.node.allocate', 'kubegpu.node.proto.deviceplugin_pb2')\n"
+            "             if m in sys.modules))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Final, Protocol
 
 from kubegpu.model.quantity import QuantityError, parse_int
-from kubegpu.node.allocate import (
+from kubegpu.node.container_env import (
     ENV_CORE,
     ENV_MEMORY,
     ENV_VISIBLE_GPUS,
