@@ -39,3 +39,31 @@ def test_both_daemonsets_run_the_daemon_with_the_node_runtime_env() -> None:
         (container,) = ds["spec"]["template"]["spec"]["containers"]
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert {k: env.get(k) for k in NODE_ENV} == NODE_ENV, ds["metadata"]["name"]
+
+
+def test_the_nvml_daemon_loads_no_fake_backend_and_no_yaml_without_a_config_file() -> None:
+    # On a GPU node the daemon imports the NVML backend, never the fake one (nor its topology files,
+    # PyYAML, importlib.resources); PyYAML comes with a config file only, decimal with a quantity parsed.
+    code = ("import sys\n"
+            "import kubegpu.inventory.nvml, kubegpu.node.daemon, kubegpu.cli.node_entry\n"
+            "from kubegpu.node.config import load_config\n"
+            "load_config({}, {})\n"
+            "print(sorted(m for m in ('yaml', 'kubegpu.inventory.fake', 'kubegpu.inventory.topology',\n"
+            "                         'importlib.resources', 'decimal') if m in sys.modules))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_dra_daemon_loads_no_device_plugin_allocate() -> None:
+    # The DRA driver shares the container variables' names with the device plugins, not their Allocate
+    # (nor its protobuf messages).
+    code = ("import sys\n"
+            "import kubegpu.node.dra.cli, kubegpu.node.dra.daemon\n"
+            "print(sorted(m for m in ('kubegpu.node.allocate', 'kubegpu.node.proto.deviceplugin_pb2')\n"
+            "             if m in sys.modules))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

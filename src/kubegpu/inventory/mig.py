@@ -8,10 +8,8 @@ figures NVML would report (SM count, slices, engines) for the common data-centre
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Final
 
 _MIB: Final = 2**20
@@ -24,11 +22,11 @@ def memory_gb(mig_memory_mib: int, total_memory_bytes: int) -> int:
     """go-nvlib's GB figure: the MIG share of memory rounded up to 1/8, times the GPU's GiB."""
     if mig_memory_mib <= 0 or total_memory_bytes <= 0:
         raise ValueError("MIG and GPU memory must be positive")
-    frac = Fraction(mig_memory_mib * _MIB, total_memory_bytes)
-    eighths = math.ceil(frac * 8)
+    # Exact integer arithmetic (no fractions module: it loads decimal, 0.3 MB of the node daemon's memory).
+    eighths = -(-(mig_memory_mib * _MIB * 8) // total_memory_bytes)  # ceil(share * 8)
     gib = -(-total_memory_bytes // _GIB)  # ceil
-    # round half away from zero, as Go's math.Round does
-    return int(Fraction(eighths, 8) * gib + Fraction(1, 2))
+    # eighths / 8 * gib rounded half away from zero (all positive), as Go's math.Round does
+    return (eighths * gib + 4) // 8
 
 
 def profile_name(gi_slices: int, ci_slices: int, mig_memory_mib: int, total_memory_bytes: int,

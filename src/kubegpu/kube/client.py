@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx2
+import msgspec
 from lightkube import AsyncClient, Client
 from lightkube.config.kubeconfig import KubeConfig, SingleConfig
 from lightkube.core.exceptions import ConfigError
@@ -36,7 +37,22 @@ def load_config(kubeconfig: str | Path | None = None, context: str | None = None
         raise ClientConfigError(f"cannot read kubeconfig {kubeconfig!s}: {e}") from None
     if single is None:
         raise ClientConfigError("no current context in the kubeconfig")
-    return single
+    return _without_tls_store(single)
+
+
+def _without_tls_store(single: SingleConfig) -> SingleConfig:
+    """A cluster served over plain HTTP (a local API server, the stand-ins) with no CA of its own.
+
+    lightkube builds an SSL context for every client, and without a CA it loads the system's whole
+    certificate store into it (about 140 certificates, 1.3 MB of resident memory in the node daemon,
+    issue 23), which plain HTTP never uses: marking the cluster as not verified skips the load and
+    changes nothing else, since there is no TLS to verify. An ``https://`` server is left as it is.
+    """
+    cluster = single.cluster
+    if not cluster.server.lower().startswith("http://") or cluster.insecure \
+            or cluster.certificate_auth or cluster.certificate_auth_data:
+        return single
+    return single._replace(cluster=msgspec.structs.replace(cluster, insecure=True))
 
 
 def _timeout(seconds: float) -> httpx2.Timeout:

@@ -17,20 +17,21 @@ import uuid as uuidlib
 from collections.abc import Mapping, Sequence
 
 from kubegpu.node.cdi import annotation_key, qualified_name
+from kubegpu.node.container_env import (
+    ENV_CORE,
+    ENV_MEMORY,
+    ENV_VISIBLE_GPUS,
+    VISIBLE_DEVICES,
+    VOLUME_MOUNTS_HOST,
+    VOLUME_MOUNTS_ROOT,
+)
 from kubegpu.node.devspecs import CONTROL_DEVICES, MigMinors, mig_cap_paths
 from kubegpu.node.mps.spec import Binding
 from kubegpu.node.plugin_model import REPLICA_SEPARATOR, AdvertisedDevice, PluginSettings, ResourcePlan
 from kubegpu.node.proto import deviceplugin_pb2 as pb
 from kubegpu.node.resolver import ResolvedAllocation
 
-VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
-VOLUME_MOUNTS_HOST = "/dev/null"
-VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 CDI_PLUGIN_NAME = "kubegpu-device-plugin"
-
-ENV_VISIBLE_GPUS = "KUBEGPU_VISIBLE_GPUS"
-ENV_CORE = "KUBEGPU_GPU_CORE_PERCENT"
-ENV_MEMORY = "KUBEGPU_GPU_MEMORY_BYTES"
 
 
 class AllocateError(ValueError):

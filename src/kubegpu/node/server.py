@@ -120,7 +120,11 @@ class PluginServer:
             self.by_uuid.setdefault(d.uuid, d)
         self._server: grpc.Server | None = None
         self._totals = pref.replica_totals(plan.devices)
-        self._whole_cache: dict[tuple[frozenset[str], tuple[str, ...], int], list[str]] = {}
+        # The memo of whole-device preferences, keyed by the available IDs as a bitmask over the plan's devices
+        # and holding the plan's own ID strings: about 300 bytes an entry, where a frozenset of the request's
+        # strings took up to 8 kB (56 MIG devices), times up to 4096 entries (issue 23: memory).
+        self._bit: dict[str, int] = {d.id: 1 << i for i, d in enumerate(plan.devices)}
+        self._whole_cache: dict[tuple[int, tuple[str, ...], int], tuple[str, ...]] = {}
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._streams = 0
@@ -321,10 +325,14 @@ class PluginServer:
         if not self.plan.shared:
             # The choice is a pure function of the sets (the inventory is fixed for this server):
             # memoise it, since the kubelet asks the same questions over and over.
-            key = (frozenset(available), tuple(must_include), size)
+            mask = 0
+            for i in available:  # every ID is known: pref.check above
+                mask |= self._bit[i]
+            key = (mask, tuple(self.known[i].id for i in must_include), size)
             hit = self._whole_cache.get(key)
             if hit is None:
-                hit = pref.whole_gpus(self.inventory.gpus, available, must_include, size, self.known)
+                hit = tuple(self.known[i].id for i in
+                            pref.whole_gpus(self.inventory.gpus, available, must_include, size, self.known))
                 if len(self._whole_cache) >= 4096:
                     self._whole_cache.clear()
                 self._whole_cache[key] = hit
