@@ -462,7 +462,7 @@ class HandoffResolver:
             raise AllocationRefused(f"kubegpu: {resource} {shown} cannot be given to a pod without a kubegpu "
                                     f"record: {why}")
         for g in gpus:
-            self._bypass[g] = ("a pod the extender did not place", time.monotonic())
+            self._bypass[g] = ("a pod known only from the kubelet's Allocate call", time.monotonic())
         self.metrics.unrecorded.labels(resource).inc()
         if self.verifier is not None:
             self.verifier.poke()  # acknowledge it soon, so the extender places no share there
