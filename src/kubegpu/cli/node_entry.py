@@ -247,10 +247,6 @@ def run_node(args: NodeArgs, backend_factory: Callable[..., Any] = _backend) -> 
     except ValueError as exc:
         _error(f"[red]error:[/red] {exc}")
         return EXIT_CONFIG
-    if not inventory:  # NVML will be loaded: first what kubegpu.node.startup does, and why
-        from kubegpu.node.startup import prepare_process
-
-        prepare_process()
     env: Mapping[str, str] = dict(os.environ)
     if args.kubelet_plugin not in ("device-plugin", "dra"):
         _error(f"[red]error:[/red] --kubelet-plugin {args.kubelet_plugin!r}: expected device-plugin or dra")
