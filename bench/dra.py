@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from procmem import memory_mb
 
 from kubegpu.inventory.fake import FakeBackend
 from kubegpu.kube.client import make_client
@@ -76,13 +77,6 @@ def _claim(i: int, device: str, pool: str, share: bool) -> dict[str, Any]:
                 {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}}}}
 
 
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def bench_prepare(root: Path, claims: int, nvml: bool = False) -> dict[str, Any]:
     api = ApiServer().start()
     kubelet = DraKubelet(api, root / "kubelet", NODE)
@@ -99,7 +93,7 @@ def bench_prepare(root: Path, claims: int, nvml: bool = False) -> dict[str, Any]
                                                                                     "resource.k8s.io")), 60):
             raise RuntimeError("the DRA daemon did not register and publish")
         time.sleep(0.5)  # the registration's own work (the kubelet's health stream) has settled
-        rss_registered = _rss_mb(proc.pid)
+        mem_registered = memory_mb(proc.pid)
         published = sorted(d["name"] for s in api.objects("resourceslices", "resource.k8s.io")
                            for d in s["spec"].get("devices", []) if "-mig-" not in d["name"])
         # The fake DGX A100 takes shares on GPUs 4-7 and whole claims on 0-3; a real node: every GPU, both.
@@ -125,7 +119,7 @@ def bench_prepare(root: Path, claims: int, nvml: bool = False) -> dict[str, Any]
                     raise RuntimeError(resp.claims[m["uid"]].error)
             out[kind] = lat = lat[WARMUP:]  # the first calls open connections and fill caches
             print(f"prepare {kind}: p50 {p(lat, .5):.2f} ms p99 {p(lat, .99):.2f} ms", file=sys.stderr)
-        rss = _rss_mb(proc.pid)
+        mem = memory_mb(proc.pid)
         for kind in ("whole", "share"):
             for o in api.objects("resourceclaims", "resource.k8s.io", "default"):
                 m = o["metadata"]
@@ -141,7 +135,8 @@ def bench_prepare(root: Path, claims: int, nvml: bool = False) -> dict[str, Any]
                 "prepare_share_p99_ms": round(p(out["share"], .99), 3),
                 "prepare_share_p50_ms": round(p(out["share"], .5), 3),
                 "unprepare_p99_ms": round(p(unprep, .99), 3),
-                "rss_registered_mb": round(rss_registered, 1), "rss_mb": round(rss, 1), "gpus": len(published),
+                "rss_registered_mb": mem_registered["rss_mb"], "rss_mb": mem["rss_mb"], "memory_mb": mem,
+                "gpus": len(published),
                 "claims_measured": 2 * claims, "load_avg_1m": os.getloadavg()[0],
                 "cpus": os.cpu_count()}
     finally:

@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from procmem import memory_mb
+
 from kubegpu.node.proto import deviceplugin_pb2 as pb
 from kubegpu.node.proto import deviceplugin_pb2_grpc as pb_grpc
 from kubegpu.node.runtime_env import NODE_ENV
@@ -53,13 +55,6 @@ def p(values: list[float], q: float) -> float | None:
         return None
     s = sorted(values)
     return round(s[min(len(s) - 1, round(q * (len(s) - 1)))], 3)
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def timed(fn: Any, n: int) -> list[float]:
@@ -215,13 +210,13 @@ def main() -> None:
         if not (kubelet.wait_registered(GPU, 30) and kubelet.wait_registered(SLOTS, 30)):
             raise RuntimeError("daemon did not register: " + (tmp / "node.log").read_text()[-2000:])
         time.sleep(0.5)  # the registration's own work (the kubelet's first ListAndWatch) has settled
-        rss_registered = rss_mb(proc.pid)
+        mem_registered = memory_mb(proc.pid)
         # With an API server, Allocate serves the pods bound to the node as their records say (none here):
         # that series is the standalone daemon's; the cluster mode measures what the default DaemonSet holds.
         lat = rpc_latencies(kubelet, ns.n, rng, allocate=not ns.cluster)
         rr = reregister(kubelet, ns.restarts)
         lat2 = rpc_latencies(kubelet, ns.n // 4, rng, allocate=not ns.cluster)  # after the restarts, still serving
-        rss = rss_mb(proc.pid)
+        mem = memory_mb(proc.pid)
         hp = [] if ns.nvml else health_propagation(ns.health_rounds)
         result = {
             "topology": "nvml" if ns.nvml else TOPOLOGY,
@@ -238,8 +233,9 @@ def main() -> None:
             "health_propagation_max_ms": round(max(hp), 1) if hp else None,
             "reregister_ms": round(statistics.median(rr), 1),
             "reregister_max_ms": round(max(rr), 1),
-            "rss_registered_mb": round(rss_registered, 1),
-            "rss_mb": round(rss, 1),
+            "rss_registered_mb": mem_registered["rss_mb"],
+            "rss_mb": mem["rss_mb"],
+            "memory_mb": mem,  # after the load: anonymous, file-backed, proportional (bench/procmem.py)
             "n": ns.n,
             # Two shared cores: p99s move with the other work on the machine; this says how busy it was.
             "loadavg_1m": round(os.getloadavg()[0], 2),
