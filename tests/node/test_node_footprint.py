@@ -14,6 +14,14 @@ from kubegpu.install.values import Values
 from kubegpu.node.runtime_env import NODE_ENV
 
 
+def fresh_python(code: str) -> str:
+    """What ``code`` prints in a fresh interpreter (what a module loads shows only in a new process)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 def test_whole_gpu_preference_loads_no_numpy() -> None:
     code = ("import sys\n"
             "from kubegpu.inventory.fake import FakeBackend\n"
@@ -23,10 +31,7 @@ def test_whole_gpu_preference_loads_no_numpy() -> None:
             "known = {g.uuid: whole_device(g) for g in gpus}\n"
             "print(len(preferred.whole_gpus(gpus, sorted(known), [], 2, known)))\n"
             "print('numpy' in sys.modules)\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["2", "False"]
+    assert fresh_python(code).split() == ["2", "False"]
 
 
 def test_both_daemonsets_run_the_daemon_with_the_node_runtime_env() -> None:
@@ -50,10 +55,7 @@ def test_the_nvml_daemon_loads_no_fake_backend_and_no_yaml_without_a_config_file
             "load_config({}, {})\n"
             "print(sorted(m for m in ('yaml', 'kubegpu.inventory.fake', 'kubegpu.inventory.topology',\n"
             "                         'importlib.resources', 'decimal') if m in sys.modules))\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    assert fresh_python(code).strip() == "[]"
 
 
 def test_the_dra_daemon_loads_no_device_plugin_allocate() -> None:
@@ -63,7 +65,4 @@ def test_the_dra_daemon_loads_no_device_plugin_allocate() -> None:
             "import kubegpu.node.dra.cli, kubegpu.node.dra.daemon\n"
             "print(sorted(m for m in ('kubegpu.node.allocate', 'kubegpu.node.proto.deviceplugin_pb2')\n"
             "             if m in sys.modules))\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    assert fresh_python(code).strip() == "[]"
