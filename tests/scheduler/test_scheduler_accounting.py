@@ -146,6 +146,32 @@ def test_view_expires_assumptions_never_echoed() -> None:
     assert view.filter(pod("q", {"nvidia.com/gpu": "4"}), ["n"], "kubegpu").passed == ["n"]
 
 
+def test_a_failed_bind_releases_only_its_own_assumption() -> None:
+    """A bind that fails drops what it held, unless the watch has shown the pod bound since (its write went
+    through after all, or another scheduler bound it elsewhere): that hold is the pod's own."""
+    view = ClusterView()
+    for n in ("n", "m"):
+        view.set_inventory(n, FakeBackend("t4x4", node_name=n).discover())
+    want = pod("p", {"nvidia.com/gpu": "1"})
+
+    def bound(node: str, alloc: PodAllocation) -> dict:
+        return {**want, "metadata": {**want["metadata"], "uid": "u1", "annotations": {
+            DEVICE_ALLOCATED: encode(alloc)}}, "spec": {**want["spec"], "nodeName": node}}
+
+    for echoed_on in (None, "n", "m"):
+        alloc, _ = view.choose(want, "n", "kubegpu")
+        assert alloc is not None
+        view.hold("default/p", "u1", "n", alloc, assumed=True)
+        if echoed_on is not None:
+            other, _ = view.choose(want, echoed_on, "kubegpu")
+            assert other is not None
+            view.observe_pod(bound(echoed_on, alloc if echoed_on == "n" else other))
+        view.release_assumed("default/p", "u1", "n")  # the bind's write failed, as its caller saw it
+        held = view.held.get("default/p")
+        assert (held.node if held else None) == echoed_on
+        view.release("default/p")
+
+
 def test_view_counts_each_pod_once_and_reports_collisions() -> None:
     view = ClusterView()
     inv = FakeBackend("t4x4", node_name="n").discover()

@@ -9,6 +9,7 @@ have it."""
 from __future__ import annotations
 
 import copy
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,10 @@ from test_scheduler_behaviour import pod, share
 
 from kubegpu.kube.slim import SlimPod
 from kubegpu.model import annotations as A
-from kubegpu.model.allocation import decode
+from kubegpu.model.allocation import ContainerAllocation, DeviceGrant, PodAllocation, decode, encode
 from kubegpu.model.limits import count_gpu_containers
 from kubegpu.model.request import parse_pod
+from kubegpu.model.signing import record_annotations
 from kubegpu.scheduler.accounting import PodFacts, follows_its_node
 from kubegpu.scheduler.pending import PendingPods, kept_for_bind, read_at_bind
 from kubegpu.scheduler.requests import pod_policies, pod_resources, requires_nvlink
@@ -271,6 +273,49 @@ def test_a_handoff_wait_run_out_is_answered_from_the_api_servers_pod(tmp_path: P
         assert "pod default/a is being handed to the kubelet" in err and "not its turn within 0.2 s" in err
         assert _requests(cluster, "GET pods") == gets + 1
         assert _record(cluster, "b") == (None, None)
+    finally:
+        ext.stop()
+        api.stop()
+
+
+def test_a_pod_bound_elsewhere_while_its_bind_waits_keeps_what_it_holds_there(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """While b's bind waits for its turn on node a, something else (another extender replica) binds b to node b
+    with its record, and the watch shows it. b's bind is then refused as already bound, and what b holds on
+    node b stays accounted: releasing it with the refused bind's own hold would free a GPU b uses."""
+    monkeypatch.delenv("KUBEGPU_HANDOFF_WAIT", raising=False)  # as deployed: pods of one kind take turns
+    monkeypatch.setenv("KUBEGPU_HANDOFF_WAIT_S", "10")
+    api, ext = start_cluster(tmp_path)
+    cluster = Cluster(api, ext)
+    try:
+        first = _put_and_watch(cluster, pod("a", {"nvidia.com/gpu": "1"}))
+        assert _bind(cluster, "a", first["metadata"]["uid"], "gpu-node-a") == ""  # waits for its handoff
+        second = _put_and_watch(cluster, pod("b", {"nvidia.com/gpu": "1"}))
+        uid = second["metadata"]["uid"]
+        answer: list[str] = []
+        waiting = threading.Thread(target=lambda: answer.append(_bind(cluster, "b", uid, "gpu-node-a")))
+        waiting.start()
+        assert _until(lambda: cluster.ext.call(lambda: cluster.view.ledger.waiting_binds.get("gpu-node-a", 0)) == 1)
+
+        gpu = cluster.ext.call(lambda: cluster.view.nodes["gpu-node-b"].inventory.gpus[0])
+        grant = DeviceGrant(gpu.minor, gpu.uuid, 100, gpu.memory_bytes, 100)
+        value = encode(PodAllocation((ContainerAllocation("c0", (grant,)),)))
+        key = cluster.ext.call(lambda: cluster.view.record_key)
+        api.store.bind("default", "b", {"target": {"kind": "Node", "name": "gpu-node-b"},
+                                        "metadata": {"annotations": record_annotations(value, uid, "gpu-node-b", key)}})
+        assert _until(lambda: cluster.ext.call(
+            lambda: (h := cluster.view.held.get("default/b")) is not None and h.node == "gpu-node-b"))
+
+        def running(o: dict[str, Any]) -> dict[str, Any]:  # a's containers started: its turn is over
+            o.setdefault("status", {})["phase"] = "Running"
+            o["metadata"].pop("resourceVersion", None)
+            return o
+        api.store.update(api.kind("pods"), "default", "a", running, "status")
+        waiting.join(15)
+        assert answer and "already bound to gpu-node-b" in answer[0]
+        held = cluster.ext.call(lambda: cluster.view.held.get("default/b"))
+        assert held is not None and held.node == "gpu-node-b" and held.alloc.grants()[0].uuid == gpu.uuid
+        assert _record(cluster, "b")[0] == "gpu-node-b"
     finally:
         ext.stop()
         api.stop()

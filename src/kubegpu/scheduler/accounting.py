@@ -186,6 +186,15 @@ class Ledger:
         self.learner.remove(h.shape)
         return h
 
+    def release_assumed(self, key: str, uid: str, node: str) -> Held | None:
+        """Drop what a bind that failed held for ``key`` on ``node``: only while it is still that bind's
+        assumption. Once the watch has shown the pod bound (there, by a write that did go through, or on
+        another node by someone else), the hold is the pod's own and stays."""
+        h = self.held.get(key)
+        if h is None or h.uid != uid or h.node != node or h.assumed_at is None:
+            return None
+        return self.release(key, uid)
+
     @property
     def assumed_count(self) -> int:
         return len(self._assumed)

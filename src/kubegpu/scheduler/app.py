@@ -313,8 +313,11 @@ class Extender:
             return f"kubegpu bind: {why}"
         # Choose and hold before the first await below: no other bind can take the same capacity, and no
         # other pod of this kind can start waiting on the node between the check above and this hold.
-        if self.view.held.get(key) is not None:  # read again: the watch may have moved while this bind waited
-            self.view.release(key)
+        current = self.view.held.get(key)  # read again: the watch may have moved while this bind waited
+        if current is not None:
+            if current.uid == uid:  # the watch has shown this pod bound since: the API server's pod answers
+                return _Reread()
+            self.view.release(key)  # an earlier pod of this name, deleted (its event still to come)
         _, gpu_policy = self.policies(pod)
         alloc, why = self.view.choose(pod, node, gpu_policy)
         if alloc is None:
@@ -339,7 +342,7 @@ class Extender:
             except ApiError as e:
                 if not is_conflict(e):
                     if not confirmed and is_not_found(e):  # gone since the copy: answered as after a GET
-                        self.view.release(key, uid)
+                        self.view.release_assumed(key, uid, node)
                         return _Reread()
                     raise
                 ours, fresh = await self._bound_to(ns, name, node, value)
@@ -350,15 +353,15 @@ class Extender:
                     now = _version(fresh) if fresh is not None else None
                     if now != (uid, version, "") and (not confirmed or (now is not None and now[0] == uid
                                                                         and not now[2])):
-                        self.view.release(key, uid)
+                        self.view.release_assumed(key, uid, node)
                         return _Reread(fresh)
                     raise
         except ApiError as e:
-            self.view.release(key, uid)
+            self.view.release_assumed(key, uid, node)
             self.metrics.bind_failures.labels("api-error").inc()
             return f"kubegpu bind: API error {e.status.code}: {e.status.message}"
         except Exception as e:
-            self.view.release(key, uid)
+            self.view.release_assumed(key, uid, node)
             self.metrics.bind_failures.labels("api-unreachable").inc()
             return f"kubegpu bind: {type(e).__name__}: {e}"
         self.view.mark_bound(key)

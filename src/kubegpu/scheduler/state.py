@@ -95,6 +95,9 @@ class ClusterView(Verbs):
     def release(self, key: str, uid: str | None = None) -> Held | None:
         return self.ledger.release(key, uid)
 
+    def release_assumed(self, key: str, uid: str, node: str) -> Held | None:
+        return self.ledger.release_assumed(key, uid, node)
+
     def mark_bound(self, key: str) -> None:
         self.ledger.mark_bound(key)
 
