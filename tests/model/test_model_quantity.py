@@ -32,7 +32,7 @@ def test_fractions_are_exact(text: object, value: Decimal) -> None:
 
 @pytest.mark.parametrize("bad", [
     "", " ", "two", "1K", "1 Gi", "8GB", "1.5.5", "0x10", "1e", "e3", "Gi", "--1", "1e31", "1e-31", "NaN",
-    "Infinity", "1" * 80, None, True, False, [1], {"a": 1}, float("nan"), float("inf"),
+    "Infinity", "1" * 80, "١٢", "１", None, True, False, [1], {"a": 1}, float("nan"), float("inf"),
 ])
 def test_not_quantities(bad: object) -> None:
     with pytest.raises(QuantityError):
@@ -47,3 +47,27 @@ def test_format_bytes_round_trips(n: int) -> None:
 def test_format_bytes_uses_the_largest_exact_suffix() -> None:
     assert [format_bytes(n) for n in (0, 1, 1024, 8 * 2**30, 3 * 2**29, 2**60)] == \
         ["0", "1", "1Ki", "8Gi", "1536Mi", "1Ei"]
+
+
+@given(st.text("0123456789", min_size=1, max_size=40),
+       st.sampled_from(["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "n", "u", "m", "k", "M", "G", "T", "P", "E", "e3"]))
+def test_whole_numbers_read_fast_are_what_parse_reads(digits: str, suffix: str) -> None:
+    # parse_int reads plain digits with a whole-number suffix in integer arithmetic: the same value as parse's.
+    text = digits + suffix
+    try:
+        exact = parse(text)
+    except QuantityError:
+        with pytest.raises(QuantityError):
+            parse_int(text)
+        return
+    if exact == exact.to_integral_value():
+        assert parse_int(text) == int(exact)
+    else:
+        with pytest.raises(QuantityError):
+            parse_int(text)
+
+
+@pytest.mark.parametrize("bad", ["", "two", "1K", "1 Gi", "8GB", "1" * 80, "١٢", None, True, [1], float("nan")])
+def test_parse_int_refuses_what_parse_refuses(bad: object) -> None:
+    with pytest.raises(QuantityError):
+        parse_int(bad)

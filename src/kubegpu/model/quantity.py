@@ -35,9 +35,10 @@ def _suffixes() -> dict[str, Decimal]:
         "P": Decimal("1e15"), "E": Decimal("1e18"),
     }
 
-# <sign><digits>[.<digits>]<suffix>, the suffix being binary, decimal SI or an exponent (e3, E-2).
+# <sign><digits>[.<digits>]<suffix>, the suffix being binary, decimal SI or an exponent (e3, E-2). ASCII digits
+# only, as Kubernetes' own parser (Python's \d would take any script's digits, and Decimal would read them).
 _QUANTITY_RE = re.compile(
-    r"^([+-]?)(\d+\.?\d*|\.\d+)(?:(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)|[eE]([+-]?\d+))?$")
+    r"^([+-]?)([0-9]+\.?[0-9]*|\.[0-9]+)(?:(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)|[eE]([+-]?[0-9]+))?$")
 _MAX_CHARS = 64
 _MAX_EXPONENT = 30
 
@@ -86,8 +87,19 @@ def _scale(amount: Decimal, suffix: str | None, exponent: str | None, value: str
     return amount * _suffixes()[suffix or ""]
 
 
+# parse_int's common case: ASCII digits and a suffix that multiplies by a whole number ("30", "20Gi", "4k").
+# Its value is exactly what parse gives, in integer arithmetic, without Decimal's context per call.
+_WHOLE = re.compile(r"([0-9]{1,30})(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?")
+_WHOLE_FACTOR: dict[str | None, int] = {
+    **dict(_BINARY), None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+
+
 def parse_int(value: object) -> int:
     """Parse a quantity that must be a whole number (counts, percents, bytes)."""
+    if type(value) is int:
+        return value
+    if type(value) is str and (whole := _WHOLE.fullmatch(value)) is not None:
+        return int(whole[1]) * _WHOLE_FACTOR[whole[2]]
     parsed = parse(value)
     if parsed != parsed.to_integral_value():
         raise QuantityError(f"{value!r} is not a whole number")
