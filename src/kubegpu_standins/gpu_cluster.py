@@ -362,8 +362,13 @@ class GpuCluster:
                 if self._pending_rv.get(key, rv) != rv:
                     self.queue.pod_updated(key)
                 self._pending_rv[key] = rv
+        # A node changes for kube-scheduler when its object does, and when its kubelet's device counts do: the
+        # real kubelet publishes them in the Node's status.allocatable (a plugin gone, back, a GPU unhealthy),
+        # an update every unschedulable pod is requeued on. These kubelets keep them to themselves.
         nodes = {n["metadata"]["name"]: str(n["metadata"].get("resourceVersion", ""))
                  for n in self.api.objects("nodes")}
+        for name, node in self.nodes.items():
+            nodes[name] = f"{nodes.get(name, '')}/{sorted(node.kubelet.allocatable_counts().items())}"
         if assigned != self._assigned_rv or nodes != self._node_rv:
             self.queue.cluster_event()
             self._assigned_rv, self._node_rv = assigned, nodes

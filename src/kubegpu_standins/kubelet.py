@@ -471,6 +471,11 @@ class StandinKubelet:
             st = self.resources.get(resource)
             return st.allocatable if st else 0
 
+    def allocatable_counts(self) -> dict[str, int]:
+        """Every resource's allocatable count, as the kubelet publishes them in its Node's status."""
+        with self._cond:
+            return {r: st.allocatable for r, st in self.resources.items()}
+
     def healthy(self, resource: str) -> set[str]:
         with self._cond:
             st = self.resources.get(resource)

@@ -284,6 +284,7 @@ class QueuedPod:
     attempts: int = 0
     last_attempt: float = 0.0
     where: str = "active"  # active, backoff, unschedulable, binding
+    events_at_pop: int = 0  # the queue's event count when this attempt began (-1: the pod itself changed since)
 
 
 @dataclass
@@ -303,6 +304,11 @@ class SchedulingQueue:
       by any kind of cluster events", kubernetes#122019): any change of an assigned pod or a node, or an
       update of the pod itself, moves it to the back-off queue if its back-off has not passed, else to the
       active queue. With no event at all it waits for the flush after ``UNSCHEDULABLE_FLUSH_S``;
+    - an event that arrives while a pod is being scheduled is not lost: kube-scheduler records the events of
+      each in-flight pod (``inFlightEvents``) and replays them when the attempt fails
+      (``determineSchedulingHintForInFlightPod``); with the extender among the rejectors, any such event
+      sends the pod to the back-off queue (or the active queue once its back-off has passed), not the
+      unschedulable pool;
     - a scheduling cycle that fails with an error (an extender unreachable, or its filter answer carrying
       ``Error``: ``extender.go`` returns it as an error, not as Unschedulable) sends the pod to the back-off
       queue, as a failed bind does.
@@ -323,6 +329,7 @@ class SchedulingQueue:
     flushed: int = 0
     cycle_errors: int = 0
     requeued_by_event: int = 0
+    events: int = 0  # cluster events so far: what an in-flight attempt compares with
 
     def backoff_s(self, attempts: int) -> float:
         if attempts <= 0:
@@ -359,14 +366,19 @@ class SchedulingQueue:
             best.where = "binding"
             best.attempts += 1
             best.last_attempt = now
+            best.events_at_pop = self.events
             self.attempts += 1
         return best
 
     def unschedulable(self, key: str) -> None:
-        """Every node refused it (the extender's filter among them)."""
+        """Every node refused it (the extender's filter among them): the unschedulable pool, unless an event
+        arrived while it was being scheduled (its in-flight events), which requeues it at once."""
         if (p := self.pods.get(key)) is not None:
-            p.where = "unschedulable"
             self.unschedulable_count += 1
+            if p.events_at_pop != self.events:
+                self._requeue(p, self.clock())
+            else:
+                p.where = "unschedulable"
 
     def errored(self, key: str) -> None:
         """The scheduling cycle failed with an error (an extender unreachable or answering Error), not
@@ -390,6 +402,7 @@ class SchedulingQueue:
         """An assigned pod or a node was added, changed or deleted: every pod the extender left
         unschedulable is worth another try."""
         now = self.clock()
+        self.events += 1
         for p in self.pods.values():
             if p.where == "unschedulable":
                 self._requeue(p, now)
@@ -399,3 +412,5 @@ class SchedulingQueue:
         p = self.pods.get(key)
         if p is not None and p.where == "unschedulable":
             self._requeue(p, self.clock())
+        elif p is not None and p.where == "binding":
+            p.events_at_pop = -1  # in flight: an event of its own, replayed if this attempt fails

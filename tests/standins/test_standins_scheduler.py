@@ -228,6 +228,31 @@ def test_scheduling_queue_backs_off_and_requeues_as_kube_scheduler_does() -> Non
     assert q.pop() is not None and q.flushed == 1
 
 
+def test_scheduling_queue_keeps_the_events_that_arrive_while_a_pod_is_being_scheduled() -> None:
+    """A pod deleted (its GPUs freed) while another pod's filter is on its way: that pod, refused by every node,
+    is requeued at once as kube-scheduler does (its in-flight events, determineSchedulingHintForInFlightPod),
+    not parked until an event that may never come or the 5-minute flush."""
+    from kubegpu_standins.scheduler import SchedulingQueue
+
+    now = [0.0]
+    q = SchedulingQueue(clock=lambda: now[0])
+    q.add("d/a", "u-a")
+    q.add("d/b", "u-b")
+    a = q.pop()
+    assert a is not None
+    q.cluster_event()  # while a is being scheduled
+    q.unschedulable("d/a")
+    assert q.requeued_by_event == 1
+    now[0] = 1.0  # a's back-off has passed: it is tried again, with no further event
+    assert [q.pop().key, q.pop().key] == ["d/b", "d/a"]  # type: ignore[union-attr]
+    q.unschedulable("d/b")  # no event during b's attempt: parked
+    q.pod_updated("d/a")  # a's own update while a is in flight
+    q.unschedulable("d/a")
+    now[0] = 10.0
+    b_or_a = q.pop()
+    assert b_or_a is not None and b_or_a.key == "d/a" and q.pop() is None  # b waits for an event
+
+
 def test_scheduling_queue_backs_off_a_pod_whose_extender_erred() -> None:
     """An extender that is down or answers Error fails the cycle with an error: the pod is tried again after
     its back-off with no cluster event, not parked until the 5-minute flush (extender.go, schedule_one.go)."""
