@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import copy
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
-from sched_harness import Cluster, fixture_pod, pod_yaml, start_cluster
+from sched_harness import Cluster, fixture_pod, mark_running, pod_yaml, start_cluster, until
 from test_scheduler_behaviour import pod, share
 
 from kubegpu.kube.slim import SlimPod
@@ -29,15 +28,6 @@ from kubegpu.scheduler.accounting import PodFacts, follows_its_node
 from kubegpu.scheduler.pending import PendingPods, kept_for_bind, read_at_bind
 from kubegpu.scheduler.requests import pod_policies, pod_resources, requires_nvlink
 from kubegpu.scheduler.service import kept_pod
-
-
-def _until(predicate: Any, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def _cache(cluster: Cluster) -> dict[str, Any]:
@@ -58,7 +48,7 @@ def _put_and_watch(cluster: Cluster, p: dict[str, Any]) -> dict[str, Any]:
     created = cluster.api.put_object(p)
     key = f"default/{p['metadata']['name']}"
     version = created["metadata"]["resourceVersion"]
-    assert _until(lambda: (c := _copy(cluster, key)) is not None and c.metadata.resourceVersion == version)
+    assert until(lambda: (c := _copy(cluster, key)) is not None and c.metadata.resourceVersion == version)
     return created
 
 
@@ -70,7 +60,7 @@ def _edit(cluster: Cluster, name: str, annotations: dict[str, str]) -> None:
         return o
     cluster.api.store.update(cluster.api.kind("pods"), "default", name, mutate)
     version = _version_of(cluster, name)
-    assert _until(lambda: (c := _copy(cluster, f"default/{name}")) is not None
+    assert until(lambda: (c := _copy(cluster, f"default/{name}")) is not None
                   and c.metadata.resourceVersion == version)
 
 
@@ -104,7 +94,7 @@ def test_bind_reads_the_watched_pod_with_no_get(cluster: Cluster) -> None:
     assert node == "gpu-node-a" and alloc is not None and alloc.grants()[0].core == 30
     assert cluster.ext.call(lambda: cluster.view.held["default/w"].node) == "gpu-node-a"
     # Bound, it leaves the copies (its entry is the accounting's tombstone now).
-    assert _until(lambda: cluster.ext.call(lambda: cluster.ext.service.pending.get("default/w")) is None)
+    assert until(lambda: cluster.ext.call(lambda: cluster.ext.service.pending.get("default/w")) is None)
 
 
 def test_a_pod_the_watch_has_not_shown_is_read_with_a_get(cluster: Cluster) -> None:
@@ -186,7 +176,7 @@ def test_a_pod_deleted_after_its_copy_is_a_lookup_failure(cluster: Cluster) -> N
     older = _copy(cluster, "default/d")
     assert older is not None
     cluster.api.store.delete(cluster.api.kind("pods"), "default", "d")
-    assert _until(lambda: _copy(cluster, "default/d") is None)
+    assert until(lambda: _copy(cluster, "default/d") is None)
     _lag(cluster, "default/d", older)
     err = _bind(cluster, "d", created["metadata"]["uid"], "gpu-node-a")
     assert "cannot read pod default/d" in err
@@ -295,7 +285,7 @@ def test_a_pod_bound_elsewhere_while_its_bind_waits_keeps_what_it_holds_there(tm
         answer: list[str] = []
         waiting = threading.Thread(target=lambda: answer.append(_bind(cluster, "b", uid, "gpu-node-a")))
         waiting.start()
-        assert _until(lambda: cluster.ext.call(lambda: cluster.view.ledger.waiting_binds.get("gpu-node-a", 0)) == 1)
+        assert until(lambda: cluster.ext.call(lambda: cluster.view.ledger.waiting_binds.get("gpu-node-a", 0)) == 1)
 
         gpu = cluster.ext.call(lambda: cluster.view.nodes["gpu-node-b"].inventory.gpus[0])
         grant = DeviceGrant(gpu.minor, gpu.uuid, 100, gpu.memory_bytes, 100)
@@ -303,14 +293,10 @@ def test_a_pod_bound_elsewhere_while_its_bind_waits_keeps_what_it_holds_there(tm
         key = cluster.ext.call(lambda: cluster.view.record_key)
         api.store.bind("default", "b", {"target": {"kind": "Node", "name": "gpu-node-b"},
                                         "metadata": {"annotations": record_annotations(value, uid, "gpu-node-b", key)}})
-        assert _until(lambda: cluster.ext.call(
+        assert until(lambda: cluster.ext.call(
             lambda: (h := cluster.view.held.get("default/b")) is not None and h.node == "gpu-node-b"))
 
-        def running(o: dict[str, Any]) -> dict[str, Any]:  # a's containers started: its turn is over
-            o.setdefault("status", {})["phase"] = "Running"
-            o["metadata"].pop("resourceVersion", None)
-            return o
-        api.store.update(api.kind("pods"), "default", "a", running, "status")
+        mark_running(cluster, "a")  # a's containers started: its turn is over
         waiting.join(15)
         assert answer and "already bound to gpu-node-b" in answer[0]
         held = cluster.ext.call(lambda: cluster.view.held.get("default/b"))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sched_harness import Cluster, start_cluster
+from sched_harness import Cluster, mark_running, start_cluster, until
 from test_scheduler_behaviour import pod, share
 
 
@@ -42,35 +42,19 @@ def _bound(cluster: Cluster, names: list[str]) -> list[str]:
     return [n for n in names if (pods.get(n, {}).get("spec") or {}).get("nodeName")]
 
 
-def _run(cluster: Cluster, name: str) -> None:
-    """The kubelet admitted the pod and runs it (its Allocate calls are done)."""
-    store = cluster.api.store
-    store.update(cluster.api.kind("pods"), "default", name, lambda o: {**o, "status": {"phase": "Running"}},
-                 subresource="status")
-
-
-def _until(predicate: object, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def test_identical_binds_take_turns_on_a_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cluster = _start(tmp_path, monkeypatch, "20")
     try:
         names = ["a", "b", "c"]
         done = _bind_all(cluster, names, "gpu-node-c")
-        assert _until(lambda: len(_bound(cluster, names)) == 1)
+        assert until(lambda: len(_bound(cluster, names)) == 1)
         time.sleep(0.5)
         assert len(_bound(cluster, names)) == 1  # the others wait in bind: one waiting record per kind
         for turn in (2, 3):
-            _run(cluster, _bound(cluster, names)[-1] if turn == 2 else
+            mark_running(cluster, _bound(cluster, names)[-1] if turn == 2 else
                  next(n for n in _bound(cluster, names) if cluster.api.get_object("pods", n, "default")
                       .get("status", {}).get("phase") != "Running"))
-            assert _until(lambda turn=turn: len(_bound(cluster, names)) == turn)
+            assert until(lambda turn=turn: len(_bound(cluster, names)) == turn)
         assert done.result(timeout=10) == ["", "", ""]
     finally:
         cluster.ext.stop()
