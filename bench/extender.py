@@ -188,7 +188,8 @@ def acknowledge(api_url: str) -> None:
     kept connection: the node daemons run on their own nodes, so their work must not take this harness's
     interpreter lock (nor its time) while it plays kube-scheduler."""
     from kubegpu.model.allocation import decode as decode_alloc
-    from kubegpu.model.records import Ack, encode_acks
+    from kubegpu.model.records import encode_acks
+    from kubegpu_standins.production_replay import served_acks
 
     url = httpx.URL(api_url)
     conn = http_client.HTTPConnection(url.host, url.port, timeout=60)
@@ -206,13 +207,7 @@ def acknowledge(api_url: str) -> None:
     for line in sys.stdin:
         name = line.strip()
         ann = decode(call("GET", f"{base}/{name}"))["metadata"].get("annotations") or {}
-        alloc = decode_alloc(ann["kubegpu.io/device-allocated"])
-        acks = {}
-        for c in alloc.containers:
-            whole = all(g.core >= 100 for g in c.grants)
-            devices = tuple(g.uuid if whole else f"{g.uuid}::{name}" for g in c.grants)
-            resource = "nvidia.com/gpu" if whole else "kubegpu.io/gpu.shared"
-            acks[c.container or "main"] = Ack(resource, devices, c.grants)
+        acks = served_acks(decode_alloc(ann["kubegpu.io/device-allocated"]), name)
         call("PATCH", f"{base}/{name}",
              encode({"metadata": {"annotations": {"kubegpu.io/device-assigned": encode_acks(acks)}}}))
         acked += 1

@@ -32,7 +32,7 @@ import numpy as np
 from kubegpu.model import annotations as A
 from kubegpu.model import resources as R
 from kubegpu.model import signing
-from kubegpu.model.allocation import decode
+from kubegpu.model.allocation import PodAllocation, decode
 from kubegpu.model.records import Ack, encode_acks
 from kubegpu.sim.trace import TraceNodes, TracePod
 from kubegpu_standins.apiserver import ApiServer
@@ -51,6 +51,18 @@ from kubegpu_standins.trace_scheduler import NAMESPACE, ReplayOutcome, post_verb
 MAX_PODS = 1000
 HANDOFF_REASON = "is being handed to the kubelet"  # the extender's filter reason (scheduler/accounting.py)
 ACK_WAIT_S = 30.0
+
+
+def served_acks(record: PodAllocation, slot: str) -> dict[str, Ack]:
+    """What a node daemon acknowledges for a pod it served exactly on its record's GPUs: whole GPUs by UUID,
+    a share as the kubelet's slot ``<uuid>::<slot>``, per container."""
+    acks: dict[str, Ack] = {}
+    for c in record.containers:
+        whole = all(g.core >= 100 for g in c.grants)
+        resource = R.NVIDIA_GPU if whole else R.GPU_SLOTS
+        devices = tuple(g.uuid if whole else f"{g.uuid}::{slot}" for g in c.grants)
+        acks[c.container] = Ack(resource, devices, tuple(c.grants))
+    return acks
 
 
 class ProductionScheduler:
@@ -192,13 +204,7 @@ class ProductionScheduler:
         stored = self.api.get_object("pods", name, NAMESPACE)
         meta = stored["metadata"]
         record = decode((meta.get("annotations") or {})[A.DEVICE_ALLOCATED])
-        acks: dict[str, Ack] = {}
-        for c in record.containers:
-            whole = all(g.core >= 100 for g in c.grants)
-            resource = R.NVIDIA_GPU if whole else R.GPU_SLOTS
-            devices = tuple(g.uuid if whole else f"{g.uuid}::0" for g in c.grants)
-            acks[c.container] = Ack(resource, devices, tuple(c.grants))
-        value = encode_acks(acks)
+        value = encode_acks(served_acks(record, "0"))
         ann = {A.DEVICE_ASSIGNED: value}
         if self.record_key is not None:
             ann[signing.ACK_SIGNATURE] = signing.sign(self.record_key, meta["uid"], node, value, kind="ack")
