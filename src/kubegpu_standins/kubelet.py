@@ -768,7 +768,7 @@ class PodAdmitter:
             if ev.type is EventType.DELETED:
                 self.kubelet.release_pod(key)
                 with self._cond:
-                    self._seen.discard(uid)
+                    self._seen.discard(uid)  # not admitted yet: never will be (_run skips it)
                 return
             phase = (pod.get("status") or {}).get("phase")
             with self._cond:
@@ -815,6 +815,9 @@ class PodAdmitter:
                     time.sleep(0.02)
                 if self._stop.is_set():
                     return
+                with self._cond:
+                    if (pod.get("metadata") or {}).get("uid") not in self._seen:
+                        continue  # deleted before its turn: the real kubelet never admits it
                 try:
                     with self._admitting:
                         self._admit(pod)

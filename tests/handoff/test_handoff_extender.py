@@ -100,3 +100,77 @@ def test_one_waiting_pod_per_resource_and_count_on_a_node(view: ClusterView) -> 
     assert view.ledger.handoff_blocked(x, parse_pod(x))
     view.observe_pod(spec_pod("w", one, rec))
     assert view.ledger.handoff_blocked(x, parse_pod(x)) == {}
+
+
+@pytest.mark.parametrize("how", ["deleted", "failed by its kubelet", "deleted, found by a relist"])
+def test_a_pod_that_ended_while_waiting_holds_its_kind_until_its_node_has_seen_it_end(view: ClusterView,
+                                                                                       how: str) -> None:
+    """The deleted-pod window: a waiting pod ends before the kubelet admits it; the next pod of its kind must
+    not be bound there while the node daemon's view (its watch behind) still shows the first one waiting,
+    or its call would be served the first one's record. The node publishes how far its view has got
+    (A.HANDOFF_SEEN); the ended pod keeps its kind waiting until that reaches its end."""
+    from kubegpu.model.request import parse_pod
+    from kubegpu.scheduler.service import node_handler
+
+    one = {R.GPU_CORE: "40", R.GPU_MEMORY_RATIO: "40", R.GPU_SLOTS: "1"}
+    rec = PodAllocation((ContainerAllocation("c", (share(view, 0, 40),)),))
+    waiting = spec_pod("w", one, rec)
+    waiting["status"] = {"phase": "Pending"}
+    waiting["metadata"]["resourceVersion"] = "10"
+    nodes = node_handler(view)
+
+    def node_event(seen: str | None) -> None:
+        from lightkube.models.meta_v1 import ObjectMeta
+
+        from kubegpu.kube.informer import EventType, WatchEvent
+        from kubegpu.kube.resources import Node
+
+        ann = {A.HANDOFF_SEEN: seen} if seen is not None else None
+        nodes(WatchEvent(EventType.MODIFIED, Node(metadata=ObjectMeta(name="n", annotations=ann))))
+
+    node_event("9")
+    view.observe_pod(waiting)
+    nxt = spec_pod("next", one)
+    assert "being handed" in view.ledger.handoff_blocked(nxt, parse_pod(nxt))["n"]
+    if how == "deleted":
+        gone = dict(waiting, metadata=dict(waiting["metadata"], resourceVersion="12"))
+        view.observe_pod(gone, deleted=True)
+    elif how == "failed by its kubelet":
+        view.observe_pod(dict(waiting, metadata=dict(waiting["metadata"], resourceVersion="12"),
+                              status={"phase": "Failed"}))
+    else:
+        view.observe_pod(waiting, deleted=True, version="12")  # the last version held; the LIST's is 12
+    assert view.nodes["n"].state.core_free(rec.grants()[0].uuid) == 100  # type: ignore[union-attr]  # GPUs freed
+    why = view.ledger.handoff_blocked(nxt, parse_pod(nxt))["n"]
+    assert "d/w ended before its node's daemon served it" in why
+    other_kind = spec_pod("whole", {R.NVIDIA_GPU: "1"})
+    assert view.ledger.handoff_blocked(other_kind, parse_pod(other_kind)) == {}
+    node_event("11")  # the daemon's view: not there yet
+    assert view.ledger.handoff_blocked(nxt, parse_pod(nxt))
+    node_event("12")
+    assert view.ledger.handoff_blocked(nxt, parse_pod(nxt)) == {}
+    assert view.ledger.pending.get("n", {}) == {} and view.ledger.ended == {}
+
+
+def test_an_ended_pod_waits_for_nothing_on_a_node_that_does_not_publish_or_has_seen_further(
+        view: ClusterView) -> None:
+    from kubegpu.model.request import parse_pod
+
+    one = {R.NVIDIA_GPU: "1"}
+    rec = PodAllocation((ContainerAllocation("c", (share(view, 0, 100),)),))
+    waiting = spec_pod("w", one, rec)
+    waiting["status"] = {"phase": "Pending"}
+    waiting["metadata"]["resourceVersion"] = "10"
+    nxt = spec_pod("next", one)
+    view.observe_pod(waiting)
+    view.observe_pod(dict(waiting, metadata=dict(waiting["metadata"], resourceVersion="12")), deleted=True)
+    assert view.ledger.handoff_blocked(nxt, parse_pod(nxt)) == {}  # no kubegpu daemon publishing: as before
+    view.ledger.node_progress("n", "15")  # a daemon whose view is already past the end
+    view.observe_pod(waiting)
+    view.observe_pod(dict(waiting, metadata=dict(waiting["metadata"], resourceVersion="14")), deleted=True)
+    assert view.ledger.handoff_blocked(nxt, parse_pod(nxt)) == {}
+    view.observe_pod(waiting)
+    view.observe_pod(dict(waiting, metadata=dict(waiting["metadata"], resourceVersion="16")), deleted=True)
+    assert view.ledger.handoff_blocked(nxt, parse_pod(nxt))
+    view.remove_node("n")  # the Node gone: nothing will ever be seen there
+    assert view.ledger.handoff_blocked(nxt, parse_pod(nxt)) == {}

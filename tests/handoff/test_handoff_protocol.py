@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from kubegpu.kube.informer import EventType, WatchEvent
+from kubegpu.kube.resources import Pod
 from kubegpu.model import annotations as A
 from kubegpu.model import resources as R
 from kubegpu.model import signing
@@ -317,3 +319,60 @@ def test_a_container_served_another_pods_record_is_reported_and_acknowledged_wit
         uid_next = r._pods["default/next"].uid
         assert r._served[(uid_next, "c0")].grants[0].core == 40  # what it was told
         assert ("uid-deleted", "c0") not in r._served
+
+
+def test_the_node_publishes_how_far_its_view_has_got_when_a_gpu_pod_ends() -> None:
+    """The other half of the deleted-pod window: once this view has a GPU pod's end (a deletion, a failure, a
+    LIST that no longer has it), the Node carries the version it has got to (A.HANDOFF_SEEN), written off the
+    kubelet's path and retried until it lands; the extender binds the next pod of the ended pod's kind only
+    then. A pod without GPUs ending writes nothing; the first LIST announces the view."""
+    import threading
+
+    written: list[str] = []
+    landed = threading.Event()
+
+    class Client:
+        fails = 1
+
+        def patch(self, kind: Any, name: str, body: dict[str, Any], **_kw: Any) -> None:
+            if kind.__name__ != "Node":
+                return
+            assert name == NODE
+            if Client.fails:
+                Client.fails -= 1
+                raise RuntimeError("the API server is restarting")
+            written.append(body["metadata"]["annotations"][A.HANDOFF_SEEN])
+            landed.set()
+
+    def wait_for(value: str) -> None:
+        deadline = time.monotonic() + 10
+        while (not written or written[-1] != value) and time.monotonic() < deadline:
+            landed.wait(0.05)
+            landed.clear()
+        assert written and written[-1] == value, written
+
+    listed: list[dict[str, Any]] = [bound("p", SHARE, one(GA), rv=10)]
+
+    class Listed(list):  # type: ignore[type-arg]
+        resource_version = "20"
+
+    r = HandoffResolver(NODE, key=KEY, client=Client(), refresh=lambda: Listed(listed))  # type: ignore[arg-type]
+    assert r.acks is not None
+    r.acks.first_s = 0.01
+    assert r.consistent_read()
+    wait_for("20")  # the first LIST, after one failed write
+    r.observe(bound("cpu-only", {"cpu": "1"}, None, rv=21), deleted=True)
+    r.observe(bound("p", SHARE, one(GA), rv=25), deleted=True)  # the watch: its deletion
+    wait_for("25")
+    r.observe(bound("q", WHOLE, None, rv=26))
+    r.observe(bound("q", WHOLE, None, rv=30, phase="Failed"))  # failed by its kubelet, never served
+    wait_for("30")
+    r.observe(bound("s", SHARE, one(GB), rv=31))
+    r.on_event(WatchEvent(EventType.DELETED, Pod.from_dict(bound("s", SHARE, one(GB), rv=31)), version="40"))
+    wait_for("40")  # a relist found it gone: known as of the LIST's version
+    count = len(written)
+    r.observe(bound("cpu-only-2", {"cpu": "1"}, None, rv=41))
+    r.observe(bound("cpu-only-2", {"cpu": "1"}, None, rv=42), deleted=True)
+    time.sleep(0.1)
+    assert len(written) == count  # nothing new for a pod without GPUs
+    r.close()

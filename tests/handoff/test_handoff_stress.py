@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -52,6 +53,15 @@ def assert_truthful(c: GpuCluster, names: set[str], forged: dict[str, str]) -> l
     assert c.records_on_replicated() == []
     assert c.double_held() == []
     return checks
+
+
+def until(check: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def admitted_within(c: GpuCluster, node: str, names: set[str], k: int, timeout_s: float) -> bool:
@@ -187,3 +197,27 @@ def test_partly_time_sliced_node_gets_no_record_on_a_replicated_gpu() -> None:
             c.create(p)
         checks = assert_truthful(c, {p["metadata"]["name"] for p in pods}, {})
         assert all(k.outcome == "served" for k in checks), [k.reason for k in checks if k.outcome != "served"]
+
+
+def test_a_share_deleted_before_admission_never_hands_its_record_to_the_next_one() -> None:
+    """The deleted-pod window, end to end: a 40 % share is bound and shown waiting by the node daemon (its watch
+    2 s behind), then deleted before the kubelet admits it; the next share of its kind is bound at once by the
+    extender, which sees the deletion, and admitted at once by the kubelet. Without the node's published
+    progress (A.HANDOFF_SEEN) its call met a view still showing the deleted pod waiting and was served that
+    pod's 40 % (the stress test caught it once in 16 runs). Now the bind waits until the node has seen the end,
+    and the second pod gets exactly its own 10 %."""
+    with GpuCluster([NodeSpec("node-w", "dgx-a100", watch_lag_s=2.0)], seed=5) as c:
+        node = c.nodes["node-w"]
+        with node.admitter.pause():
+            c.create(pod("first", share(40)))
+            assert until(lambda: any(k == "default/first" for _t, k, _n in c.binds), 20)
+            assert until(lambda: node.resolver.pending_count(R.GPU_SLOTS, 1) == 1, 10)  # shown waiting there
+            c.api.store.delete(c.api.kind("pods"), "default", "first")
+            deleted_at = time.monotonic()
+            c.create(pod("second", share(10)))
+            assert until(lambda: any(k == "default/second" for _t, k, _n in c.binds), 20)
+            bound_at = next(t for t, k, _n in c.binds if k == "default/second")
+        assert bound_at - deleted_at >= 1.0  # the bind waited for the node's view to see "first" end
+        checks = assert_truthful(c, {"second"}, {})
+        (second,) = [k for k in checks if k.pod.endswith("/second")]
+        assert second.outcome == "served" and second.env_core == "10", second

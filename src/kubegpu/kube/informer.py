@@ -38,11 +38,19 @@ class EventType(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class WatchEvent:
-    """A change to one object. ``old`` is the previous version the informer held (None for ADDED)."""
+    """A change to one object. ``old`` is the previous version the informer held (None for ADDED).
+    ``version``: the resourceVersion of the change when it is not the object's own: a deletion a relist
+    found (the object is the last version held, older than its deletion) is known as of the LIST's."""
 
     type: EventType
     obj: Any
     old: Any = None
+    version: str = ""
+
+    @property
+    def known_at(self) -> str:
+        """The resourceVersion at which this change had happened."""
+        return self.version or _rv(self.obj)
 
     @property
     def key(self) -> str:
@@ -143,7 +151,7 @@ class Informer:
             self.resource_version = listing.resourceVersion
         for key in [k for k in self.cache if k not in fresh]:
             old = self.cache.pop(key)
-            self._deliver(WatchEvent(EventType.DELETED, old, old))
+            self._deliver(WatchEvent(EventType.DELETED, old, old, version=self.resource_version))
         self.synced.set()
 
     async def _watch(self) -> None:

@@ -8,6 +8,10 @@ DEVICE_ALLOCATED: Final = "kubegpu.io/device-allocated"
 GPU_MODEL: Final = "kubegpu.io/gpu-model"
 # Written by the node daemon when it has served a container (the handoff's acknowledgement).
 DEVICE_ASSIGNED: Final = "kubegpu.io/device-assigned"
+# On the Node, written by its node daemon: the resourceVersion up to which its view of the node's pods is
+# complete, published when a GPU pod bound there is deleted (and at start). The extender binds the next pod
+# of a deleted waiting pod's kind there only once this reaches the deletion (docs/handoff.md).
+HANDOFF_SEEN: Final = "kubegpu.io/handoff-seen-version"
 # "true": the GPUs of each multi-GPU container must be pairwise NVLink-connected.
 REQUIRE_NVLINK: Final = "kubegpu.io/require-nvlink"
 # Per-pod overrides of the placement policies.

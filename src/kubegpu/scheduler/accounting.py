@@ -112,6 +112,12 @@ class Ledger:
         # and the nodes each pod waits on (to find the rare pod that would otherwise wait on itself).
         self._kind_reasons: dict[tuple[str, int], dict[str, str]] = {}
         self._waits_on: dict[str, set[str]] = {}
+        # node -> the resourceVersion up to which its node daemon's view is complete (A.HANDOFF_SEEN), for nodes
+        # that publish it; and node -> pod that ended while waiting there -> the version of its end. Such a pod
+        # keeps its kind waiting (under a key of its own, _ended) until its node has seen the end: before that,
+        # the node's view may still show it waiting and serve its record to the next pod's call.
+        self.node_seen: dict[str, int] = {}
+        self.ended: dict[str, dict[str, int]] = {}
         # node -> binds waiting in the extender for their turn there (prioritize sends a pod to the shortest queue)
         self.waiting_binds: dict[str, int] = {}
         # Off only where no kubegpu node serves the records (simulations, extender-only tests): there a
@@ -243,14 +249,17 @@ class Ledger:
         rec = self.nodes.get(node or "")
         return rec is not None and rec.state is not None
 
-    def observe_pod(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
-        """A pod from the watch (a dict shaped like a v1.Pod)."""
+    def observe_pod(self, pod: Mapping[str, Any], deleted: bool = False, version: str = "") -> None:
+        """A pod from the watch (a dict shaped like a v1.Pod); ``version``: the resourceVersion of the change
+        when it is not the pod's own (a deletion a relist found)."""
         meta = pod.get("metadata") or {}
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         uid = str(meta.get("uid") or "")
         phase = (pod.get("status") or {}).get("phase")
         if deleted or phase in TERMINAL_PHASES:
             self._unwait(key)
+            if (held := self.held.get(key)) is None or not uid or held.uid == uid:
+                self._keep_waiting_until_seen(key, _rv(version or meta.get("resourceVersion")))
             self.release(key, uid or None)
             return
         node = (pod.get("spec") or {}).get("nodeName") or ""
@@ -297,6 +306,38 @@ class Ledger:
             log.debug("pod %s on %s: served by the node; its shapes no longer wait", key, node)
 
     # ---- the handoff wait ------------------------------------------------------------------------
+    def _keep_waiting_until_seen(self, key: str, version: int) -> None:
+        """``key`` ended (deleted, or failed by its kubelet) at ``version`` while waiting: on each node that
+        publishes how far its view has got and has not got that far, its kinds keep waiting until it has."""
+        for node in list(self._waits_on.get(key, ())):
+            shapes = self.pending.get(node, {}).get(key)
+            seen = self.node_seen.get(node)
+            if not shapes or seen is None or seen >= version:
+                continue
+            ended = key + _ENDED
+            self._set_pending(node, ended, shapes)
+            per = self.ended.setdefault(node, {})
+            per[ended] = max(version, per.get(ended, -1))
+            log.debug("pod %s ended at %d while waiting on %s, whose daemon has seen up to %d: its kinds wait "
+                      "until it has seen that", key, version, node, seen)
+
+    def node_progress(self, node: str, value: str | None) -> None:
+        """``node``'s A.HANDOFF_SEEN (None: not published, or the node is gone): the pods that ended while
+        waiting there, now seen ended by its daemon, stop holding their kinds."""
+        seen = _rv(value) if value is not None else -1
+        if seen < 0:
+            self.node_seen.pop(node, None)  # a daemon that does not publish: nothing to wait for
+        else:
+            self.node_seen[node] = seen
+        per = self.ended.get(node)
+        if not per:
+            return
+        for ended in [k for k, version in per.items() if seen < 0 or version <= seen]:
+            del per[ended]
+            self._drop_pending(node, ended)
+        if not per:
+            del self.ended[node]
+
     def _set_pending(self, node: str, key: str, shapes: frozenset[Shape]) -> None:
         """``key`` on ``node`` waits for the node's handoff with these shapes (replacing what it waited with;
         an empty set keeps its place in the node's order and blocks nothing)."""
@@ -384,6 +425,21 @@ class Ledger:
         return None
 
 
+_ENDED = " (ended)"  # the suffix of a pod's key under which it waits once ended (Ledger._keep_waiting_until_seen)
+
+
+def _rv(value: object) -> int:
+    """A resourceVersion as a number (etcd revisions are); -1 when it is not one."""
+    try:
+        return int(str(value))
+    except ValueError:
+        return -1
+
+
 def _handoff_reason(other: str, count: int, resource: str) -> str:
+    if other.endswith(_ENDED):
+        return (f"pod {other[:-len(_ENDED)]} ended before its node's daemon served it, and the daemon has not "
+                f"seen it end yet: until it has, a call for {count} {resource} there could be served that pod's "
+                "record, so the next such pod waits")
     return (f"pod {other} is being handed to the kubelet with {count} {resource}; the kubelet's calls carry "
             "no pod, so one such pod at a time per node")

@@ -49,6 +49,7 @@ def node_handler(view: ClusterView) -> Any:
             view.remove_node(name)
         else:
             view.set_node_labels(name, ev.obj.metadata.labels or {})
+            view.ledger.node_progress(name, (ev.obj.metadata.annotations or {}).get(A.HANDOFF_SEEN))
     return on_node
 
 
@@ -80,7 +81,7 @@ def pod_handler(view: ClusterView) -> Any:
                 and f"{meta.namespace}/{meta.name}" not in view.held
                 and not view.tracks(node) and (not node or view.ledger.devices_listed)):
             return  # neither a GPU pod of ours nor on a GPU node (most pods of a cluster): skip the conversion
-        view.observe_pod(ev.obj.to_dict(), deleted=ev.type is EventType.DELETED)
+        view.observe_pod(ev.obj.to_dict(), deleted=ev.type is EventType.DELETED, version=ev.version)
     return on_pod
 
 

@@ -104,8 +104,8 @@ class ClusterView(Verbs):
     def expire_assumed(self) -> list[str]:
         return self.ledger.expire_assumed()
 
-    def observe_pod(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
-        self.ledger.observe_pod(pod, deleted)
+    def observe_pod(self, pod: Mapping[str, Any], deleted: bool = False, version: str = "") -> None:
+        self.ledger.observe_pod(pod, deleted, version)
 
     def tracks(self, node: str | None) -> bool:
         return self.ledger.tracks(node)
@@ -126,6 +126,7 @@ class ClusterView(Verbs):
 
     def remove_node(self, name: str) -> None:
         """The Node object is gone: forget its labels (its GPUs go with its Device object)."""
+        self.ledger.node_progress(name, None)
         rec = self.nodes.get(name)
         if rec is not None:
             rec.labels = {}

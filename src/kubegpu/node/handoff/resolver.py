@@ -30,7 +30,7 @@ from lightkube.types import PatchType
 from prometheus_client import CollectorRegistry, Counter
 
 from kubegpu.kube.informer import EventType, WatchEvent
-from kubegpu.kube.resources import Pod
+from kubegpu.kube.resources import Node, Pod
 from kubegpu.kube.threaded import InformerThread
 from kubegpu.kube.writes import emit_event
 from kubegpu.model import annotations as A
@@ -55,6 +55,7 @@ from kubegpu.node.resolver import AllocationRefused, ResolvedAllocation
 log = logging.getLogger(__name__)
 
 
+_PROGRESS = "handoff-seen"  # the writer's key for A.HANDOFF_SEEN (no "/": never a pod's key)
 GIVEN_KEPT = 4096  # records served, remembered until the kubelet shows who holds them (bounded)
 BYPASS_GRACE_S = 5.0  # a whole GPU served without a record counts as held until PodResources can show it
 
@@ -122,6 +123,11 @@ class HandoffResolver:
         self._seq = 0
         self._version: dict[str, int] = {}  # pod -> resourceVersion of the state held
         self._gone: dict[str, None] = {}  # UIDs of pods seen deleted or finished (insertion-ordered)
+        # The resourceVersion up to which this view is complete, as of the last GPU pod seen to end here (or the
+        # last LIST that found one gone), and the one A.HANDOFF_SEEN carries on the Node (written by the acks'
+        # writer): the extender binds the next pod of an ended waiting pod's kind only once it is published.
+        self._seen = -1
+        self._published = -1
         self._gpus: dict[str, tuple[int, int]] = {}  # uuid -> (minor, memory bytes)
         self._mig_parent: dict[str, tuple[str, str]] = {}  # MIG uuid -> (parent GPU uuid, profile)
         self.pod_resources: Callable[[], list[Holding]] | None = None  # the kubelet's own word, when reachable
@@ -157,10 +163,11 @@ class HandoffResolver:
             self.watch.stop()
 
     # ---- feeding -------------------------------------------------------------------------------
-    def observe(self, pod: dict[str, Any], deleted: bool = False) -> None:
+    def observe(self, pod: dict[str, Any], deleted: bool = False, version: str = "") -> None:
         """One version of a pod (watch event or LIST item). Versions older than the one already held,
         and any version of a pod already seen deleted or finished, are ignored: a lagging watch must
-        never bring back a pod, or an older state of it, that a fresher read has moved past."""
+        never bring back a pod, or an older state of it, that a fresher read has moved past.
+        ``version``: the change's resourceVersion when it is not the pod's own (a deletion a relist found)."""
         meta = pod.get("metadata") or {}
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         uid = str(meta.get("uid") or "")
@@ -173,6 +180,8 @@ class HandoffResolver:
                     self._bury(uid)
                 cur = self._pods.get(key)
                 if cur is None or cur.uid == uid or not uid:
+                    if cur is not None and (cur.entries or cur.unrecorded):
+                        self._seen_up_to(_rv(version) if version else rv)
                     self._forget(key)
                 return
             current = self._pods.get(key)
@@ -211,7 +220,34 @@ class HandoffResolver:
                 del self._bypass[g]
 
     def on_event(self, ev: WatchEvent) -> None:
-        self.observe(ev.obj.to_dict(), deleted=ev.type is EventType.DELETED)
+        self.observe(ev.obj.to_dict(), deleted=ev.type is EventType.DELETED, version=ev.version)
+
+    def _seen_up_to(self, version: int) -> None:
+        """A GPU pod bound here ended at ``version`` and this view has everything up to it (the watch delivers
+        in order; a LIST is complete at its own version): publish that on the Node (called under the lock).
+        The extender keeps such a pod's kind waiting here until then, so that this view no longer shows it
+        waiting when the next pod of its kind calls (docs/handoff.md)."""
+        self._seen = max(self._seen, version)
+        if self.acks is not None and self._seen > self._published:
+            self.acks.ask(_PROGRESS)
+
+    def _write_progress(self) -> bool:
+        """One attempt at A.HANDOFF_SEEN (on the writer's thread); True when it is as wanted."""
+        assert self.client is not None
+        with self._lock:
+            seen = self._seen
+        if seen <= self._published:
+            return True
+        try:
+            self.client.patch(Node, self.node, {"metadata": {"annotations": {A.HANDOFF_SEEN: str(seen)}}},
+                              patch_type=PatchType.MERGE)
+        except Exception as e:
+            if getattr(getattr(e, "status", None), "code", None) == 404:
+                return True  # the Node is gone: nobody binds here any more
+            log.warning("node %s: cannot write %s yet (retried with back-off): %s", self.node, A.HANDOFF_SEEN, e)
+            return False
+        self._published = seen
+        return True
 
     def consistent_read(self) -> bool:
         """Replace the local view with a fresh LIST (never under the lock: it is API I/O)."""
@@ -236,10 +272,14 @@ class HandoffResolver:
             cutoff = _rv(snapshot) if snapshot is not None else None
             for key in [k for k in self._pods if k not in present
                         and (cutoff is None or self._version.get(k, -1) <= cutoff)]:
-                uid = self._pods[key].uid
-                if uid:
-                    self._bury(uid)  # bound pods leave a node only by being deleted
+                gone = self._pods[key]
+                if gone.uid:
+                    self._bury(gone.uid)  # bound pods leave a node only by being deleted
+                if cutoff is not None and (gone.entries or gone.unrecorded):
+                    self._seen_up_to(cutoff)
                 self._forget(key)
+            if cutoff is not None and self._published < 0:
+                self._seen_up_to(cutoff)  # the first LIST: this node publishes how far its view has got
         return True
 
     # ---- AllocationResolver --------------------------------------------------------------------
@@ -503,6 +543,8 @@ class HandoffResolver:
         """One attempt (on the writer's thread). True when nothing is left to write: written, already as
         wanted, or the pod gone; False to be retried after back-off (API server or webhook down)."""
         assert self.client is not None
+        if pod_key == _PROGRESS:
+            return self._write_progress()
         ns, name = pod_key.split("/", 1)
         with self._ack_lock:  # one writer at a time: a later acknowledgement never lands first
             with self._lock:
@@ -681,6 +723,7 @@ def make_resolver(client: Client, node: str, *, pod_resources_socket: str = POD_
                                     name=f"handoff-{node}").start()
     resolver.watch.wait_synced(10)
     time.sleep(0)  # let the synced events land
+    resolver.consistent_read()  # complete as of its version, which the Node then carries (A.HANDOFF_SEEN)
     resolver.verifier = Verifier(resolver, pod_resources_socket, verify_interval_s).start()
     resolver.pod_resources = lambda: list_pod_resources(pod_resources_socket, timeout_s=1.0)
     return resolver
