@@ -373,6 +373,17 @@ def test_the_node_publishes_how_far_its_view_has_got_when_a_gpu_pod_ends() -> No
     count = len(written)
     r.observe(bound("cpu-only-2", {"cpu": "1"}, None, rv=41))
     r.observe(bound("cpu-only-2", {"cpu": "1"}, None, rv=42), deleted=True)
+    r.observe(bound("ran", SHARE, one(GC), rv=43))
+    r.observe(bound("ran", SHARE, one(GC), rv=44, phase="Succeeded"))  # it ran: its calls were served
     time.sleep(0.1)
-    assert len(written) == count  # nothing new for a pod without GPUs
+    assert len(written) == count  # nothing new for a pod without GPUs, nor for one that ran
+    # A pod this view never had live: the LIST shows it failed (the kubelet refused it while the watch lagged).
+    listed[:] = [bound("never-seen", SHARE, one(GC), rv=45, phase="Failed")]
+    Listed.resource_version = "50"
+    assert r.consistent_read()
+    wait_for("50")
+    # A lagging watch then delivers a pod that the LIST, newer, did not have: it is not brought back.
+    r.observe(bound("gone-before-the-list", SHARE, one(GA), rv=48))
+    with r._lock:
+        assert "default/gone-before-the-list" not in r._pods
     r.close()

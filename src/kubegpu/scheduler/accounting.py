@@ -258,7 +258,8 @@ class Ledger:
         phase = (pod.get("status") or {}).get("phase")
         if deleted or phase in TERMINAL_PHASES:
             self._unwait(key)
-            if (held := self.held.get(key)) is None or not uid or held.uid == uid:
+            if phase != "Succeeded" and ((held := self.held.get(key)) is None or not uid or held.uid == uid):
+                # (a pod that succeeded ran: its kubelet calls were served)
                 self._keep_waiting_until_seen(key, _rv(version or meta.get("resourceVersion")))
             self.release(key, uid or None)
             return

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -128,6 +129,7 @@ class HandoffResolver:
         # writer): the extender binds the next pod of an ended waiting pod's kind only once it is published.
         self._seen = -1
         self._published = -1
+        self._listed_at = -1  # the version of the last consistent read
         self._gpus: dict[str, tuple[int, int]] = {}  # uuid -> (minor, memory bytes)
         self._mig_parent: dict[str, tuple[str, str]] = {}  # MIG uuid -> (parent GPU uuid, profile)
         self.pod_resources: Callable[[], list[Holding]] | None = None  # the kubelet's own word, when reachable
@@ -163,27 +165,34 @@ class HandoffResolver:
             self.watch.stop()
 
     # ---- feeding -------------------------------------------------------------------------------
-    def observe(self, pod: dict[str, Any], deleted: bool = False, version: str = "") -> None:
+    def observe(self, pod: dict[str, Any], deleted: bool = False, version: str = "", *, listing: bool = False) -> None:
         """One version of a pod (watch event or LIST item). Versions older than the one already held,
         and any version of a pod already seen deleted or finished, are ignored: a lagging watch must
         never bring back a pod, or an older state of it, that a fresher read has moved past.
-        ``version``: the change's resourceVersion when it is not the pod's own (a deletion a relist found)."""
+        ``version``: the change's resourceVersion when it is not the pod's own (a deletion a relist found);
+        ``listing``: an item of a consistent read."""
         meta = pod.get("metadata") or {}
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         uid = str(meta.get("uid") or "")
         rv = _rv(meta.get("resourceVersion"))
         with self._lock:
+            ended = deleted or not is_live_here(pod, self.node)
+            if (ended and (pod.get("status") or {}).get("phase") not in ("Running", "Succeeded")
+                    and (pod.get("spec") or {}).get("nodeName") == self.node and _asks_handoff(pod)):
+                # A GPU pod that may have ended unserved (one that ran was served): whether this view had it or
+                # not (a LIST may have shown it ended first, or not at all).
+                self._seen_up_to(_rv(version) if version else rv)
             if uid and uid in self._gone:
                 return
-            if deleted or not is_live_here(pod, self.node):
+            if ended:
                 if uid and (deleted or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")):
                     self._bury(uid)
                 cur = self._pods.get(key)
                 if cur is None or cur.uid == uid or not uid:
-                    if cur is not None and (cur.entries or cur.unrecorded):
-                        self._seen_up_to(_rv(version) if version else rv)
                     self._forget(key)
                 return
+            if key not in self._pods and rv <= self._listed_at and not listing:
+                return  # older than a LIST that did not have it: gone since (a lagging watch never brings it back)
             current = self._pods.get(key)
             if current is not None and current.uid == uid and rv < self._version.get(key, -1):
                 return  # an older state than the one held (a lagging watch after a fresh LIST)
@@ -262,24 +271,27 @@ class HandoffResolver:
             log.warning("node %s: cannot list pods for the handoff: %s", self.node, e)
             return False
         with self._lock:
+            seen_before = self._seen
             present = set()
             for p in pods:
                 meta = p.get("metadata") or {}
                 present.add(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
-                self.observe(p)
+                self.observe(p, listing=True)
             # A pod the watch delivered while the LIST was on its way, newer than the LIST's snapshot, was bound
             # after it: it is not gone (the watch races the LIST, see _decide).
             cutoff = _rv(snapshot) if snapshot is not None else None
+            ended = self._seen > seen_before  # a GPU pod the LIST shows ended
             for key in [k for k in self._pods if k not in present
                         and (cutoff is None or self._version.get(k, -1) <= cutoff)]:
                 gone = self._pods[key]
                 if gone.uid:
                     self._bury(gone.uid)  # bound pods leave a node only by being deleted
-                if cutoff is not None and (gone.entries or gone.unrecorded):
-                    self._seen_up_to(cutoff)
+                ended = ended or bool(gone.entries or gone.unrecorded)
                 self._forget(key)
-            if cutoff is not None and self._published < 0:
-                self._seen_up_to(cutoff)  # the first LIST: this node publishes how far its view has got
+            if cutoff is not None:
+                self._listed_at = max(self._listed_at, cutoff)
+                if ended or self._published < 0:  # the first LIST: the node publishes how far its view has got
+                    self._seen_up_to(cutoff)
         return True
 
     # ---- AllocationResolver --------------------------------------------------------------------
@@ -693,6 +705,44 @@ class Listed(list[dict[str, Any]]):
     resource_version: str | None = None
 
 
+def _delayed(apply: Callable[[WatchEvent], None], delay_s: float, name: str) -> Callable[[WatchEvent], None]:
+    """``apply`` each event ``delay_s`` after it came, in the order they came, on one thread: a watch that lags
+    still delivers in order."""
+    queue: deque[tuple[float, WatchEvent]] = deque()
+    ready = threading.Condition()
+
+    def run() -> None:
+        while True:
+            with ready:
+                while not queue:
+                    ready.wait()
+                due, ev = queue[0]
+                wait = due - time.monotonic()
+                if wait > 0:
+                    ready.wait(wait)
+                    continue
+                queue.popleft()
+            apply(ev)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+
+    def feed(ev: WatchEvent) -> None:
+        with ready:
+            queue.append((time.monotonic() + delay_s, ev))
+            ready.notify()
+    return feed
+
+
+def _asks_handoff(pod: Mapping[str, Any]) -> bool:
+    """Whether a pod asks a resource whose kubelet calls go through the handoff (its end is worth publishing)."""
+    spec = pod.get("spec") or {}
+    for c in (*(spec.get("containers") or ()), *(spec.get("initContainers") or ())):
+        res = (c or {}).get("resources") or {}
+        if any(M.is_handoff_resource(r) for part in ("limits", "requests") for r in (res.get(part) or {})):
+            return True
+    return False
+
+
 def make_resolver(client: Client, node: str, *, pod_resources_socket: str = POD_RESOURCES_SOCKET,
                   verify_interval_s: float = 30.0, registry: CollectorRegistry | None = None,
                   key: bytes | None = None, inventory: NodeInventory | None = None,
@@ -715,10 +765,7 @@ def make_resolver(client: Client, node: str, *, pod_resources_socket: str = POD_
                                key=key if key is not None else signing.load_key(), inventory=inventory)
     feed: Callable[[WatchEvent], None] = resolver.on_event
     if watch_delay_s > 0:
-        def feed(ev: WatchEvent, _apply: Callable[[WatchEvent], None] = resolver.on_event) -> None:
-            t = threading.Timer(watch_delay_s, _apply, args=(ev,))
-            t.daemon = True
-            t.start()
+        feed = _delayed(resolver.on_event, watch_delay_s, f"handoff-lag-{node}")
     resolver.watch = InformerThread(client, Pod, feed, fields={"spec.nodeName": node},
                                     name=f"handoff-{node}").start()
     resolver.watch.wait_synced(10)
