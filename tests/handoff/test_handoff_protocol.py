@@ -368,8 +368,9 @@ def test_the_node_publishes_how_far_its_view_has_got_when_a_gpu_pod_ends() -> No
     r.observe(bound("q", WHOLE, None, rv=30, phase="Failed"))  # failed by its kubelet, never served
     wait_for("30")
     r.observe(bound("s", SHARE, one(GB), rv=31))
-    r.on_event(WatchEvent(EventType.DELETED, Pod.from_dict(bound("s", SHARE, one(GB), rv=31)), version="40"))
-    wait_for("40")  # a relist found it gone: known as of the LIST's version
+    kept = {"metadata": {"name": "s", "namespace": "default", "uid": "uid-s", "resourceVersion": "31"}}
+    r.on_event(WatchEvent(EventType.DELETED, Pod.from_dict(kept), version="40"))
+    wait_for("40")  # a relist found it gone (its cache kept only its identity): known as of the LIST's version
     count = len(written)
     r.observe(bound("cpu-only-2", {"cpu": "1"}, None, rv=41))
     r.observe(bound("cpu-only-2", {"cpu": "1"}, None, rv=42), deleted=True)

@@ -177,10 +177,7 @@ class HandoffResolver:
         rv = _rv(meta.get("resourceVersion"))
         with self._lock:
             ended = deleted or not is_live_here(pod, self.node)
-            if (ended and (pod.get("status") or {}).get("phase") not in ("Running", "Succeeded")
-                    and (pod.get("spec") or {}).get("nodeName") == self.node and _asks_handoff(pod)):
-                # A GPU pod that may have ended unserved (one that ran was served): whether this view had it or
-                # not (a LIST may have shown it ended first, or not at all).
+            if ended and self._may_end_unserved(key, uid, pod):
                 self._seen_up_to(_rv(version) if version else rv)
             if uid and uid in self._gone:
                 return
@@ -230,6 +227,19 @@ class HandoffResolver:
 
     def on_event(self, ev: WatchEvent) -> None:
         self.observe(ev.obj.to_dict(), deleted=ev.type is EventType.DELETED, version=ev.version)
+
+    def _may_end_unserved(self, key: str, uid: str, pod: Mapping[str, Any]) -> bool:
+        """Whether an ended pod is a GPU pod bound here that may not have been served (one that ran was): by
+        its last state, or by this view's when that state is a tombstone (a deletion a relist found). Whether
+        this view had it or not: a LIST may have shown it ended first, or the watch only its end."""
+        cur = self._pods.get(key)
+        if cur is not None and uid and cur.uid != uid:
+            cur = None  # another pod of that name
+        if (pod.get("status") or {}).get("phase") in ("Running", "Succeeded") or (cur is not None and cur.running):
+            return False
+        if cur is not None and (cur.entries or cur.unrecorded):
+            return True
+        return (pod.get("spec") or {}).get("nodeName") == self.node and _asks_handoff(pod)
 
     def _seen_up_to(self, version: int) -> None:
         """A GPU pod bound here ended at ``version`` and this view has everything up to it (the watch delivers
