@@ -13,6 +13,10 @@ kubelet over real unix sockets. Measured from the kubelet side:
   ``rss_mb``: after the load (every series, the restarts). The daemon runs as the DaemonSet runs
   it: the ``kubegpu`` entry point with ``kubegpu.node.runtime_env.NODE_ENV`` in its environment.
 
+``--node-pods N`` (with ``--cluster``): N running pods bound to the node before the daemon starts, shaped
+as the API server returns a workload's pod (labels, owner, managed fields, two containers with probes, env
+and mounts, status): the handoff watch sees every pod on its node, GPU or not (a node runs up to 110).
+
 ``health_propagation_ms`` (injected Xid -> Unhealthy seen on the ListAndWatch stream) needs
 the fake backend's injection call, so it runs an in-process daemon on the same topology.
 ``--nvml``: the daemon finds the node's GPUs through NVML (no ``--inventory``), as on a real GPU node; GPU
@@ -48,6 +52,75 @@ GPU = "nvidia.com/gpu"
 SLOTS = "kubegpu.io/gpu.shared"
 TOPOLOGY = "dgx1-v100"
 NODE = "node-bench"
+
+
+def node_pod(i: int, node: str) -> dict[str, Any]:
+    """A running, non-GPU workload pod on ``node`` as the API server returns it (about 7 KB of JSON)."""
+    name, uid = f"web-7d9f8c6b5-{i:05d}", f"5f0c1d2e-0000-4000-8000-{i:012d}"
+    labels = {"app.kubernetes.io/name": "web", "app.kubernetes.io/instance": "web-prod",
+              "pod-template-hash": "7d9f8c6b5", "tier": "frontend"}
+    fields = {"f:metadata": {"f:labels": {f"f:{k}": {} for k in labels}, "f:ownerReferences": {}},
+              "f:spec": {"f:containers": {'k:{"name":"web"}': {".": {}, "f:env": {}, "f:image": {},
+                                                                  "f:ports": {}, "f:resources": {}}}}}
+
+    def container(cname: str, port: int) -> dict[str, Any]:
+        probe = {"httpGet": {"path": "/healthz", "port": port, "scheme": "HTTP"}, "initialDelaySeconds": 5,
+                 "periodSeconds": 10, "timeoutSeconds": 1, "successThreshold": 1, "failureThreshold": 3}
+        return {"name": cname, "image": f"registry.example.com/team/{cname}:1.27.3",
+                "args": ["--listen", f":{port}", "--log-format", "json"],
+                "ports": [{"containerPort": port, "name": "http", "protocol": "TCP"}],
+                "env": [{"name": f"SETTING_{k}", "value": f"value-{k}-{i}"} for k in range(8)]
+                + [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}}}],
+                "resources": {"limits": {"cpu": "500m", "memory": "512Mi"},
+                              "requests": {"cpu": "100m", "memory": "128Mi"}},
+                "volumeMounts": [{"name": "config", "mountPath": "/etc/web", "readOnly": True},
+                                 {"name": "kube-api-access-x7k2p", "readOnly": True,
+                                  "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}],
+                "livenessProbe": probe, "readinessProbe": probe, "terminationMessagePath": "/dev/termination-log",
+                "terminationMessagePolicy": "File", "imagePullPolicy": "IfNotPresent",
+                "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True,
+                                    "capabilities": {"drop": ["ALL"]}}}
+
+    def status(cname: str) -> dict[str, Any]:
+        return {"name": cname, "ready": True, "restartCount": 0, "started": True,
+                "image": f"registry.example.com/team/{cname}:1.27.3",
+                "imageID": f"registry.example.com/team/{cname}@sha256:{'ab' * 32}",
+                "containerID": f"containerd://{'%064x' % (i * 7919 + len(cname))}",
+                "state": {"running": {"startedAt": "2026-11-20T08:00:05Z"}}, "lastState": {}}
+
+    conditions = [{"type": t, "status": "True", "lastProbeTime": None, "lastTransitionTime": "2026-11-20T08:00:06Z"}
+                  for t in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled")]
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "generateName": "web-7d9f8c6b5-", "namespace": "prod", "uid": uid,
+                     "creationTimestamp": "2026-11-20T08:00:00Z", "labels": labels,
+                     "annotations": {"kubectl.kubernetes.io/restartedAt": "2026-11-20T07:59:00Z",
+                                     "prometheus.io/scrape": "true"},
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7d9f8c6b5",
+                                          "uid": "0e1f2a3b-0000-4000-8000-000000000001", "controller": True,
+                                          "blockOwnerDeletion": True}],
+                     "managedFields": [{"manager": m, "operation": "Update", "apiVersion": "v1",
+                                        "time": "2026-11-20T08:00:06Z", "fieldsType": "FieldsV1", "fieldsV1": fields}
+                                       for m in ("kube-controller-manager", "kubelet")]},
+        "spec": {"containers": [container("web", 8080), container("sidecar", 9090)],
+                 "volumes": [{"name": "config", "configMap": {"name": "web-config", "defaultMode": 420}},
+                             {"name": "kube-api-access-x7k2p", "projected": {"defaultMode": 420, "sources": [
+                                 {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                                 {"configMap": {"name": "kube-root-ca.crt",
+                                                "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                                 {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {
+                                     "apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}]}}],
+                 "nodeName": node, "restartPolicy": "Always", "dnsPolicy": "ClusterFirst",
+                 "serviceAccountName": "web", "serviceAccount": "web", "schedulerName": "default-scheduler",
+                 "terminationGracePeriodSeconds": 30, "enableServiceLinks": True, "priority": 0,
+                 "preemptionPolicy": "PreemptLowerPriority",
+                 "tolerations": [{"key": f"node.kubernetes.io/{t}", "operator": "Exists", "effect": "NoExecute",
+                                  "tolerationSeconds": 300} for t in ("not-ready", "unreachable")]},
+        "status": {"phase": "Running", "conditions": conditions, "hostIP": "10.0.0.12",
+                   "podIP": f"10.244.1.{i % 250}", "podIPs": [{"ip": f"10.244.1.{i % 250}"}],
+                   "startTime": "2026-11-20T08:00:00Z", "qosClass": "Burstable",
+                   "containerStatuses": [status("web"), status("sidecar")]},
+    }
 
 
 def p(values: list[float], q: float) -> float | None:
@@ -185,6 +258,8 @@ def main() -> None:
     ap.add_argument("--cluster", action="store_true",
                     help="run the daemon as the default DaemonSet does, against a (stand-in) API server: node labels "
                          "published and the handoff resolver watching the node's pods, instead of --standalone")
+    ap.add_argument("--node-pods", type=int, default=0,
+                    help="with --cluster: running non-GPU pods bound to the node before the daemon starts")
     ns = ap.parse_args()
     rng = random.Random(7)
 
@@ -194,6 +269,8 @@ def main() -> None:
     api = ApiServer().start() if ns.cluster else None
     if api is not None:
         api.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        for i in range(ns.node_pods):
+            api.put_object(node_pod(i, NODE))
         mode = ["--node-name", NODE, "--kubeconfig", str(api.write_kubeconfig(tmp / "kubeconfig"))]
     else:
         mode = ["--standalone"]
@@ -221,6 +298,7 @@ def main() -> None:
         result = {
             "topology": "nvml" if ns.nvml else TOPOLOGY,
             "mode": "cluster" if ns.cluster else "standalone",
+            "node_pods": ns.node_pods if ns.cluster else 0,
             "gpus": len(kubelet.healthy(GPU)),
             "allocate_p50_ms": p(lat["allocate"], 0.5),
             "allocate_p99_ms": p(lat["allocate"], 0.99),

@@ -31,7 +31,7 @@ from lightkube.types import PatchType
 from prometheus_client import CollectorRegistry, Counter
 
 from kubegpu.kube.informer import EventType, WatchEvent
-from kubegpu.kube.resources import Node, Pod
+from kubegpu.kube.resources import Node
 from kubegpu.kube.threaded import InformerThread
 from kubegpu.kube.writes import emit_event
 from kubegpu.model import annotations as A
@@ -43,6 +43,7 @@ from kubegpu.model.records import Ack, encode_acks
 from kubegpu.node.handoff import matching as M
 from kubegpu.node.handoff.acks import AckWriter
 from kubegpu.node.handoff.entries import Entry, PodView, is_live_here, pod_view
+from kubegpu.node.handoff.pods import HandoffPod, tombstone
 from kubegpu.node.handoff.verify import (
     POD_RESOURCES_SOCKET,
     Holding,
@@ -584,7 +585,7 @@ class HandoffResolver:
                 ann[signing.ACK_SIGNATURE] = signing.sign(self.key, uid, self.node, value, kind="ack")
             try:
                 # The UID as a precondition: never acknowledge a recreated pod of the same name.
-                self.client.patch(Pod, name, {"metadata": {"annotations": ann, "uid": uid}}, namespace=ns,
+                self.client.patch(HandoffPod, name, {"metadata": {"annotations": ann, "uid": uid}}, namespace=ns,
                                   patch_type=PatchType.MERGE)
             except Exception as e:
                 status = getattr(getattr(e, "status", None), "code", None)
@@ -763,7 +764,7 @@ def make_resolver(client: Client, node: str, *, pod_resources_socket: str = POD_
     delays every watch event (tests and the benchmark: a node whose watch lags the kubelet's)."""
 
     def refresh() -> Iterable[dict[str, Any]]:
-        listing = client.list(Pod, namespace="*", fields={"spec.nodeName": node})
+        listing = client.list(HandoffPod, namespace="*", fields={"spec.nodeName": node})
         out = Listed(p.to_dict() for p in listing)
         try:
             out.resource_version = str(listing.resourceVersion)
@@ -776,8 +777,9 @@ def make_resolver(client: Client, node: str, *, pod_resources_socket: str = POD_
     feed: Callable[[WatchEvent], None] = resolver.on_event
     if watch_delay_s > 0:
         feed = _delayed(resolver.on_event, watch_delay_s, f"handoff-lag-{node}")
-    resolver.watch = InformerThread(client, Pod, feed, fields={"spec.nodeName": node},
-                                    name=f"handoff-{node}").start()
+    # The pods' handoff fields only, and a tombstone of each in the watch's cache (kubegpu.node.handoff.pods).
+    resolver.watch = InformerThread(client, HandoffPod, feed, fields={"spec.nodeName": node},
+                                    name=f"handoff-{node}", keep=tombstone).start()
     resolver.watch.wait_synced(10)
     time.sleep(0)  # let the synced events land
     resolver.consistent_read()  # complete as of its version, which the Node then carries (A.HANDOFF_SEEN)
