@@ -45,7 +45,8 @@ ROLE_SOURCES = {"kubegpu-node": ["node"], "kubegpu-scheduler-extender": ["schedu
                 "kubegpu-dra-node": ["node/dra"]}
 EXCLUDED_SOURCES = {"kubegpu-node": ["node/dra"]}
 KINDS = {"Node": ("", "nodes"), "Node.Status": ("", "nodes/status"), "Pod": ("", "pods"), "SlimPod": ("", "pods"),
-         "Device": ("kubegpu.io", "devices"), "Event": ("", "events"), "Pod.Binding": ("", "pods/binding"),
+         "HandoffPod": ("", "pods"), "Device": ("kubegpu.io", "devices"), "Event": ("", "events"),
+         "Pod.Binding": ("", "pods/binding"),
          "ResourceClaim": ("resource.k8s.io", "resourceclaims"),
          "ResourceSlice": ("resource.k8s.io", "resourceslices")}
 VERB = {"get": "get", "list": "list", "watch": "watch", "patch": "patch", "create": "create", "replace": "update",
