@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from kubegpu.model import annotations as A
 from kubegpu.model import resources as R
 from kubegpu.model import signing
 from kubegpu.model.allocation import ContainerAllocation, DeviceGrant, PodAllocation, encode
+from kubegpu.model.records import read_pod
 from kubegpu.node.handoff import HandoffResolver, make_resolver
 from kubegpu.node.handoff.entries import is_live_here, pod_view
 from kubegpu.node.handoff.pods import HandoffPod, tombstone
@@ -94,8 +96,11 @@ def test_the_watch_keeps_only_a_tombstone_and_a_pod_found_gone_is_forgotten() ->
 def test_the_resolver_watch_caches_tombstones_and_serves_from_slim_pods() -> None:
     with ApiServer() as api:
         tmp = Path(tempfile.mkdtemp(prefix="kgh-"))
-        for name in ("p1", "p2"):
-            api.put_object(workload_pod(name, record=name == "p1"))
+        plain = workload_pod("p2", record=False)  # no GPU: the watch sees every pod on its node
+        plain["spec"].pop("initContainers")
+        plain["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
+        for pod in (workload_pod("p1"), plain):
+            api.put_object(pod)
         resolver = make_resolver(make_client(api.write_kubeconfig(tmp / "kubeconfig")), NODE,
                                  pod_resources_socket=str(tmp / "pr.sock"), key=KEY)
         try:
@@ -105,5 +110,15 @@ def test_the_resolver_watch_caches_tombstones_and_serves_from_slim_pods() -> Non
             assert all(set(p.to_dict()) == {"metadata"} for p in cache.values())
             assert resolver.pending_count(R.GPU_SLOTS, 1) == 1
             assert resolver.consistent_read() and resolver.pending_count(R.GPU_SLOTS, 1) == 1
+            # Served, and acknowledged through a patch whose answer decodes as a HandoffPod.
+            got = resolver.resolve(R.GPU_SLOTS, ["GPU-aaaa::3"])
+            assert got is not None and got.pod == "default/p1"
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and A.DEVICE_ASSIGNED not in (
+                    api.get_object("pods", "p1", "default")["metadata"].get("annotations") or {}):
+                time.sleep(0.05)
+            ann = api.get_object("pods", "p1", "default")["metadata"]["annotations"]
+            assert read_pod({"metadata": {"uid": "uid-p1", "annotations": ann}, "spec": {"nodeName": NODE}},
+                            KEY).acks["c0"].devices == ("GPU-aaaa::3",)
         finally:
             resolver.close()
