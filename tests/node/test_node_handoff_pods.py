@@ -1,6 +1,6 @@
 """The handoff reads pods in their slim form (kubegpu.node.handoff.pods) and sees what it saw in full
-lightkube models; its watch keeps a tombstone of each pod, and a pod found gone at a relist is still
-forgotten."""
+lightkube models; its watch keeps a tombstone of each pod (no annotations), and a pod found gone at a
+relist is still forgotten."""
 
 from __future__ import annotations
 
@@ -82,8 +82,10 @@ def test_the_handoff_pod_reads_what_the_full_model_reads() -> None:
 def test_the_watch_keeps_only_a_tombstone_and_a_pod_found_gone_is_forgotten() -> None:
     pod = msgspec.json.decode(json.dumps(workload_pod("p1")).encode(), type=HandoffPod)
     kept = tombstone(pod)
+    full = pod.to_dict()
     assert kept.to_dict() == {"metadata": {"name": "p1", "namespace": "default", "uid": "uid-p1",
-                                           "resourceVersion": "7"}}
+                                           "resourceVersion": "7"},
+                              "spec": full["spec"], "status": full["status"]}  # no annotations, no record
     resolver = HandoffResolver(NODE, key=KEY)
     resolver.observe(pod.to_dict())
     assert resolver.pending_count(R.GPU_SLOTS, 1) == 1
@@ -107,7 +109,8 @@ def test_the_resolver_watch_caches_tombstones_and_serves_from_slim_pods() -> Non
             assert resolver.watch is not None and resolver.watch.informer is not None
             cache = resolver.watch.informer.cache
             assert sorted(cache) == ["default/p1", "default/p2"]
-            assert all(set(p.to_dict()) == {"metadata"} for p in cache.values())
+            assert all(set(p.to_dict()["metadata"]) == {"name", "namespace", "uid", "resourceVersion"}
+                       and set(p.to_dict()["spec"]["containers"][0]) == {"name", "resources"} for p in cache.values())
             assert resolver.pending_count(R.GPU_SLOTS, 1) == 1
             assert resolver.consistent_read() and resolver.pending_count(R.GPU_SLOTS, 1) == 1
             # Served, and acknowledged through a patch whose answer decodes as a HandoffPod.
@@ -122,3 +125,21 @@ def test_the_resolver_watch_caches_tombstones_and_serves_from_slim_pods() -> Non
                             KEY).acks["c0"].devices == ("GPU-aaaa::3",)
         finally:
             resolver.close()
+
+
+def test_a_relist_deletion_of_a_tombstone_counts_as_the_full_pod_did() -> None:
+    """A GPU pod seen failed (this view forgot it), then deleted while the watch was down: the relist hands
+    over the watch cache's tombstone, and the node publishes that its view has seen up to the LIST's version,
+    as it did when the cache held the full pod."""
+    from kubegpu.kube.informer import EventType, WatchEvent
+
+    failed = workload_pod("f1", phase="Failed")
+    seen = []
+    for kept in (Pod.from_dict(failed), tombstone(msgspec.json.decode(json.dumps(failed).encode(),
+                                                                       type=HandoffPod))):
+        r = HandoffResolver(NODE, key=KEY)
+        r.observe(workload_pod("f1"))
+        r.observe(failed)
+        r.on_event(WatchEvent(EventType.DELETED, kept, kept, version="40"))
+        seen.append(r._seen)
+    assert seen == [40, 40]

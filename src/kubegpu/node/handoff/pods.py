@@ -10,7 +10,7 @@ allocator arenas a few long-lived objects pin. :class:`HandoffPod` is the extend
 :class:`~kubegpu.kube.slim.SlimPod` (what ``model.request.parse_pod`` and ``model.records.read_pod``
 consult: identity, version, annotations, containers' resources, node, phase) plus the creation time
 that ranks the node's waiting records (:func:`kubegpu.node.handoff.entries.pod_view`); its ``to_dict``
-gives those fields as the full model's ``to_dict`` does.
+gives those fields as the full model's ``to_dict`` does. The watch's cache keeps a :func:`tombstone`.
 """
 
 from __future__ import annotations
@@ -29,9 +29,12 @@ class HandoffPod(SlimPod, omit_defaults=True):
 
 
 def tombstone(pod: HandoffPod) -> HandoffPod:
-    """What the watch's cache keeps of a pod: its identity and version. The resolver keeps its own view
-    (:class:`~kubegpu.node.handoff.entries.PodView`) and reads nothing else of a pod the informer finds
-    gone at a relist (it forgets that pod by its name and UID)."""
+    """What the watch's cache keeps of a pod: its identity and version, node, phase and containers'
+    resources, without its annotations (the records, and whatever else is there: often the client's
+    last-applied configuration). The resolver keeps its own view
+    (:class:`~kubegpu.node.handoff.entries.PodView`); of a pod the informer finds gone at a relist it reads
+    those fields only (whether it was a GPU pod here that may have ended unserved, and which to forget)."""
     meta = pod.metadata or HandoffMeta()
     return HandoffPod(metadata=HandoffMeta(name=meta.name, namespace=meta.namespace, uid=meta.uid,
-                                           resourceVersion=meta.resourceVersion))
+                                           resourceVersion=meta.resourceVersion),
+                      spec=pod.spec, status=pod.status)
