@@ -5,8 +5,8 @@ The resolver watches and lists every pod bound to its node, GPU or not (a node r
 into lightkube's full ``Pod`` model, a workload's pod is ~25 KB of Python objects (containers' env,
 probes, mounts, status, managed fields), and every consistent read decoded all of them again: measured
 on the 8-GPU bench with 110 such pods (``bench/node.py --cluster --node-pods 110``), the informer's cache
-of full pods held 2.7 MB and the reads' garbage left the daemon 6-9 MB larger after the load, in
-allocator arenas a few long-lived objects pin. :class:`HandoffPod` is the extender's
+of full pods and the LISTs' garbage (in allocator arenas a few long-lived objects pin) made the daemon
+6.7 MB larger once registered and 8-9 MB larger after the load. :class:`HandoffPod` is the extender's
 :class:`~kubegpu.kube.slim.SlimPod` (what ``model.request.parse_pod`` and ``model.records.read_pod``
 consult: identity, version, annotations, containers' resources, node, phase) plus the creation time
 that ranks the node's waiting records (:func:`kubegpu.node.handoff.entries.pod_view`); its ``to_dict``
