@@ -86,7 +86,8 @@ def run_kubegpu(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[
     """``kubegpu <args>`` as the console script runs it; stderr's last line lists the heavy modules loaded."""
     code = ("import atexit, sys\n"
             "atexit.register(lambda: print(json.dumps(sorted(m for m in ('typer', 'rich', 'pydantic', 'click', "
-            "'numpy', 'kubegpu.cli.node', 'kubegpu.placement.cluster') if m in sys.modules)), file=sys.stderr))\n"
+            "'numpy', 'kubegpu.cli.node', 'kubegpu.placement.cluster', 'h2') if sys.modules.get(m) is not None)), "
+            "file=sys.stderr))\n"
             "import json\n"
             "from kubegpu.cli.main import app\n"
             "sys.exit(app())\n")
@@ -110,6 +111,28 @@ def test_node_daemon_process_loads_no_cli_framework(tmp_path: Path) -> None:
     assert plans.returncode == 0, plans.stderr
     assert "nvidia.com/gpu" in [p["resource"] for p in json.loads(plans.stdout)]
     assert loaded(plans) == []
+
+
+def test_node_daemon_in_a_cluster_talks_to_the_api_server_without_loading_http2(tmp_path: Path) -> None:
+    """lightkube never speaks HTTP/2 (issue 23: h2 is 1.2-1.5 MB of the daemon's budget): the daemon runs against
+    the (stand-in) API server with h2 never imported, and its writes land (the handoff's start-up publication)."""
+    from kubegpu.model import annotations as A
+    from kubegpu_standins.apiserver import ApiServer
+
+    api = ApiServer().start()
+    try:
+        api.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        result = run_kubegpu(["node", "--inventory", "dgx1-v100", "--node-name", "n1", "--kubeconfig",
+                              str(kubeconfig), "--device-plugin-dir", str(tmp_path / "dp"), "--cdi-spec-dir",
+                              str(tmp_path / "cdi"), "--metrics-address", "0", "--run-for", "1.5",
+                              "--log-level", "warning"], tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert loaded(result) == []
+        node = api.get_object("nodes", "n1")
+        assert A.HANDOFF_SEEN in (node["metadata"].get("annotations") or {}), node["metadata"]
+    finally:
+        api.stop()
 
 
 def test_node_help_and_bad_input_still_get_typers_answers(tmp_path: Path) -> None:
