@@ -243,7 +243,7 @@ def skip_http2() -> None:
     nothing here asks for). Only before httpcore2 is first imported, and only for a process that is the
     node daemon."""
     if "httpcore2" not in sys.modules:
-        sys.modules.setdefault("h2", None)
+        sys.modules.setdefault("h2", None)  # type: ignore[arg-type]  # None: "not importable" (the import system)
 
 
 def run_node(args: NodeArgs, backend_factory: Callable[..., Any] = _backend) -> int:
