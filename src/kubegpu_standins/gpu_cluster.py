@@ -395,7 +395,7 @@ class GpuCluster:
             return True
         try:
             node = self._filter_and_score(pod)
-        except ExtenderUnavailable as exc:
+        except Exception as exc:  # an extender unreachable mid-cycle (a restart), or answering Error
             # kube-scheduler: an extender that errs (unreachable, or an answer carrying Error) fails the
             # scheduling cycle with an error, not Unschedulable: the pod goes to the back-off queue.
             with self._bind_lock:
@@ -431,8 +431,11 @@ class GpuCluster:
             return None
         best: str = passed[0]
         if len(passed) > 1:
-            scores = self.http.post(f"{ext.url}/scheduler/prioritize", json={**args, "NodeNames": passed}).json()
-            best = max(scores, key=lambda h: (h["Score"], h["Host"]))["Host"]
+            try:
+                scores = self.http.post(f"{ext.url}/scheduler/prioritize", json={**args, "NodeNames": passed}).json()
+                best = max(scores, key=lambda h: (h["Score"], h["Host"]))["Host"]
+            except Exception:  # kube-scheduler: "No score given by this extender", and the cycle goes on
+                pass
         return best
 
     def _unacknowledged_alike(self, pod: Mapping[str, Any], node: str) -> int:

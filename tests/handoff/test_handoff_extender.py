@@ -172,5 +172,11 @@ def test_an_ended_pod_waits_for_nothing_on_a_node_that_does_not_publish_or_has_s
     view.observe_pod(waiting)
     view.observe_pod(dict(waiting, metadata=dict(waiting["metadata"], resourceVersion="16")), deleted=True)
     assert view.ledger.handoff_blocked(nxt, parse_pod(nxt))
+    view.ledger.node_progress("n", "15x")  # not a version (a hand-edited annotation): as if not published
+    assert view.ledger.handoff_blocked(nxt, parse_pod(nxt)) == {}
+    view.ledger.node_progress("n", "15")
+    view.observe_pod(waiting)
+    view.observe_pod(dict(waiting, metadata=dict(waiting["metadata"], resourceVersion="16")), deleted=True)
+    assert view.ledger.handoff_blocked(nxt, parse_pod(nxt))
     view.remove_node("n")  # the Node gone: nothing will ever be seen there
     assert view.ledger.handoff_blocked(nxt, parse_pod(nxt)) == {}

@@ -48,11 +48,6 @@ class WatchEvent:
     version: str = ""
 
     @property
-    def known_at(self) -> str:
-        """The resourceVersion at which this change had happened."""
-        return self.version or _rv(self.obj)
-
-    @property
     def key(self) -> str:
         return object_key(self.obj)
 

@@ -9,8 +9,8 @@ GPU_MODEL: Final = "kubegpu.io/gpu-model"
 # Written by the node daemon when it has served a container (the handoff's acknowledgement).
 DEVICE_ASSIGNED: Final = "kubegpu.io/device-assigned"
 # On the Node, written by its node daemon: the resourceVersion up to which its view of the node's pods is
-# complete, published when a GPU pod bound there is deleted (and at start). The extender binds the next pod
-# of a deleted waiting pod's kind there only once this reaches the deletion (docs/handoff.md).
+# complete, published when it learns that a GPU pod bound there ended unserved (and at start). The extender
+# binds the next pod of such a pod's kind there only once this reaches the end (docs/handoff.md).
 HANDOFF_SEEN: Final = "kubegpu.io/handoff-seen-version"
 # "true": the GPUs of each multi-GPU container must be pairwise NVLink-connected.
 REQUIRE_NVLINK: Final = "kubegpu.io/require-nvlink"

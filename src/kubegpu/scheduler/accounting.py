@@ -24,6 +24,7 @@ from kubegpu.model import signing
 from kubegpu.model.allocation import PodAllocation
 from kubegpu.model.records import Shape, ambiguous, read_pod, request_shapes
 from kubegpu.model.request import PodRequest
+from kubegpu.model.versions import version_number as _rv
 from kubegpu.placement import Demand, PlacementConflict
 from kubegpu.placement.workload import LearnedWorkload
 from kubegpu.scheduler.mirror import ArrayMirror
@@ -427,14 +428,6 @@ class Ledger:
 
 
 _ENDED = " (ended)"  # the suffix of a pod's key under which it waits once ended (Ledger._keep_waiting_until_seen)
-
-
-def _rv(value: object) -> int:
-    """A resourceVersion as a number (etcd revisions are); -1 when it is not one."""
-    try:
-        return int(str(value))
-    except ValueError:
-        return -1
 
 
 def _handoff_reason(other: str, count: int, resource: str) -> str:

@@ -40,6 +40,7 @@ from kubegpu.model import signing
 from kubegpu.model.allocation import DeviceGrant
 from kubegpu.model.inventory import NodeInventory
 from kubegpu.model.records import Ack, encode_acks
+from kubegpu.model.versions import version_number as _rv
 from kubegpu.node.handoff import matching as M
 from kubegpu.node.handoff.acks import AckWriter
 from kubegpu.node.handoff.entries import Entry, PodView, is_live_here, pod_view
@@ -60,14 +61,6 @@ log = logging.getLogger(__name__)
 _PROGRESS = "handoff-seen"  # the writer's key for A.HANDOFF_SEEN (no "/": never a pod's key)
 GIVEN_KEPT = 4096  # records served, remembered until the kubelet shows who holds them (bounded)
 BYPASS_GRACE_S = 5.0  # a whole GPU served without a record counts as held until PodResources can show it
-
-
-def _rv(value: object) -> int:
-    """A resourceVersion as a number (etcd revisions are); unparsable ones compare as the oldest."""
-    try:
-        return int(str(value))
-    except ValueError:
-        return -1
 
 
 class HandoffMetrics:
