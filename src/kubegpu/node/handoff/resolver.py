@@ -185,8 +185,10 @@ class HandoffResolver:
             if key not in self._pods and rv <= self._listed_at and not listing:
                 return  # older than a LIST that did not have it: gone since (a lagging watch never brings it back)
             current = self._pods.get(key)
-            if current is not None and current.uid == uid and rv < self._version.get(key, -1):
-                return  # an older state than the one held (a lagging watch after a fresh LIST)
+            if current is not None and current.uid == uid and rv <= self._version.get(key, -1):
+                # An older state than the one held (a lagging watch after a fresh LIST), or the same one again (a
+                # LIST): nothing to read again, and the view keeps the acknowledgements written since.
+                return
             if current is not None and current.uid == uid:
                 seen = current.seen
             else:
