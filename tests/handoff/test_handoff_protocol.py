@@ -18,7 +18,7 @@ from kubegpu.model import annotations as A
 from kubegpu.model import resources as R
 from kubegpu.model import signing
 from kubegpu.model.allocation import ContainerAllocation, DeviceGrant, PodAllocation, encode
-from kubegpu.model.records import decode_acks
+from kubegpu.model.records import Ack, decode_acks
 from kubegpu.node.handoff import HandoffResolver
 from kubegpu.node.resolver import AllocationRefused
 
@@ -388,3 +388,21 @@ def test_the_node_publishes_how_far_its_view_has_got_when_a_gpu_pod_ends() -> No
     with r._lock:
         assert "default/gone-before-the-list" not in r._pods
     r.close()
+
+
+def test_a_list_does_not_read_again_a_pod_at_the_version_held() -> None:
+    """The same version is the same object: a consistent read skips it (110 pods a node), and the view keeps
+    what it learnt since (an acknowledgement written, not yet echoed by the watch)."""
+    pod = bound("p", SHARE, one(GA), rv=7)
+    r = HandoffResolver(NODE, key=KEY, refresh=lambda: [pod])
+    r.observe(pod)
+    served = {"c0": Ack(R.GPU_SLOTS, (f"{GA}::1",), (grant(GA),))}
+    with r._lock:
+        view = r._pods["default/p"]
+        view.acks = dict(served)
+    assert r.consistent_read()
+    with r._lock:
+        assert r._pods["default/p"] is view and view.acks == served
+    r.observe(bound("p", SHARE, one(GA), rv=8))  # a newer version is read
+    with r._lock:
+        assert r._pods["default/p"] is not view
