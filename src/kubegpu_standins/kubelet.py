@@ -768,7 +768,7 @@ class PodAdmitter:
             if ev.type is EventType.DELETED:
                 self.kubelet.release_pod(key)
                 with self._cond:
-                    self._seen.discard(uid)  # not admitted yet: never will be (_run skips it)
+                    self._seen.discard(uid)  # if still queued, never admitted: _run skips it
                 return
             phase = (pod.get("status") or {}).get("phase")
             with self._cond:

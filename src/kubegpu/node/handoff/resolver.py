@@ -39,7 +39,8 @@ from kubegpu.model import resources as R
 from kubegpu.model import signing
 from kubegpu.model.allocation import DeviceGrant
 from kubegpu.model.inventory import NodeInventory
-from kubegpu.model.records import Ack, encode_acks
+from kubegpu.model.records import Ack, encode_acks, request_shapes
+from kubegpu.model.request import parse_pod
 from kubegpu.model.versions import version_number as _rv
 from kubegpu.node.handoff import matching as M
 from kubegpu.node.handoff.acks import AckWriter
@@ -224,10 +225,12 @@ class HandoffResolver:
     def on_event(self, ev: WatchEvent) -> None:
         self.observe(ev.obj.to_dict(), deleted=ev.type is EventType.DELETED, version=ev.version)
 
-    def _may_end_unserved(self, key: str, uid: str, pod: Mapping[str, Any]) -> bool:
+    def _may_end_unserved(self, key: str, uid: str, pod: Mapping[str, Any] | None = None) -> bool:
         """Whether an ended pod is a GPU pod bound here that may not have been served (one that ran was): by
-        its last state, or by this view's when that state is a tombstone (a deletion a relist found). Whether
-        this view had it or not: a LIST may have shown it ended first, or the watch only its end."""
+        its last state, or by this view's when that state is a tombstone (a deletion a relist found) or is not
+        given (a LIST no longer has the pod). Whether this view had it or not: a LIST may have shown it ended
+        first, or the watch only its end. A pod waits in the extender by the same rule (``request_shapes``)."""
+        pod = pod or {}
         cur = self._pods.get(key)
         if cur is not None and uid and cur.uid != uid:
             cur = None  # another pod of that name
@@ -235,7 +238,7 @@ class HandoffResolver:
             return False
         if cur is not None and (cur.entries or cur.unrecorded):
             return True
-        return (pod.get("spec") or {}).get("nodeName") == self.node and _asks_handoff(pod)
+        return (pod.get("spec") or {}).get("nodeName") == self.node and bool(request_shapes(parse_pod(pod)))
 
     def _seen_up_to(self, version: int) -> None:
         """A GPU pod bound here ended at ``version`` and this view has everything up to it (the watch delivers
@@ -289,10 +292,10 @@ class HandoffResolver:
             ended = self._seen > seen_before  # a GPU pod the LIST shows ended
             for key in [k for k in self._pods if k not in present
                         and (cutoff is None or self._version.get(k, -1) <= cutoff)]:
-                gone = self._pods[key]
-                if gone.uid:
-                    self._bury(gone.uid)  # bound pods leave a node only by being deleted
-                ended = ended or bool(gone.entries or gone.unrecorded)
+                uid = self._pods[key].uid
+                ended = ended or self._may_end_unserved(key, uid)
+                if uid:
+                    self._bury(uid)  # bound pods leave a node only by being deleted
                 self._forget(key)
             if cutoff is not None:
                 self._listed_at = max(self._listed_at, cutoff)
@@ -737,16 +740,6 @@ def _delayed(apply: Callable[[WatchEvent], None], delay_s: float, name: str) -> 
             queue.append((time.monotonic() + delay_s, ev))
             ready.notify()
     return feed
-
-
-def _asks_handoff(pod: Mapping[str, Any]) -> bool:
-    """Whether a pod asks a resource whose kubelet calls go through the handoff (its end is worth publishing)."""
-    spec = pod.get("spec") or {}
-    for c in (*(spec.get("containers") or ()), *(spec.get("initContainers") or ())):
-        res = (c or {}).get("resources") or {}
-        if any(M.is_handoff_resource(r) for part in ("limits", "requests") for r in (res.get(part) or {})):
-            return True
-    return False
 
 
 def make_resolver(client: Client, node: str, *, pod_resources_socket: str = POD_RESOURCES_SOCKET,
