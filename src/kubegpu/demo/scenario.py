@@ -41,6 +41,7 @@ from kubegpu.demo.verify import (
     EndState,
     Run,
     XidFault,
+    handoff_mismatches,
     record_of,
     replica_overlaps,
     verify,
@@ -57,6 +58,7 @@ NODES: tuple[NodeSpec, ...] = (
     NodeSpec("a100-mig", "a100-mig", (*NODE_FLAGS, "--mig-strategy", "mixed", "--resource-config",
                                       "gpu:sharedgpu:4", "--shared-slots", "0")),
 )
+ACK_WAIT_S = 15.0  # the end state waits this long at most for acknowledgements still on their way
 XID = 48  # double-bit ECC error: critical, the GPU is marked Unhealthy
 XID_MESSAGE = "double-bit ECC error (injected by kubegpu demo)"
 
@@ -373,7 +375,16 @@ def _end_state(cluster: LocalCluster, tr: _Tracker, inventories: dict[str, NodeI
                xid: XidFault | None, after: set[str]) -> EndState:
     from kubegpu.kube.resources import Pod
 
-    pods = {f"{p.metadata.namespace}/{p.metadata.name}": p.to_dict() for p in cluster.client.list(Pod, namespace="*")}
+    # Acknowledgements are written after the Allocate answers, retried until they land (docs/handoff.md): the
+    # last ones may still be on their way on a loaded machine. Read until they are in, or ACK_WAIT_S has passed
+    # (check_handoff then reports what is missing or wrong).
+    deadline = time.monotonic() + ACK_WAIT_S
+    while True:
+        pods = {f"{p.metadata.namespace}/{p.metadata.name}": p.to_dict()
+                for p in cluster.client.list(Pod, namespace="*")}
+        if not handoff_mismatches(pods, tr.runs)[0] or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     unhealthy = {name: {d for st in k.resources.values() for d in st.unhealthy} for name, k in cluster.kubelets.items()}
     from kubegpu.status.sources import SourceError, from_extender
 

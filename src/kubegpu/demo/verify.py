@@ -226,12 +226,13 @@ def check_xid(state: EndState) -> list[Check]:
     return out
 
 
-def check_handoff(state: EndState) -> Check:
-    """The node daemon's acknowledgement (``kubegpu.io/device-assigned``) names, per container, exactly the
-    device IDs the kubelet allocated: each Allocate was matched to its own pod's record."""
-    wrong, checked = [], 0
-    for r in state.runs:
-        pod = state.pods.get(r.pod)
+def handoff_mismatches(pods: Mapping[str, Mapping[str, Any]], runs: Iterable[Run]) -> tuple[list[str], int]:
+    """Containers whose acknowledgement (``kubegpu.io/device-assigned``) does not name exactly the device IDs
+    the kubelet allocated (or is not written yet), and how many allocations were compared."""
+    wrong: list[str] = []
+    checked = 0
+    for r in runs:
+        pod = pods.get(r.pod)
         served = {res: ids for res, ids in r.devices.items() if res in ACCOUNTED}
         if pod is None or not served or record_of(pod) is None:
             continue
@@ -245,6 +246,13 @@ def check_handoff(state: EndState) -> Check:
                     sorted(acked.get("devices") or []) != sorted(ids):
                 wrong.append(f"{r.pod}[{r.container}]: kubelet allocated {res} {list(ids)}, acknowledged {acked}")
             checked += 1
+    return wrong, checked
+
+
+def check_handoff(state: EndState) -> Check:
+    """The node daemon's acknowledgement (``kubegpu.io/device-assigned``) names, per container, exactly the
+    device IDs the kubelet allocated: each Allocate was matched to its own pod's record."""
+    wrong, checked = handoff_mismatches(state.pods, state.runs)
     if wrong:
         return Check("handoff acknowledged", False, "; ".join(wrong))
     return Check("handoff acknowledged", True,
