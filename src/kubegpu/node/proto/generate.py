@@ -1,6 +1,10 @@
 """Regenerate the committed gRPC stubs from ``.proto`` files: the device plugin's here, DRA's in
 ``kubegpu.node.dra.proto`` (each package names its protos through :class:`StubSet`).
 
+Two kinds of service stubs come from each file: ``*_grpc.py`` for grpclib, which the node daemon
+serves and calls with (:mod:`kubegpu.node.rpc`), and ``*_pb2_grpc.py`` for grpcio, which the
+stand-in kubelets and the tests use, as a kubelet's own gRPC stack would.
+
 The stubs are committed so the node daemon needs no build step; this script (and the
 tests that compare its output with the committed files) keeps them from going stale.
 Run: ``python -m kubegpu.node.proto.generate`` (or with ``--check`` to only compare).
@@ -16,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-SUFFIXES = ("_pb2.py", "_pb2_grpc.py", "_pb2.pyi")
+SUFFIXES = ("_pb2.py", "_pb2_grpc.py", "_pb2.pyi", "_grpc.py")
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,10 @@ class StubSet:
         from grpc_tools import protoc  # type: ignore[import-untyped]  # dev dependency, only to generate
 
         include = Path(grpc_tools.__file__).parent / "_proto"
+        # grpclib installs its protoc plugin as a script beside the interpreter (or on PATH).
+        plugin = Path(sys.executable).parent / "protoc-gen-grpclib_python"
+        if not plugin.exists():
+            plugin = Path(shutil.which("protoc-gen-grpclib_python") or plugin)
         rel = self.proto_dir.relative_to(self.src_root)
         args = [
             "grpc_tools.protoc",
@@ -45,6 +53,8 @@ class StubSet:
             f"--python_out={out_dir}",
             f"--pyi_out={out_dir}",
             f"--grpc_python_out={out_dir}",
+            f"--plugin=protoc-gen-grpclib_python={plugin}",
+            f"--grpclib_python_out={out_dir}",
             *(str(rel / p) for p in self.protos),
         ]
         rc = protoc.main(args)

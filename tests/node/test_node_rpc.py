@@ -1,0 +1,200 @@
+"""The node daemon's gRPC runtime (kubegpu.node.rpc), served over a real unix socket and called by grpcio,
+a different gRPC implementation, as the kubelet's grpc-go is: unary calls on the loop and in a thread,
+statuses, the request bound, streams that see their client leave, graceful stop, and the client side."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+
+from kubegpu.node import rpc
+from kubegpu.node.proto import deviceplugin_grpc as dp_grpc
+from kubegpu.node.proto import deviceplugin_pb2 as pb
+from kubegpu.node.proto import deviceplugin_pb2_grpc as pb_grpc
+
+
+class _Plugin(dp_grpc.DevicePluginBase):
+    """A device plugin whose Allocate echoes its IDs, refuses "bad", and blocks on "slow"."""
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(2)
+        self.release = threading.Event()
+        self.versions = threading.Condition()
+        self.version = 0
+        self.ended = threading.Event()
+        self.loop_threads: set[str] = set()
+
+    def allocate(self, req: pb.AllocateRequest) -> pb.AllocateResponse:
+        self.loop_threads.add(threading.current_thread().name)
+        resp = pb.AllocateResponse()
+        for c in req.container_requests:
+            if "bad" in c.devices_ids:
+                raise rpc.RpcAbort(rpc.Status.INVALID_ARGUMENT, "device bad is not known")
+            if "boom" in c.devices_ids:
+                raise KeyError("boom")
+            if "slow" in c.devices_ids:
+                self.release.wait(10)
+            resp.container_responses.add().envs["IDS"] = ",".join(c.devices_ids)
+        return resp
+
+    def watch(self, req: pb.Empty, ctx: rpc.StreamContext):  # type: ignore[no-untyped-def]
+        ctx.add_callback(self.ended.set)
+        seen = -1
+        while ctx.is_active():
+            with self.versions:
+                if self.version == seen:
+                    self.versions.wait(0.1)
+                    continue
+                seen = self.version
+            yield pb.ListAndWatchResponse(devices=[pb.Device(ID=f"v{seen}", health="Healthy")])
+
+    async def GetDevicePluginOptions(self, stream) -> None:  # type: ignore[no-untyped-def]
+        await rpc.answer(stream, lambda _: pb.DevicePluginOptions(get_preferred_allocation_available=True))
+
+    async def ListAndWatch(self, stream) -> None:  # type: ignore[no-untyped-def]
+        await rpc.stream_out(stream, self.watch, "test-watch")
+
+    async def GetPreferredAllocation(self, stream) -> None:  # type: ignore[no-untyped-def]
+        await rpc.answer(stream, lambda _: pb.PreferredAllocationResponse())
+
+    async def Allocate(self, stream) -> None:  # type: ignore[no-untyped-def]
+        await rpc.answer(stream, self.allocate, executor=self.pool)
+
+    async def PreStartContainer(self, stream) -> None:  # type: ignore[no-untyped-def]
+        await rpc.answer(stream, lambda _: pb.PreStartContainerResponse())
+
+
+@pytest.fixture
+def served(tmp_path: Path):  # type: ignore[no-untyped-def]
+    plugin = _Plugin()
+    server = rpc.UnixServer([plugin], tmp_path / "dp.sock")
+    server.start()
+    channel = grpc.insecure_channel(f"unix://{server.path}")
+    yield plugin, server, pb_grpc.DevicePluginStub(channel)
+    plugin.release.set()
+    channel.close()
+    server.stop()
+
+
+def _allocate(*ids: str) -> pb.AllocateRequest:
+    return pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=list(ids))])
+
+
+def test_unary_calls_answer_and_map_statuses(served) -> None:  # type: ignore[no-untyped-def]
+    plugin, _, stub = served
+    assert stub.GetDevicePluginOptions(pb.Empty(), timeout=5).get_preferred_allocation_available
+    assert stub.Allocate(_allocate("a", "b"), timeout=5).container_responses[0].envs["IDS"] == "a,b"
+    assert all(name != "grpc-loop" for name in plugin.loop_threads), "a handler given an executor ran on the loop"
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.Allocate(_allocate("bad"), timeout=5)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details() == "device bad is not known"
+    with pytest.raises(grpc.RpcError) as failed:
+        stub.Allocate(_allocate("boom"), timeout=5)
+    assert failed.value.code() == grpc.StatusCode.INTERNAL
+    assert "boom" in failed.value.details()
+    # The server goes on answering after both.
+    assert stub.Allocate(_allocate("c"), timeout=5).container_responses[0].envs["IDS"] == "c"
+
+
+def test_a_request_over_the_limit_is_refused_before_it_is_read(served) -> None:  # type: ignore[no-untyped-def]
+    _, _, stub = served
+    huge = _allocate(*("x" * 1000 for _ in range(rpc.MAX_MESSAGE_BYTES // 1000 + 10)))
+    assert huge.ByteSize() > rpc.MAX_MESSAGE_BYTES
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.Allocate(huge, timeout=10)
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert stub.Allocate(_allocate("ok"), timeout=5).container_responses[0].envs["IDS"] == "ok"
+
+
+def test_a_stream_sends_each_change_and_ends_when_its_client_leaves(served) -> None:  # type: ignore[no-untyped-def]
+    plugin, _, stub = served
+    call = stub.ListAndWatch(pb.Empty(), timeout=10)
+    assert next(call).devices[0].ID == "v0"
+    with plugin.versions:
+        plugin.version = 1
+        plugin.versions.notify_all()
+    assert next(call).devices[0].ID == "v1"
+    assert not plugin.ended.is_set()
+    call.cancel()
+    assert plugin.ended.wait(5), "the stream's generator never saw its client leave"
+
+
+def test_stop_lets_a_call_in_flight_finish_and_removes_the_socket(served) -> None:  # type: ignore[no-untyped-def]
+    plugin, server, stub = served
+    result: dict[str, object] = {}
+
+    def slow() -> None:
+        try:
+            result["ok"] = stub.Allocate(_allocate("slow"), timeout=10).container_responses[0].envs["IDS"]
+        except grpc.RpcError as exc:
+            result["error"] = exc.code()
+
+    caller = threading.Thread(target=slow)
+    caller.start()
+    deadline = time.monotonic() + 5
+    while not plugin.loop_threads and time.monotonic() < deadline:
+        time.sleep(0.01)
+    threading.Timer(0.3, plugin.release.set).start()
+    t0 = time.monotonic()
+    server.stop(grace_s=5)
+    caller.join(5)
+    assert result == {"ok": "slow"}
+    assert time.monotonic() - t0 < 5
+    assert not server.path.exists()
+
+
+def test_stop_leaves_a_socket_that_is_no_longer_its_own(tmp_path: Path) -> None:
+    server = rpc.UnixServer([_Plugin()], tmp_path / "dp.sock")
+    server.start()
+    assert server.intact()
+    server.path.unlink()
+    server.path.write_text("someone else's")
+    assert not server.intact()
+    server.stop()
+    assert server.path.read_text() == "someone else's"
+
+
+def test_unix_call_reaches_a_grpcio_server_and_reports_failures(tmp_path: Path) -> None:
+    got: list[pb.RegisterRequest] = []
+
+    class Registration(pb_grpc.RegistrationServicer):
+        def Register(self, request, context):  # type: ignore[no-untyped-def]
+            if request.resource_name == "refuse":
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "not this one")
+            got.append(request)
+            return pb.Empty()
+
+    server = grpc.server(ThreadPoolExecutor(2))
+    pb_grpc.add_RegistrationServicer_to_server(Registration(), server)
+    sock = tmp_path / "kubelet.sock"
+    server.add_insecure_port(f"unix://{sock}")
+    server.start()
+    try:
+        req = pb.RegisterRequest(version="v1beta1", endpoint="x.sock", resource_name="nvidia.com/gpu")
+        rpc.unix_call(sock, lambda ch: dp_grpc.RegistrationStub(ch).Register(req), timeout_s=5)
+        assert [r.resource_name for r in got] == ["nvidia.com/gpu"]
+        with pytest.raises(rpc.CallFailed) as refused:
+            rpc.unix_call(sock, lambda ch: dp_grpc.RegistrationStub(ch).Register(
+                pb.RegisterRequest(resource_name="refuse")), timeout_s=5)
+        assert refused.value.status is rpc.Status.INVALID_ARGUMENT and refused.value.message == "not this one"
+    finally:
+        server.stop(0)
+    with pytest.raises(rpc.CallFailed) as gone:
+        rpc.unix_call(tmp_path / "absent.sock", lambda ch: dp_grpc.RegistrationStub(ch).Register(req), timeout_s=2)
+    assert gone.value.status is rpc.Status.UNAVAILABLE
+
+
+def test_call_refuses_to_wait_on_its_own_loop() -> None:
+    async def inner() -> None:
+        async def nothing() -> None:
+            return None
+        rpc.call(nothing(), 1)
+
+    with pytest.raises(RuntimeError, match="own thread"):
+        rpc.call(inner(), 5)
