@@ -6,8 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,18 +87,30 @@ def test_option_tables_are_the_typer_commands_options() -> None:
         assert p.default == getattr(NodeArgs(), field), opt
 
 
-def run_kubegpu(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+# grpcio too (issue 23: its C core is ~10 MB resident): the node daemon serves and calls gRPC through grpclib.
+HEAVY = ("typer", "rich", "pydantic", "click", "numpy", "kubegpu.cli.node", "kubegpu.placement.cluster", "grpc")
+
+
+def start_kubegpu(args: list[str], cwd: Path) -> subprocess.Popen[str]:
     """``kubegpu <args>`` as the console script runs it; stderr's last line lists the heavy modules loaded."""
     code = ("import atexit, sys\n"
-            "atexit.register(lambda: print(json.dumps(sorted(m for m in ('typer', 'rich', 'pydantic', 'click', "
-            "'numpy', 'kubegpu.cli.node', 'kubegpu.placement.cluster', 'h2') if sys.modules.get(m) is not None)), "
-            "file=sys.stderr))\n"
+            f"atexit.register(lambda: print(json.dumps(sorted(m for m in {HEAVY!r} "
+            "if sys.modules.get(m) is not None)), file=sys.stderr))\n"
             "import json\n"
             "from kubegpu.cli.main import app\n"
             "sys.exit(app())\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env,
-                          timeout=60, cwd=tmp_path)
+    return subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=cwd)
+
+
+def run_kubegpu(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    proc = start_kubegpu(args, tmp_path)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def loaded(result: subprocess.CompletedProcess[str]) -> list[str]:
@@ -113,9 +130,9 @@ def test_node_daemon_process_loads_no_cli_framework(tmp_path: Path) -> None:
     assert loaded(plans) == []
 
 
-def test_node_daemon_in_a_cluster_talks_to_the_api_server_without_loading_http2(tmp_path: Path) -> None:
-    """lightkube never speaks HTTP/2 (issue 23: h2 is 1.2-1.5 MB of the daemon's budget): the daemon runs against
-    the (stand-in) API server with h2 never imported, and its writes land (the handoff's start-up publication)."""
+def test_node_daemon_in_a_cluster_talks_to_the_api_server(tmp_path: Path) -> None:
+    """The daemon runs against the (stand-in) API server without the CLI framework or grpcio, and its writes
+    land (the handoff's start-up publication)."""
     from kubegpu.model import annotations as A
     from kubegpu_standins.apiserver import ApiServer
 
@@ -133,6 +150,65 @@ def test_node_daemon_in_a_cluster_talks_to_the_api_server_without_loading_http2(
         assert A.HANDOFF_SEEN in (node["metadata"].get("annotations") or {}), node["metadata"]
     finally:
         api.stop()
+
+
+@pytest.fixture
+def sockdir() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="kgc-", dir="/tmp"))  # unix socket paths: at most 107 bytes
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("cluster", [False, True], ids=["standalone", "cluster"])
+def test_node_daemon_serves_a_grpcio_kubelet_without_grpcio(cluster: bool, sockdir: Path) -> None:
+    """The daemon process (grpclib) registers with, streams to and answers the stand-in kubelet, which is grpcio
+    as the real kubelet is grpc-go: another gRPC implementation. In a cluster it also reads that kubelet's
+    PodResources (after an Allocate of a GPU no record names). grpcio is never imported by the daemon."""
+    from kubegpu_standins.apiserver import ApiServer
+    from kubegpu_standins.kubelet import StandinKubelet
+
+    kubelet = StandinKubelet(sockdir / "dp")
+    kubelet.start()
+    listed = threading.Event()
+    pod_resources = kubelet.pod_resources
+
+    def counted() -> Any:
+        listed.set()
+        return pod_resources()
+
+    kubelet.pod_resources = counted  # type: ignore[method-assign]
+    kubelet.serve_pod_resources(sockdir / "pod-resources.sock")
+    api = ApiServer().start() if cluster else None
+    args = ["node", "--inventory", "t4x4", "--device-plugin-dir", str(sockdir / "dp"), "--cdi-spec-dir",
+            str(sockdir / "cdi"), "--metrics-address", "0", "--run-for", "60", "--log-level", "warning"]
+    if api is None:
+        args.append("--standalone")
+    else:
+        api.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})
+        args += ["--node-name", "n1", "--kubeconfig", str(api.write_kubeconfig(sockdir / "kubeconfig")),
+                 "--pod-resources-socket", str(sockdir / "pod-resources.sock")]
+    proc = start_kubegpu(args, sockdir)
+    try:
+        assert kubelet.wait_registered("nvidia.com/gpu", timeout_s=30), proc.stderr
+        assert kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 4, 10)
+        got = kubelet.allocate("nvidia.com/gpu", 2, pod="default/p", container="main")
+        assert got.response.envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(got.device_ids)
+        assert got.preferred is not None  # GetPreferredAllocation answered too
+        if cluster:
+            assert listed.wait(10), "the daemon never read the kubelet's PodResources"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        # Its streams ended with it: the kubelet counts its devices gone.
+        assert kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 0, 5)
+    finally:
+        proc.kill()
+        kubelet.stop()
+        if api is not None:
+            api.stop()
+    assert proc.returncode == 0, err
+    assert loaded(subprocess.CompletedProcess(proc.args, 0, out, err)) == []
 
 
 def test_node_help_and_bad_input_still_get_typers_answers(tmp_path: Path) -> None:

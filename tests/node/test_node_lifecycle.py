@@ -8,7 +8,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -118,9 +118,20 @@ def test_stop_removes_sockets(kubelet: StandinKubelet, make_daemon: Any, sockdir
     assert kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 0, 3)  # stream ended: all unhealthy
 
 
+class Declines:
+    """A resolver with no records: as in cluster mode, Allocate runs in a worker thread (where it may wait on
+    the API server), the one place a call can still be running when the daemon stops."""
+
+    def resolve(self, resource: str, device_ids: Sequence[str]) -> None:
+        return None
+
+    def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str], size: int) -> None:
+        return None
+
+
 def _stop_during_allocate(kubelet: StandinKubelet, d: Any, stop: Callable[[], None]) -> list[object]:
     """Run an Allocate that is held inside the plugin while ``stop`` runs, released 1 s after the stop began;
-    returns what the kubelet got (its response or its AllocationFailed)."""
+    returns what the kubelet got (its response or its AllocationFailed). ``d`` has a resolver (Declines)."""
     server = next(s for s in d.servers if s.resource == GPU)
     entered, release = threading.Event(), threading.Event()
     original = server.allocate
@@ -154,7 +165,7 @@ def _stop_during_allocate(kubelet: StandinKubelet, d: Any, stop: Callable[[], No
 def test_stop_lets_an_allocate_in_flight_finish(kubelet: StandinKubelet, make_daemon: Any) -> None:
     # A daemon restart (rollout) while the kubelet admits a pod: cut off, the kubelet would fail the pod's
     # admission with the RPC error; the server's grace lets the Allocate answer first.
-    d, _ = make_daemon("t4x4")
+    d, _ = make_daemon("t4x4", resolver=Declines())
     assert kubelet.wait_registered(GPU, timeout_s=5)
     got = _stop_during_allocate(kubelet, d, d.stop)
     assert len(got) == 1 and not isinstance(got[0], AllocationFailed), got
@@ -163,7 +174,7 @@ def test_stop_lets_an_allocate_in_flight_finish(kubelet: StandinKubelet, make_da
 
 def test_allocate_cut_off_fails_admission_with_the_rpc_error(kubelet: StandinKubelet, make_daemon: Any) -> None:
     # No grace (a crash): the kubelet fails the pod with grpc-go's text, as the real one does.
-    d, _ = make_daemon("t4x4")
+    d, _ = make_daemon("t4x4", resolver=Declines())
     assert kubelet.wait_registered(GPU, timeout_s=5)
     server = next(s for s in d.servers if s.resource == GPU)
     got = _stop_during_allocate(kubelet, d, lambda: server.stop(grace_s=0))

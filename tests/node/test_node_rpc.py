@@ -198,3 +198,71 @@ def test_call_refuses_to_wait_on_its_own_loop() -> None:
 
     with pytest.raises(RuntimeError, match="own thread"):
         rpc.call(inner(), 5)
+
+
+def test_stop_ends_an_open_stream_at_its_client(served) -> None:  # type: ignore[no-untyped-def]
+    # The kubelet takes a ListAndWatch stream's end for the plugin's: a stopped server must end it at the
+    # client, not only cancel its own side (grpclib alone leaves the connection, and so the stream, open).
+    plugin, server, stub = served
+    call = stub.ListAndWatch(pb.Empty(), timeout=10)
+    assert next(call).devices[0].ID == "v0"
+    server.stop()
+    with pytest.raises(grpc.RpcError) as ended:
+        next(call)
+    assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert plugin.ended.wait(5)
+
+
+def test_a_callback_added_after_the_stream_ended_runs_at_once() -> None:
+    ctx = rpc.StreamContext()
+    ran: list[str] = []
+    ctx.add_callback(lambda: ran.append("before"))
+    ctx.end()
+    assert ran == ["before"] and not ctx.is_active()
+    ctx.add_callback(lambda: ran.append("after"))  # the generator got there after its client left
+    assert ran == ["before", "after"]
+    ctx.end()
+    assert ran == ["before", "after"]  # each runs once
+
+
+def test_unix_call_names_localhost_as_its_authority(tmp_path: Path) -> None:
+    """grpc-go and grpcio send ":authority: localhost" over a unix socket; strict HTTP/2 servers refuse the
+    "None:None" grpclib would send for a path."""
+    import socket
+
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    sock_path = tmp_path / "h2.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(sock_path))
+    listener.listen(1)
+    headers: dict[str, str] = {}
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            h2c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
+            h2c.initiate_connection()
+            conn.sendall(h2c.data_to_send())
+            while not headers:
+                data = conn.recv(65536)
+                if not data:
+                    return
+                for event in h2c.receive_data(data):
+                    if isinstance(event, h2.events.RequestReceived):
+                        headers.update({str(k): str(v) for k, v in event.headers})
+                conn.sendall(h2c.data_to_send())
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    try:
+        with pytest.raises(rpc.CallFailed):  # the server never answers: the call ends, after its headers
+            rpc.unix_call(sock_path, lambda ch: dp_grpc.RegistrationStub(ch).Register(pb.RegisterRequest()),
+                          timeout_s=1)
+        server.join(5)
+    finally:
+        listener.close()
+    assert headers.get(":authority") == "localhost", headers
+    assert headers.get(":path") == "/v1beta1.Registration/Register"

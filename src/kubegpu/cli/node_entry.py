@@ -235,22 +235,10 @@ def _error(markup: str) -> None:
     make_console(stderr=True).print(markup)
 
 
-def skip_http2() -> None:
-    """Keep h2 (with hpack and hyperframe) out of this process. lightkube depends on ``httpx2[http2]`` but
-    builds its clients with ``http2=False``, so the node daemon never speaks HTTP/2; httpcore2 still imports
-    h2 whenever it is installed, 1.2-1.5 MB of the daemon's 60 MB budget (issue 23). Marked absent, h2 is
-    not imported and httpcore2 takes its own no-h2 path (a placeholder that would refuse HTTP/2, which
-    nothing here asks for). Only before httpcore2 is first imported, and only for a process that is the
-    node daemon."""
-    if "httpcore2" not in sys.modules:
-        sys.modules.setdefault("h2", None)  # type: ignore[arg-type]  # None: "not importable" (the import system)
-
-
 def run_node(args: NodeArgs, backend_factory: Callable[..., Any] = _backend) -> int:
     """Serve this node's GPUs until stopped; the exit code (0 clean stop, 1 init failure, 2 bad configuration).
 
     ``backend_factory`` is ``_backend`` unless a caller (the demo) replaced :data:`kubegpu.cli.node._backend`."""
-    skip_http2()
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     inventory, node_name, kubeconfig = args.inventory, args.node_name, args.kubeconfig

@@ -30,6 +30,7 @@ import logging
 import os
 import struct
 import threading
+import weakref
 from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,6 +38,7 @@ from typing import Any, TypeVar
 from grpclib.client import Channel
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
+from grpclib.protocol import H2Protocol
 from grpclib.server import Server, Stream
 
 log = logging.getLogger(__name__)
@@ -133,6 +135,9 @@ def unix_call(path: str | os.PathLike[str], method: Callable[[Channel], Coroutin
 
     async def run() -> T:
         channel = Channel(path=str(path))
+        # grpclib would send ":authority: None:None" for a socket path, which strict HTTP/2 servers refuse as
+        # malformed; grpc-go (the kubelet) and grpcio send "localhost" for a unix socket.
+        channel._authority = "localhost"
         try:
             return await asyncio.wait_for(method(channel), timeout_s)
         except GRPCError as exc:
@@ -199,18 +204,27 @@ class StreamContext:
         return self._active.is_set()
 
     def add_callback(self, callback: Callable[[], None]) -> None:
+        """``callback`` runs once the stream ends; at once if it already has (the client left before the
+        generator got this far), so that what it releases is released whatever the timing."""
         with self._lock:
-            self._callbacks.append(callback)
+            if self._active.is_set():
+                self._callbacks.append(callback)
+                return
+        _run_callback(callback)
 
     def end(self) -> None:
-        self._active.clear()
         with self._lock:
+            self._active.clear()
             callbacks, self._callbacks = self._callbacks, []
         for cb in callbacks:
-            try:
-                cb()
-            except Exception:
-                log.exception("stream end callback failed")
+            _run_callback(cb)
+
+
+def _run_callback(callback: Callable[[], None]) -> None:
+    try:
+        callback()
+    except Exception:
+        log.exception("stream end callback failed")
 
 
 async def stream_out(stream: Stream[Req, Resp], generate: Callable[[Req, StreamContext], Iterable[Resp]],
@@ -260,6 +274,7 @@ class UnixServer:
         self._inode: int | None = None
         self._in_flight = 0
         self._idle: asyncio.Event | None = None
+        self._connections: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
 
     @property
     def inode(self) -> int | None:
@@ -273,6 +288,7 @@ class UnixServer:
 
         async def start() -> Server:
             server = Server([_Tracked(service, self) for service in self._services])
+            server._protocol_factory = self._counting(server._protocol_factory)  # type: ignore[method-assign]
             await server.start(path=str(self.path))
             return server
 
@@ -304,6 +320,29 @@ class UnixServer:
 
         return tracked
 
+    def _counting(self, factory: Callable[[], H2Protocol]) -> Callable[[], H2Protocol]:
+        """grpclib's connection factory, each connection remembered so that stop() can close it."""
+
+        def make() -> H2Protocol:
+            protocol = factory()
+            self._connections.add(protocol)
+            return protocol
+
+        return make
+
+    def _close_connections(self) -> None:
+        """GOAWAY and close every connection still open. grpclib's close() cancels the calls but leaves
+        their connections open, and a client (the kubelet) would wait on a stream that never ends; grpcio
+        and grpc-go close them, and the kubelet takes the stream's end for the plugin's."""
+        for protocol in list(self._connections):
+            connection = getattr(protocol, "connection", None)  # absent before the connection is made
+            if connection is None or connection.is_closing():
+                continue
+            with contextlib.suppress(Exception):  # a connection breaking as it closes is closed
+                connection._connection.close_connection()
+                connection.flush()
+            connection.close()
+
     def stop(self, grace_s: float | None = 0.0) -> None:
         server, self._server = self._server, None
         if server is not None:
@@ -317,6 +356,7 @@ class UnixServer:
                     self._idle = None
                 server.close()
                 await server.wait_closed()
+                self._close_connections()
 
             try:
                 call(stop(), grace + 5.0)

@@ -9,28 +9,27 @@ re-register) belong to :mod:`kubegpu.node.daemon`; this module reports stream en
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
 from pathlib import Path
-
-import grpc
+from typing import Any
 
 from kubegpu.model import resources as R
 from kubegpu.model.inventory import NodeInventory
 from kubegpu.node import preferred as pref
+from kubegpu.node import rpc
 from kubegpu.node.allocate import AllocateError, build_response, check_request
 from kubegpu.node.devspecs import MigMinors
 from kubegpu.node.health_state import HealthState
 from kubegpu.node.metrics import NodeMetrics
 from kubegpu.node.plugin_model import AdvertisedDevice, PluginSettings, ResourcePlan
+from kubegpu.node.proto import deviceplugin_grpc as dp_grpc
 from kubegpu.node.proto import deviceplugin_pb2 as pb
-from kubegpu.node.proto import deviceplugin_pb2_grpc as pb_grpc
 from kubegpu.node.resolver import AllocationRefused, AllocationResolver, ResolvedAllocation
 
 log = logging.getLogger(__name__)
@@ -42,11 +41,6 @@ KUBELET_SOCKET = "kubelet.sock"
 MAX_CONTAINER_REQUESTS = 256  # the kubelet sends one per call; a pod has far fewer containers
 
 
-def close_later(channel: grpc.Channel) -> None:
-    """Close a channel off the caller's thread: grpcio's close() can block for ~200 ms."""
-    threading.Thread(target=channel.close, name="grpc-channel-close", daemon=True).start()
-
-
 class RegistrationError(RuntimeError):
     """Register failed (kubelet absent, refused, or timed out); the message says which."""
 
@@ -55,36 +49,33 @@ class SocketGone(RegistrationError):
     """Our own socket was deleted (a kubelet restart): serve again before registering."""
 
 
-class _Servicer(pb_grpc.DevicePluginServicer):
-    def __init__(self, server: PluginServer) -> None:
+class _Service(dp_grpc.DevicePluginBase):
+    """``DevicePlugin`` on the node's gRPC loop. ``executor`` is None when the handlers never block (no
+    resolver): they answer on the loop, ~0.2 ms a call sooner than from a thread. With a resolver they may
+    wait on the API server or on PodResources (itself a call on this loop), so they run in ``executor``."""
+
+    def __init__(self, server: PluginServer, executor: futures.Executor | None) -> None:
         self._s = server
+        self._executor = executor
 
-    def GetDevicePluginOptions(self, request: pb.Empty,
-                               context: grpc.ServicerContext) -> pb.DevicePluginOptions:
-        return self._s.options()
+    async def GetDevicePluginOptions(self, stream: Any) -> None:
+        await rpc.answer(stream, self._s.answer_options)
 
-    def ListAndWatch(self, request: pb.Empty, context: grpc.ServicerContext):  # type: ignore[no-untyped-def]
-        yield from self._s.list_and_watch(context)
+    async def ListAndWatch(self, stream: Any) -> None:
+        await rpc.stream_out(stream, self._s.answer_list_and_watch, f"dp-watch-{self._s.plan.socket_name}")
 
-    def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest,
-                               context: grpc.ServicerContext) -> pb.PreferredAllocationResponse:
-        try:
-            return self._s.preferred(request)
-        except pref.PreferenceError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"error getting list of preferred allocation devices: {exc}")
-        raise AssertionError("unreachable")
+    async def GetPreferredAllocation(self, stream: Any) -> None:
+        await rpc.answer(stream, self._s.answer_preferred, executor=self._executor)
 
-    def Allocate(self, request: pb.AllocateRequest, context: grpc.ServicerContext) -> pb.AllocateResponse:
-        try:
-            return self._s.allocate(request)
-        except (AllocateError, AllocationRefused) as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        raise AssertionError("unreachable")
+    async def Allocate(self, stream: Any) -> None:
+        await rpc.answer(stream, self._s.answer_allocate, executor=self._executor)
 
-    def PreStartContainer(self, request: pb.PreStartContainerRequest,
-                          context: grpc.ServicerContext) -> pb.PreStartContainerResponse:
-        return pb.PreStartContainerResponse()
+    async def PreStartContainer(self, stream: Any) -> None:
+        await rpc.answer(stream, _pre_start)
+
+
+def _pre_start(request: pb.PreStartContainerRequest) -> pb.PreStartContainerResponse:
+    return pb.PreStartContainerResponse()
 
 
 # A daemon that stops (rollout, restart) lets an Allocate in flight finish: cut off, the kubelet fails that
@@ -118,7 +109,8 @@ class PluginServer:
         self.by_uuid: dict[str, AdvertisedDevice] = {}
         for d in plan.devices:
             self.by_uuid.setdefault(d.uuid, d)
-        self._server: grpc.Server | None = None
+        self._server: rpc.UnixServer | None = None
+        self._pool: futures.ThreadPoolExecutor | None = None
         self._totals = pref.replica_totals(plan.devices)
         # The memo of whole-device preferences, keyed by the available IDs as a bitmask over the plan's devices
         # and holding the plan's own ID strings: about 300 bytes an entry, where a frozenset of the request's
@@ -131,7 +123,6 @@ class PluginServer:
         self._stream_gen = 0
         self.streams_opened = 0
         self.last_stream_open: float | None = None
-        self.serving_inode: int | None = None
 
     # ----- serving ---------------------------------------------------------------------------
 
@@ -156,22 +147,20 @@ class PluginServer:
         return pb.DevicePluginOptions(pre_start_required=self.settings.pre_start_required,
                                       get_preferred_allocation_available=True)
 
+    @property
+    def serving_inode(self) -> int | None:
+        """The inode of the socket being served (None when not serving)."""
+        return None if self._server is None else self._server.inode
+
     def start(self) -> None:
         """Remove a stale socket and serve on a fresh one (before any Register)."""
         self._stopping.clear()
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.workers,
-                                                        thread_name_prefix=f"dp-{self.plan.socket_name}"))
-        pb_grpc.add_DevicePluginServicer_to_server(_Servicer(self), server)
-        server.add_insecure_port(f"unix://{self.socket_path}")
+        if self.resolver is not None:
+            self._pool = futures.ThreadPoolExecutor(max_workers=self.workers,
+                                                    thread_name_prefix=f"dp-{self.plan.socket_name}")
+        server = rpc.UnixServer([_Service(self, self._pool)], self.socket_path)
         server.start()
         self._server = server
-        try:
-            self.serving_inode = self.socket_path.stat().st_ino
-        except FileNotFoundError:
-            self.serving_inode = None
         log.info("serving %s on %s (%d devices)", self.resource, self.socket_path, len(self.plan.devices))
 
     def stop(self, grace_s: float | None = STOP_GRACE_S) -> None:
@@ -180,20 +169,15 @@ class PluginServer:
         self.state.wake()
         server, self._server = self._server, None
         if server is not None:
-            server.stop(grace=grace_s).wait(timeout=5)
-        try:
-            if self.serving_inode is None or self.socket_path.stat().st_ino == self.serving_inode:
-                self.socket_path.unlink()
-        except FileNotFoundError:
-            pass
-        self.serving_inode = None
+            server.stop(grace_s)
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)  # a resolver still waiting past the grace finishes on its own
 
     def socket_intact(self) -> bool:
         """Our socket file still exists and is the one we bound (the kubelet deletes it on restart)."""
-        try:
-            return self.serving_inode is not None and self.socket_path.stat().st_ino == self.serving_inode
-        except FileNotFoundError:
-            return False
+        server = self._server
+        return server is not None and server.intact()
 
     def register(self, timeout_s: float = 5.0) -> None:
         """Call ``Register`` on the kubelet's socket. Raises :class:`RegistrationError`."""
@@ -217,17 +201,12 @@ class PluginServer:
             raise SocketGone(f"plugin socket {self.socket_path} was removed")
         req = pb.RegisterRequest(version=API_VERSION, endpoint=self.plan.socket_name,
                                  resource_name=self.resource, options=self.options())
-        ch = grpc.insecure_channel(f"unix://{path}", options=[("grpc.default_authority", "localhost")])
         try:
-            grpc.channel_ready_future(ch).result(timeout=timeout_s)
-            pb_grpc.RegistrationStub(ch).Register(req, timeout=timeout_s)
-        except grpc.FutureTimeoutError:
-            raise RegistrationError(f"kubelet at {path} did not answer within {timeout_s:.0f}s") from None
-        except grpc.RpcError as exc:
-            raise RegistrationError(f"kubelet refused registration of {self.resource}: "
-                                    f"{exc.details()}") from None  # type: ignore[attr-defined]
-        finally:
-            close_later(ch)
+            rpc.unix_call(path, lambda ch: dp_grpc.RegistrationStub(ch).Register(req), timeout_s)
+        except rpc.CallFailed as exc:
+            if exc.status is rpc.Status.DEADLINE_EXCEEDED:
+                raise RegistrationError(f"kubelet at {path} did not answer within {timeout_s:.0f}s") from None
+            raise RegistrationError(f"kubelet refused registration of {self.resource}: {exc.message}") from None
         if self.metrics is not None:
             self.metrics.registrations.labels(resource=self.resource).inc()
         log.info("registered %s with the kubelet (endpoint %s)", self.resource, self.plan.socket_name)
@@ -235,6 +214,28 @@ class PluginServer:
         # resolver must not take its view's word that they still wait (docs/handoff.md).
         if (registered := getattr(self.resolver, "kubelet_registered", None)) is not None:
             registered(self.resource)
+
+    # ----- the handlers: a refusal is INVALID_ARGUMENT with its reason, as the kubelet reports it -----
+
+    def answer_options(self, request: pb.Empty) -> pb.DevicePluginOptions:
+        return self.options()
+
+    def answer_list_and_watch(self, request: pb.Empty,
+                              context: rpc.StreamContext) -> Iterator[pb.ListAndWatchResponse]:
+        return self.list_and_watch(context)
+
+    def answer_preferred(self, request: pb.PreferredAllocationRequest) -> pb.PreferredAllocationResponse:
+        try:
+            return self.preferred(request)
+        except pref.PreferenceError as exc:
+            raise rpc.RpcAbort(rpc.Status.INVALID_ARGUMENT,
+                               f"error getting list of preferred allocation devices: {exc}") from None
+
+    def answer_allocate(self, request: pb.AllocateRequest) -> pb.AllocateResponse:
+        try:
+            return self.allocate(request)
+        except (AllocateError, AllocationRefused) as exc:
+            raise rpc.RpcAbort(rpc.Status.INVALID_ARGUMENT, str(exc)) from None
 
     # ----- ListAndWatch ----------------------------------------------------------------------
 
@@ -247,7 +248,7 @@ class PluginServer:
                 dev.topology.nodes.add(ID=d.numa_node)
         return out
 
-    def list_and_watch(self, context: grpc.ServicerContext):  # type: ignore[no-untyped-def]
+    def list_and_watch(self, context: rpc.StreamContext) -> Iterator[pb.ListAndWatchResponse]:
         # One live stream per server: the kubelet keeps one per resource and opens a new one when it
         # restarts or re-registers, so an older stream is stale. Ending it frees its worker thread, so
         # Allocate and GetPreferredAllocation never wait behind streams, however many are opened.

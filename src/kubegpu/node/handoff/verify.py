@@ -17,10 +17,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import grpc
-
 from kubegpu.model import resources as R
 from kubegpu.model.records import Ack
+from kubegpu.node import rpc
 from kubegpu.node.handoff.entries import PodView
 from kubegpu.node.handoff.matching import fits, is_handoff_resource, short, uuid_of
 
@@ -141,12 +140,13 @@ def compare(pods: Mapping[str, PodView], served: Mapping[tuple[str, str], Ack],
 
 def list_pod_resources(socket_path: str = POD_RESOURCES_SOCKET, timeout_s: float = 5.0) -> list[Holding]:
     """(namespace, pod, container, resource, device IDs) for every entry the kubelet lists, and one
-    ``(namespace, pod, "", "", [])`` row per pod listed (a pod that failed admission has no devices)."""
+    ``(namespace, pod, "", "", [])`` row per pod listed (a pod that failed admission has no devices).
+    Raises :class:`rpc.CallFailed` when the kubelet does not answer. Not from the gRPC loop's thread."""
+    from kubegpu.node.proto import podresources_grpc as prgrpc
     from kubegpu.node.proto import podresources_pb2 as prpb
-    from kubegpu.node.proto import podresources_pb2_grpc as prgrpc
 
-    with grpc.insecure_channel(f"unix://{socket_path}") as channel:
-        resp = prgrpc.PodResourcesListerStub(channel).List(prpb.ListPodResourcesRequest(), timeout=timeout_s)
+    resp = rpc.unix_call(socket_path, lambda ch: prgrpc.PodResourcesListerStub(ch).List(
+        prpb.ListPodResourcesRequest()), timeout_s)
     out: list[Holding] = []
     for p in resp.pod_resources:
         out.append((p.namespace, p.name, "", "", []))  # listed: admitted, or failed admission
@@ -173,7 +173,7 @@ class Verifier:
     def check(self) -> list[str]:
         try:
             holdings = list_pod_resources(self.socket_path)
-        except grpc.RpcError as e:
+        except rpc.CallFailed as e:
             log.debug("PodResources unavailable at %s: %s", self.socket_path, e)
             return []
         return self.resolver.verify(holdings)
