@@ -1,6 +1,6 @@
 """``kubegpu node``'s lean entry (issue 23): it reads the command's options exactly as the typer command
 does, hands what it does not take to typer, and a node daemon process loads neither typer nor rich,
-pydantic, click or numpy."""
+pydantic, click or numpy, nor grpcio (its gRPC is grpclib's)."""
 
 from __future__ import annotations
 

@@ -50,9 +50,9 @@ class SocketGone(RegistrationError):
 
 
 class _Service(dp_grpc.DevicePluginBase):
-    """``DevicePlugin`` on the node's gRPC loop. ``executor`` is None when the handlers never block (no
-    resolver): they answer on the loop, ~0.2 ms a call sooner than from a thread. With a resolver they may
-    wait on the API server or on PodResources (itself a call on this loop), so they run in ``executor``."""
+    """``DevicePlugin`` on the node's gRPC loop. ``executor`` is None when the handlers never block: they
+    answer on the loop, ~0.2 ms a call sooner than from a thread. Otherwise (:meth:`PluginServer.may_block`)
+    Allocate and GetPreferredAllocation run in ``executor``."""
 
     def __init__(self, server: PluginServer, executor: futures.Executor | None) -> None:
         self._s = server
@@ -152,10 +152,16 @@ class PluginServer:
         """The inode of the socket being served (None when not serving)."""
         return None if self._server is None else self._server.inode
 
+    def may_block(self) -> bool:
+        """Whether Allocate or GetPreferredAllocation may wait: a resolver reads the API server and the
+        kubelet's PodResources (a call on the gRPC loop, which from the loop's own thread would wait on
+        itself), and an MPS enforcer may start a daemon. Without either they only compute."""
+        return self.resolver is not None or self.settings.enforcer is not None
+
     def start(self) -> None:
         """Remove a stale socket and serve on a fresh one (before any Register)."""
         self._stopping.clear()
-        if self.resolver is not None:
+        if self.may_block():
             self._pool = futures.ThreadPoolExecutor(max_workers=self.workers,
                                                     thread_name_prefix=f"dp-{self.plan.socket_name}")
         server = rpc.UnixServer([_Service(self, self._pool)], self.socket_path)
@@ -250,8 +256,8 @@ class PluginServer:
 
     def list_and_watch(self, context: rpc.StreamContext) -> Iterator[pb.ListAndWatchResponse]:
         # One live stream per server: the kubelet keeps one per resource and opens a new one when it
-        # restarts or re-registers, so an older stream is stale. Ending it frees its worker thread, so
-        # Allocate and GetPreferredAllocation never wait behind streams, however many are opened.
+        # restarts or re-registers, so an older stream is stale. Ending it ends its thread, so however many
+        # streams are opened, one thread a resource waits on the health state.
         with self._lock:
             self._streams += 1
             self.streams_opened += 1

@@ -170,3 +170,28 @@ def test_share_enforcement_with_time_slicing_is_refused_with_the_reason(make_dae
                    "      replicas: 2\n")
     with pytest.raises(ConfigError, match="would overcommit them"):
         make_daemon("t4x4", flags=_flags(sockdir, mps_binary, **{"config-file": str(cfg)}), resolver=Records())
+
+
+def test_with_an_enforcer_allocate_runs_off_the_grpc_loop(
+        kubelet: StandinKubelet, make_daemon: Any, sockdir: Path, mps_binary: str) -> None:
+    """Standalone, but with MPS replicas: serving them may start their MPS daemon and wait for it, which on the
+    gRPC loop would hold every other call and stream of the node meanwhile."""
+    import threading
+
+    cfg = sockdir / "config.yaml"
+    cfg.write_text("version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2\n")
+    d, _ = make_daemon("t4x4", flags={"config-file": str(cfg), "mps-control-binary": mps_binary,
+                                      "mps-root": str(sockdir / "mps")})
+    server = next(s for s in d.servers if s.plan.sharing == "mps")
+    assert kubelet.wait_registered(server.resource, timeout_s=5)
+    threads: list[str] = []
+    original = server.allocate
+
+    def recording(request: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return original(request)
+
+    server.allocate = recording  # type: ignore[method-assign]
+    got = kubelet.allocate(server.resource, 1).response
+    assert "CUDA_MPS_PIPE_DIRECTORY" in got.envs  # served through its MPS daemon
+    assert len(threads) == 1 and threads[0].startswith("dp-"), threads
