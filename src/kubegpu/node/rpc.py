@@ -186,8 +186,9 @@ async def answer(stream: Stream[Req, Resp], handler: Callable[[Req], Resp], *,
 
 
 class StreamContext:
-    """What a streaming generator sees of its call: whether the client is still there, and a callback
-    run once when the stream ends for any reason (client gone, server stopping, generator done)."""
+    """What a streaming generator sees of its call: whether the client is still there, and callbacks
+    run once when the stream ends for any reason (client gone, server stopping, generator done), in the
+    stream's own thread once its generator has returned: never on the loop, so they may block or call."""
 
     def __init__(self) -> None:
         self._active = threading.Event()
@@ -202,7 +203,10 @@ class StreamContext:
         with self._lock:
             self._callbacks.append(callback)
 
-    def end(self) -> None:
+    def cancel(self) -> None:
+        self._active.clear()
+
+    def run_callbacks(self) -> None:
         self._active.clear()
         with self._lock:
             callbacks, self._callbacks = self._callbacks, []
@@ -233,6 +237,8 @@ async def stream_out(stream: Stream[Req, Resp], generate: Callable[[Req, StreamC
             log.exception("%s: stream failed", name)
             loop.call_soon_threadsafe(queue.put_nowait, (False, exc))
             return
+        finally:
+            context.run_callbacks()
         loop.call_soon_threadsafe(queue.put_nowait, (False, None))
 
     producer = threading.Thread(target=produce, name=name, daemon=True)
@@ -246,7 +252,7 @@ async def stream_out(stream: Stream[Req, Resp], generate: Callable[[Req, StreamC
                 return
             await stream.send_message(item)
     finally:
-        context.end()  # the client left, the server stops, or the generator ended: the thread ends too
+        context.cancel()  # the client left, the server stops, or the generator ended: the thread ends too
 
 
 class UnixServer:
