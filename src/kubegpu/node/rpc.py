@@ -191,8 +191,9 @@ async def answer(stream: Stream[Req, Resp], handler: Callable[[Req], Resp], *,
 
 
 class StreamContext:
-    """What a streaming generator sees of its call: whether the client is still there, and a callback
-    run once when the stream ends for any reason (client gone, server stopping, generator done)."""
+    """What a streaming generator sees of its call: whether the client is still there, and callbacks
+    run once when the stream ends for any reason (client gone, server stopping, generator done), in the
+    stream's own thread once its generator has returned: never on the loop, so they may block or call."""
 
     def __init__(self) -> None:
         self._active = threading.Event()
@@ -204,27 +205,21 @@ class StreamContext:
         return self._active.is_set()
 
     def add_callback(self, callback: Callable[[], None]) -> None:
-        """``callback`` runs once the stream ends; at once if it already has (the client left before the
-        generator got this far), so that what it releases is released whatever the timing."""
         with self._lock:
-            if self._active.is_set():
-                self._callbacks.append(callback)
-                return
-        _run_callback(callback)
+            self._callbacks.append(callback)
 
-    def end(self) -> None:
+    def cancel(self) -> None:
+        self._active.clear()
+
+    def run_callbacks(self) -> None:
+        self._active.clear()
         with self._lock:
-            self._active.clear()
             callbacks, self._callbacks = self._callbacks, []
         for cb in callbacks:
-            _run_callback(cb)
-
-
-def _run_callback(callback: Callable[[], None]) -> None:
-    try:
-        callback()
-    except Exception:
-        log.exception("stream end callback failed")
+            try:
+                cb()
+            except Exception:
+                log.exception("stream end callback failed")
 
 
 async def stream_out(stream: Stream[Req, Resp], generate: Callable[[Req, StreamContext], Iterable[Resp]],
@@ -247,6 +242,8 @@ async def stream_out(stream: Stream[Req, Resp], generate: Callable[[Req, StreamC
             log.exception("%s: stream failed", name)
             loop.call_soon_threadsafe(queue.put_nowait, (False, exc))
             return
+        finally:
+            context.run_callbacks()
         loop.call_soon_threadsafe(queue.put_nowait, (False, None))
 
     producer = threading.Thread(target=produce, name=name, daemon=True)
@@ -260,7 +257,7 @@ async def stream_out(stream: Stream[Req, Resp], generate: Callable[[Req, StreamC
                 return
             await stream.send_message(item)
     finally:
-        context.end()  # the client left, the server stops, or the generator ended: the thread ends too
+        context.cancel()  # the client left, the server stops, or the generator ended: the thread ends too
 
 
 class UnixServer:
