@@ -202,6 +202,24 @@ def test_call_refuses_to_wait_on_its_own_loop() -> None:
         rpc.call(inner(), 5)
 
 
+def test_bytes_that_are_not_the_request_are_refused_and_the_server_goes_on(served) -> None:  # type: ignore[no-untyped-def]
+    _, server, stub = served
+    garbage = b"\xff\xff\xff\xff"
+    raw = {"request_serializer": bytes, "response_deserializer": bytes}
+    channel = grpc.insecure_channel(f"unix://{server.path}")
+    try:
+        with pytest.raises(grpc.RpcError) as unary:
+            channel.unary_unary("/v1beta1.DevicePlugin/Allocate", **raw)(garbage, timeout=5)
+        with pytest.raises(grpc.RpcError) as streamed:
+            next(channel.unary_stream("/v1beta1.DevicePlugin/ListAndWatch", **raw)(garbage, timeout=5))
+    finally:
+        channel.close()
+    for refused in (unary.value, streamed.value):
+        assert refused.code() == grpc.StatusCode.INTERNAL  # as grpcio and grpc-go answer it
+        assert "could not be decoded" in refused.details()
+    assert stub.Allocate(_allocate("ok"), timeout=5).container_responses[0].envs["IDS"] == "ok"
+
+
 def test_stop_ends_an_open_stream_at_its_client(served) -> None:  # type: ignore[no-untyped-def]
     # The kubelet takes a ListAndWatch stream's end for the plugin's: a stopped server must end it at the
     # client, not only cancel its own side (grpclib alone leaves the connection, and so the stream, open).

@@ -169,7 +169,10 @@ async def receive(stream: Stream[Req, Any]) -> Req:
         raise GRPCError(Status.RESOURCE_EXHAUSTED,
                         f"request of {length} bytes exceeds the limit of {MAX_MESSAGE_BYTES}")
     body = await raw.recv_data(length)
-    return stream._codec.decode(body, stream._recv_type)  # type: ignore[no-any-return]
+    try:
+        return stream._codec.decode(body, stream._recv_type)  # type: ignore[no-any-return]
+    except Exception as exc:  # grpcio's and grpc-go's answer to bytes that are not the message, unlogged
+        raise GRPCError(Status.INTERNAL, f"the request could not be decoded: {exc}") from None
 
 
 async def answer(stream: Stream[Req, Resp], handler: Callable[[Req], Resp], *,
