@@ -29,9 +29,11 @@ class _Plugin(dp_grpc.DevicePluginBase):
         self.ended = threading.Event()
         self.ended_on: list[str] = []
         self.loop_threads: set[str] = set()
+        self.asked: list[str] = []
 
     def allocate(self, req: pb.AllocateRequest) -> pb.AllocateResponse:
         self.loop_threads.add(threading.current_thread().name)
+        self.asked.extend(i for c in req.container_requests for i in c.devices_ids)
         resp = pb.AllocateResponse()
         for c in req.container_requests:
             if "bad" in c.devices_ids:
@@ -149,6 +151,33 @@ def test_stop_lets_a_call_in_flight_finish_and_removes_the_socket(served) -> Non
     assert result == {"ok": "slow"}
     assert time.monotonic() - t0 < 5
     assert not server.path.exists()
+
+
+def test_a_call_opened_once_stop_began_is_not_served_there(served) -> None:  # type: ignore[no-untyped-def]
+    # As grpc-go and grpcio stop: a GOAWAY tells the client at once, so a call it opens meanwhile fails to
+    # connect (or goes to the next server) instead of being cut off when the connection closes after the grace.
+    plugin, server, stub = served
+    result: dict[str, object] = {}
+
+    def slow() -> None:
+        result["slow"] = stub.Allocate(_allocate("slow"), timeout=10).container_responses[0].envs["IDS"]
+
+    caller = threading.Thread(target=slow)
+    caller.start()
+    deadline = time.monotonic() + 5
+    while not plugin.asked and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stopper = threading.Thread(target=server.stop, kwargs={"grace_s": 5})
+    stopper.start()
+    time.sleep(0.3)  # the stop has begun: the slow call is held in its grace
+    with pytest.raises(grpc.RpcError) as late:
+        stub.Allocate(_allocate("late"), timeout=3)
+    assert late.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "Stream removed" not in late.value.details()
+    plugin.release.set()
+    caller.join(5)
+    stopper.join(5)
+    assert result == {"slow": "slow"} and plugin.asked == ["slow"]
 
 
 def test_stop_leaves_a_socket_that_is_no_longer_its_own(tmp_path: Path) -> None:

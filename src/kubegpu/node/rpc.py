@@ -31,15 +31,17 @@ import os
 import struct
 import threading
 import weakref
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 from grpclib.client import Channel
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
-from grpclib.protocol import H2Protocol
+from grpclib.protocol import Connection, H2Protocol
 from grpclib.server import Server, Stream
+from h2.errors import ErrorCodes
+from hyperframe.frame import GoAwayFrame
 
 log = logging.getLogger(__name__)
 
@@ -264,8 +266,10 @@ async def stream_out(stream: Stream[Req, Resp], generate: Callable[[Req, StreamC
 
 
 class UnixServer:
-    """One grpclib server on one unix socket. ``stop(grace_s)`` lets unary calls in flight finish
-    (up to ``grace_s``), ends streams at once, and removes the socket if it is still the one bound."""
+    """One grpclib server on one unix socket. ``stop(grace_s)`` stops as grpc-go's and grpcio's graceful
+    stop do: clients are told at once that calls they open from then on are not served here (they retry
+    them elsewhere), unary calls in flight get up to ``grace_s`` to finish, streams end at once, the
+    connections close, and the socket is removed if it is still the one bound."""
 
     def __init__(self, services: Iterable[Any], path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -275,6 +279,8 @@ class UnixServer:
         self._in_flight = 0
         self._idle: asyncio.Event | None = None
         self._connections: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
+        # While stopping: each connection's last call that is served (the one its GOAWAY names).
+        self._last_served: weakref.WeakKeyDictionary[Connection, int] | None = None
 
     @property
     def inode(self) -> int | None:
@@ -285,6 +291,8 @@ class UnixServer:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
+
+        self._last_served = None
 
         async def start() -> Server:
             server = Server([_Tracked(service, self) for service in self._services])
@@ -310,6 +318,11 @@ class UnixServer:
         """``func`` (a unary handler) counted while it runs, so that stop() can wait for it."""
 
         async def tracked(stream: Stream[Any, Any]) -> None:
+            if self._refused(stream):
+                # Opened after the GOAWAY: the client takes REFUSED_STREAM for "not processed" and retries.
+                stream._stream.reset_nowait(ErrorCodes.REFUSED_STREAM)
+                stream._cancel_done = True  # grpclib sends nothing more on a stream it cancelled
+                return
             self._in_flight += 1
             try:
                 await func(stream)
@@ -330,16 +343,39 @@ class UnixServer:
 
         return make
 
+    def _open_connections(self) -> Iterator[Connection]:
+        for protocol in list(self._connections):
+            connection = getattr(protocol, "connection", None)  # absent before the connection is made
+            if connection is not None and not connection.is_closing():
+                yield connection
+
+    def _refused(self, stream: Stream[Any, Any]) -> bool:
+        last, sid = self._last_served, stream._stream.id
+        return last is not None and sid is not None and sid > last.get(stream._stream.connection, 0)
+
+    def _announce_stop(self, server: Server) -> None:
+        """No new connections, and a GOAWAY on each open one naming the last call received: the calls
+        before it are served (or get the grace), the client opens no more here and retries any later one."""
+        if server._server is not None:
+            server._server.close()  # the listening socket only: connections and their calls go on
+        last: weakref.WeakKeyDictionary[Connection, int] = weakref.WeakKeyDictionary()
+        for connection in self._open_connections():
+            last[connection] = connection._connection.highest_inbound_stream_id
+            connection.flush()
+            # Written past h2, which takes its own GOAWAY for the connection's end and then refuses to send
+            # the answers still due; a second GOAWAY, with the same last call, comes as it closes.
+            connection._transport.write(GoAwayFrame(0, last_stream_id=last[connection]).serialize())
+        self._last_served = last
+
     def _close_connections(self) -> None:
         """GOAWAY and close every connection still open. grpclib's close() cancels the calls but leaves
         their connections open, and a client (the kubelet) would wait on a stream that never ends; grpcio
         and grpc-go close them, and the kubelet takes the stream's end for the plugin's."""
-        for protocol in list(self._connections):
-            connection = getattr(protocol, "connection", None)  # absent before the connection is made
-            if connection is None or connection.is_closing():
-                continue
+        last: weakref.WeakKeyDictionary[Connection, int] = self._last_served or weakref.WeakKeyDictionary()
+        for connection in self._open_connections():
             with contextlib.suppress(Exception):  # a connection breaking as it closes is closed
-                connection._connection.close_connection()
+                h2c = connection._connection
+                h2c.close_connection(last_stream_id=last.get(connection, h2c.highest_inbound_stream_id))
                 connection.flush()
             connection.close()
 
@@ -349,6 +385,7 @@ class UnixServer:
             grace = grace_s or 0.0
 
             async def stop() -> None:
+                self._announce_stop(server)
                 if self._in_flight and grace > 0:
                     self._idle = asyncio.Event()
                     with contextlib.suppress(asyncio.TimeoutError):
