@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -178,6 +179,74 @@ def test_a_call_opened_once_stop_began_is_not_served_there(served) -> None:  # t
     caller.join(5)
     stopper.join(5)
     assert result == {"slow": "slow"} and plugin.asked == ["slow"]
+
+
+def test_a_call_opened_before_the_client_read_the_goaway_is_refused_unrun(served) -> None:  # type: ignore[no-untyped-def]
+    # A client may open a call before the GOAWAY reaches it: the call is refused with REFUSED_STREAM, which
+    # gRPC clients retry elsewhere as never processed, and never run. Raw HTTP/2, to open it that late.
+    import socket
+    import struct
+
+    import h2.config
+    import h2.connection
+    from h2.errors import ErrorCodes
+    from hyperframe.frame import Frame, GoAwayFrame, RstStreamFrame
+
+    plugin, server, _ = served
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(5)
+    conn.connect(str(server.path))
+
+    def open_call(ids: str) -> int:
+        sid: int = client.get_next_available_stream_id()
+        client.send_headers(sid, [(":method", "POST"), (":scheme", "http"), (":authority", "localhost"),
+                                  (":path", "/v1beta1.DevicePlugin/Allocate"), ("content-type", "application/grpc"),
+                                  ("te", "trailers")])
+        body = _allocate(ids).SerializeToString()
+        client.send_data(sid, struct.pack(">?I", False, len(body)) + body, end_stream=True)
+        conn.sendall(client.data_to_send())
+        return sid
+
+    def frames_until(done: Callable[[list[Frame]], bool]) -> list[Frame]:
+        seen: list[Frame] = []
+        buf = b""
+        while not done(seen):
+            data = conn.recv(65536)
+            if not data:
+                break  # closed: what came is all there is
+            buf += data
+            while len(buf) >= 9:
+                frame, length = Frame.parse_frame_header(memoryview(buf[:9]))
+                if len(buf) < 9 + length:
+                    break
+                frame.parse_body(memoryview(buf[9:9 + length]))
+                seen.append(frame)
+                buf = buf[9 + length:]
+        return seen
+
+    client.initiate_connection()
+    conn.sendall(client.data_to_send())
+    try:
+        first = open_call("slow")
+        deadline = time.monotonic() + 5
+        while not plugin.asked and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stopper = threading.Thread(target=server.stop, kwargs={"grace_s": 5})
+        stopper.start()
+        time.sleep(0.3)  # the GOAWAY is on its way; this client has not read it
+        late = open_call("late")
+        frames = frames_until(lambda fs: any(isinstance(f, RstStreamFrame) for f in fs))
+        goaway = [f for f in frames if isinstance(f, GoAwayFrame)]
+        assert goaway and goaway[0].last_stream_id == first and goaway[0].error_code == 0, frames
+        reset = [f for f in frames if isinstance(f, RstStreamFrame)]
+        assert [(f.stream_id, f.error_code) for f in reset] == [(late, ErrorCodes.REFUSED_STREAM)], frames
+        plugin.release.set()
+        stopper.join(5)
+    finally:
+        plugin.release.set()
+        conn.close()
+    assert plugin.asked == ["slow"]
 
 
 def test_stop_leaves_a_socket_that_is_no_longer_its_own(tmp_path: Path) -> None:
