@@ -1,6 +1,6 @@
 """The image's inputs: a pinned base, the constraints file, a non-root user, and runtime code that needs
 neither the plotting nor the demo/stand-in extras (the Dockerfile removes them; this proves the roles start
-without them)."""
+without them), nor grpcio: the node daemon speaks gRPC through grpclib, and only the stand-in kubelets use grpcio."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ BLOCKER = """
 import importlib.abc, sys
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        extras = ('matplotlib', 'scipy', 'jsonpatch', 'kubegpu_standins')
+        extras = ('matplotlib', 'scipy', 'jsonpatch', 'grpc', 'kubegpu_standins')
         if name.split('.')[0] in extras or name.startswith('kubegpu.demo'):
             raise ImportError(f'{name} is not in the runtime image')
         return None
@@ -52,9 +52,9 @@ def test_constraints_pin_every_dependency_and_the_runtime_has_no_extras() -> Non
     extras = project["optional-dependencies"]
     for name in runtime + [_requirement_name(r) for r in extras["sim"] + extras["demo"]]:
         assert name in pins, name
-    assert "matplotlib" not in runtime and "scipy" not in runtime and "jsonpatch" not in runtime
+    assert not {"matplotlib", "scipy", "jsonpatch", "grpcio"} & set(runtime)
     assert extras["sim"] == ["matplotlib>=3.8", "scipy>=1.11"]
-    assert extras["demo"] == ["jsonpatch>=1.33", "cel-python>=0.5"]
+    assert extras["demo"] == ["jsonpatch>=1.33", "cel-python>=0.5", "grpcio>=1.60"]
     assert "kubegpu[sim,demo]" in extras["dev"]
 
 
