@@ -131,12 +131,12 @@ def test_bad_requests_are_refused_and_the_plugin_serves_on(bed: _Bed) -> None:
     with pytest.raises(grpc.RpcError) as missing:
         unknown(b"", timeout=5)
     assert missing.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    # An empty request has no claims to answer; a claim with no UID is refused by the preparer, not the plugin.
+    # An empty request has no claims to answer.
     stub = dra_v1_pb2_grpc.DRAPluginStub(bed.dra)
     assert not stub.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(), timeout=5).claims
     resp = stub.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(
-        claims=_claims(dra_v1_pb2, "ok")), timeout=5)
-    assert resp.claims["uid-ok"].error == ""
+        claims=_claims(dra_v1_pb2, "ok", "ok")), timeout=5)
+    assert resp.claims["uid-ok"].error == "" and len(resp.claims["uid-ok"].devices) == 1  # listed twice, once
 
 
 def test_registration_answers_and_reports_off_the_loop(bed: _Bed) -> None:

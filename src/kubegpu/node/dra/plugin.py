@@ -86,6 +86,8 @@ def _node_service(pb: ModuleType, base: type) -> type:
             started = time.perf_counter()
             resp = pb.NodePrepareResourcesResponse()
             for c in request.claims:
+                if c.uid in resp.claims:  # listed twice: its devices once, not twice in one answer
+                    continue
                 entry = resp.claims[c.uid]
                 try:
                     for d in self.plugin.preparer.prepare(c.namespace, c.uid, c.name):
