@@ -4,12 +4,15 @@ change, and the node daemon's memory in DRA mode.
 - ``prepare_p99_ms`` (whole GPU) and ``prepare_share_p99_ms`` (consumable-capacity share with CDI
   spec writing, checkpointing and the claim GET): NodePrepareResources as the kubelet calls it
   (one claim per call, v1 service, unix socket) against a real ``kubegpu node --kubelet-plugin dra``
-  process talking to the stand-in API server over HTTP. ``unprepare_p99_ms`` likewise.
+  process talking to the stand-in API server over HTTP. ``unprepare_p99_ms`` likewise. The calls
+  come from grpcio, as the kubelet's come from grpc-go: another implementation than the daemon's
+  grpclib (so the bench needs grpcio, from the ``demo`` extra).
 - ``slice_publish_ms``: from an injected Xid to the tainted ResourceSlice stored in the API server
   (median and max over the repetitions), with an in-process daemon; ``slice_untaint_ms`` is the same
   for the recovery (from the GPU answering again, so it includes one health-poll interval of 50 ms).
 - ``rss_registered_mb``: VmRSS of the daemon process once registered and its slices published;
-  ``rss_mb``: after the prepare workload. The daemon runs as the DRA DaemonSet runs it: the
+  ``rss_mb``: after the prepare workload; ``daemon_grpcio``: whether grpcio's C core is mapped in
+  the daemon (issue 23: it should not be, ~10 MB). The daemon runs as the DRA DaemonSet runs it: the
   ``kubegpu`` entry point with ``kubegpu.node.runtime_env.NODE_ENV`` in its environment.
 - ``mixed_*``: whole claims and 25 %/20Gi shares in a shuffled order (a demand no fixed split of the
   8 GPUs into "whole" and "shared" serves: 2 whole + 24 shares) through the stand-in allocator and
@@ -120,6 +123,7 @@ def bench_prepare(root: Path, claims: int, nvml: bool = False) -> dict[str, Any]
             out[kind] = lat = lat[WARMUP:]  # the first calls open connections and fill caches
             print(f"prepare {kind}: p50 {p(lat, .5):.2f} ms p99 {p(lat, .99):.2f} ms", file=sys.stderr)
         mem = memory_mb(proc.pid)
+        grpcio = "cygrpc" in Path(f"/proc/{proc.pid}/maps").read_text()
         for kind in ("whole", "share"):
             for o in api.objects("resourceclaims", "resource.k8s.io", "default"):
                 m = o["metadata"]
@@ -136,6 +140,7 @@ def bench_prepare(root: Path, claims: int, nvml: bool = False) -> dict[str, Any]
                 "prepare_share_p50_ms": round(p(out["share"], .5), 3),
                 "unprepare_p99_ms": round(p(unprep, .99), 3),
                 "rss_registered_mb": mem_registered["rss_mb"], "rss_mb": mem["rss_mb"], "memory_mb": mem,
+                "daemon_grpcio": grpcio,
                 "gpus": len(published),
                 "claims_measured": 2 * claims, "load_avg_1m": os.getloadavg()[0],
                 "cpus": os.cpu_count()}

@@ -9,14 +9,19 @@ import signal
 import subprocess
 import sys
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from dra_harness import FIXTURES, NODE
 
+from kubegpu.install.dra import device_classes
+from kubegpu.install.values import Values
 from kubegpu.node.dra.names import DRIVER
 from kubegpu_standins.apiserver import ApiServer
+from kubegpu_standins.dra_allocator import Allocator, ClaimController
 from kubegpu_standins.dra_kubelet import DraKubelet
 from kubegpu_standins.dra_validation import validate
 
@@ -63,7 +68,24 @@ def test_bad_input_is_a_clear_error(args: list[str], code: int, message: str) ->
     assert message in r.stderr and "Traceback" not in r.stderr
 
 
-def test_process_registers_publishes_and_stops_cleanly(root: Path) -> None:
+def _pod_with_claim(api: ApiServer, name: str) -> tuple[dict[str, Any], str]:
+    """A pod of the node and the whole-GPU claim it uses; the claim's UID."""
+    claim = api.put_object({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                            "metadata": {"name": name, "namespace": "default"},
+                            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                                "deviceClassName": "gpu.kubegpu.io", "allocationMode": "ExactCount", "count": 1}}]}}})
+    pod = api.put_object({"apiVersion": "v1", "kind": "Pod",
+                          "metadata": {"name": name, "namespace": "default", "uid": str(uuid.uuid4())},
+                          "spec": {"nodeName": NODE, "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+                                   "containers": [{"name": "c", "image": "x",
+                                                   "resources": {"claims": [{"name": "gpu"}]}}]}})
+    return pod, claim["metadata"]["uid"]
+
+
+def test_process_serves_the_kubelet_without_grpcio_and_stops_cleanly(root: Path) -> None:
+    """The daemon as a node runs it, against the stand-in kubelet: a grpcio client, as the real kubelet's
+    grpc-go is another implementation than the daemon's grpclib. It registers, streams health, prepares
+    and unprepares, and never loads grpcio (issue 23: its C core alone is ~10 MB of the 60 MB budget)."""
     api = ApiServer().start()
     kubelet = DraKubelet(api, root / "kubelet", NODE)
     kubelet.start()
@@ -77,12 +99,32 @@ def test_process_registers_publishes_and_stops_cleanly(root: Path) -> None:
     try:
         assert kubelet.wait(lambda: DRIVER in kubelet.plugins and
                             len(api.objects("resourceslices", "resource.k8s.io")) == 1, 30)
+        plugin = kubelet.plugins[DRIVER]
+        assert kubelet.wait(lambda: len(plugin.health) == 4)
+        assert set(plugin.health.values()) == {"HEALTHY"}
+        for c in device_classes(Values()):
+            api.put_object(c)
+        pod, claim_uid = _pod_with_claim(api, "whole")
+        assert ClaimController(api).schedule(Allocator(api), pod)
+        kubelet.add_pod(api.get_object("pods", "whole", "default"))
+        assert kubelet.wait(lambda: pod["metadata"]["uid"] in kubelet.running, 30)
+        prepare = kubelet.calls[-1]
+        assert prepare.method == "NodePrepareResources" and prepare.error == ""
+        assert prepare.response.claims[claim_uid].error == ""
+        assert [d.device_name for d in prepare.response.claims[claim_uid].devices] == ["gpu-0"]
+        assert kubelet.remove_pod(pod) == [claim_uid]
+        assert kubelet.calls[-1].method == "NodeUnprepareResources"
+        # grpcio's C extension is mapped into any process that imported grpc.
+        maps = Path(f"/proc/{proc.pid}/maps").read_text()
+        assert "cygrpc" not in maps, "the DRA daemon loaded grpcio"
         proc.send_signal(signal.SIGHUP)  # rediscovery: same GPUs, nothing republished, still serving
         assert not kubelet.wait(lambda: proc.poll() is not None, 1.0)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, err
+        assert "Traceback" not in err, err
         assert not (root / "kubelet" / "plugins_registry" / f"{DRIVER}-reg.sock").exists()
+        assert not (root / "kubelet" / "plugins" / DRIVER / "dra.sock").exists()
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -12,6 +12,11 @@
 A per-claim failure is answered inside the response (``error``), never as an RPC error, so the
 other claims of the call still prepare; the kubelet retries the failed one (~every 13 s, recorded).
 If the registration socket is deleted the plugin serves it again (:meth:`DraPlugin.ensure_sockets`).
+
+The services run on grpclib through :mod:`kubegpu.node.rpc` (issue 23: grpcio's C core alone is
+~10 MB of the daemon's 60 MB), so this module never imports ``grpc``. Prepare and unprepare read the
+API server and write CDI specs and the checkpoint: they run in the plugin's own small thread pool,
+never on the process's one gRPC loop; ``GetInfo`` only formats a message and answers on the loop.
 """
 
 from __future__ import annotations
@@ -23,23 +28,25 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-import grpc
+from grpclib.server import Stream
 
+from kubegpu.node import rpc
 from kubegpu.node.dra.names import DRIVER, PLUGIN_TYPE, SUPPORTED_VERSIONS, registration_socket_name
 from kubegpu.node.dra.prepare import PrepareError, Preparer
 from kubegpu.node.dra.proto import (
+    dra_health_grpc,
     dra_health_pb2,
-    dra_health_pb2_grpc,
+    dra_v1_grpc,
     dra_v1_pb2,
-    dra_v1_pb2_grpc,
+    dra_v1beta1_grpc,
     dra_v1beta1_pb2,
-    dra_v1beta1_pb2_grpc,
+    pluginregistration_grpc,
     pluginregistration_pb2,
-    pluginregistration_pb2_grpc,
 )
 
 log = logging.getLogger(__name__)
@@ -47,30 +54,40 @@ log = logging.getLogger(__name__)
 HealthSnapshot = Callable[[], list[tuple[str, str, bool, str]]]  # (pool, device, healthy, message)
 
 
-class _Registration(pluginregistration_pb2_grpc.RegistrationServicer):
+class _Registration(pluginregistration_grpc.RegistrationBase):
     def __init__(self, plugin: DraPlugin) -> None:
         self.plugin = plugin
 
-    def GetInfo(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def info(self, _request: pluginregistration_pb2.InfoRequest) -> pluginregistration_pb2.PluginInfo:
         return pluginregistration_pb2.PluginInfo(type=PLUGIN_TYPE, name=DRIVER, endpoint=str(self.plugin.endpoint),
                                                  supported_versions=list(self.plugin.versions))
 
-    def NotifyRegistrationStatus(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def notify(self, request: pluginregistration_pb2.RegistrationStatus
+               ) -> pluginregistration_pb2.RegistrationStatusResponse:
         self.plugin.on_registration(bool(request.plugin_registered), request.error)
         return pluginregistration_pb2.RegistrationStatusResponse()
 
+    async def GetInfo(self, stream: Stream[Any, Any]) -> None:
+        await rpc.answer(stream, self.info)
 
-def _node_service(pb: Any, base: type) -> type:
-    """The DRAPlugin servicer for one API version (v1 and v1beta1 have the same messages)."""
+    async def NotifyRegistrationStatus(self, stream: Stream[Any, Any]) -> None:
+        # on_registered is the daemon's callback: nothing promises it never blocks, so not on the loop.
+        await rpc.answer(stream, self.notify, executor=self.plugin.pool)
+
+
+def _node_service(pb: ModuleType, base: type) -> type:
+    """The DRAPlugin service for one API version (v1 and v1beta1 have the same messages)."""
 
     class Service(base):  # type: ignore[misc, valid-type]
         def __init__(self, plugin: DraPlugin) -> None:
             self.plugin = plugin
 
-        def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def prepare(self, request: Any) -> Any:
             started = time.perf_counter()
             resp = pb.NodePrepareResourcesResponse()
             for c in request.claims:
+                if c.uid in resp.claims:  # listed twice: its devices once, not twice in one answer
+                    continue
                 entry = resp.claims[c.uid]
                 try:
                     for d in self.plugin.preparer.prepare(c.namespace, c.uid, c.name):
@@ -87,7 +104,7 @@ def _node_service(pb: Any, base: type) -> type:
             self.plugin.observe("prepare", time.perf_counter() - started)
             return resp
 
-        def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def unprepare(self, request: Any) -> Any:
             started = time.perf_counter()
             resp = pb.NodeUnprepareResourcesResponse()
             for c in request.claims:
@@ -102,30 +119,40 @@ def _node_service(pb: Any, base: type) -> type:
             self.plugin.observe("unprepare", time.perf_counter() - started)
             return resp
 
+        async def NodePrepareResources(self, stream: Stream[Any, Any]) -> None:
+            await rpc.answer(stream, self.prepare, executor=self.plugin.pool)
+
+        async def NodeUnprepareResources(self, stream: Stream[Any, Any]) -> None:
+            await rpc.answer(stream, self.unprepare, executor=self.plugin.pool)
+
     return Service
 
 
-_V1Service = _node_service(dra_v1_pb2, dra_v1_pb2_grpc.DRAPluginServicer)
-_V1beta1Service = _node_service(dra_v1beta1_pb2, dra_v1beta1_pb2_grpc.DRAPluginServicer)
+_V1Service = _node_service(dra_v1_pb2, dra_v1_grpc.DRAPluginBase)
+_V1beta1Service = _node_service(dra_v1beta1_pb2, dra_v1beta1_grpc.DRAPluginBase)
+
+_END = False  # put on a health stream's queue when its call ends; a change puts True
 
 
-class _Health(dra_health_pb2_grpc.DRAResourceHealthServicer):
+class _Health(dra_health_grpc.DRAResourceHealthBase):
     def __init__(self, plugin: DraPlugin) -> None:
         self.plugin = plugin
 
-    def NodeWatchResources(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+    def watch(self, _request: dra_health_pb2.NodeWatchResourcesRequest, context: rpc.StreamContext
+              ) -> Iterator[dra_health_pb2.NodeWatchResourcesResponse]:
+        """Runs in the stream's own thread: every device, then the devices again at each change."""
         q: queue.Queue[bool] = queue.Queue()
+        context.add_callback(lambda: q.put(_END))  # the client left or the server stops: wake at once
         self.plugin._add_stream(q)
         try:
             yield self.plugin.health_message()
-            while context.is_active() and not self.plugin.stopping:
-                try:
-                    q.get(timeout=0.5)
-                except queue.Empty:
-                    continue
+            while context.is_active() and not self.plugin.stopping and q.get() is not _END:
                 yield self.plugin.health_message()
         finally:
             self.plugin._remove_stream(q)
+
+    async def NodeWatchResources(self, stream: Stream[Any, Any]) -> None:
+        await rpc.stream_out(stream, self.watch, "dra-health")
 
 
 class DraPlugin:
@@ -152,78 +179,50 @@ class DraPlugin:
         self.stopping = False
         self._streams: list[queue.Queue[bool]] = []
         self._lock = threading.Lock()
-        self._dra: grpc.Server | None = None
-        self._reg: grpc.Server | None = None
-        self._inodes: dict[str, int | None] = {}
+        self.pool = self._new_pool()
+        self._dra = rpc.UnixServer([_V1Service(self), _V1beta1Service(self), _Health(self)], self.endpoint)
+        self._reg = rpc.UnixServer([_Registration(self)], self.registration_socket)
+        self._serving = False
 
     # ----- sockets -----------------------------------------------------------------------------
 
-    @staticmethod
-    def _inode(p: Path) -> int | None:
-        try:
-            return p.stat().st_ino
-        except FileNotFoundError:
-            return None
-
-    def _serve(self, path: Path, add: Callable[[grpc.Server], None]) -> grpc.Server:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="dra-grpc"))
-        add(server)
-        server.add_insecure_port(f"unix://{path}")
-        server.start()
-        self._inodes[str(path)] = self._inode(path)
-        return server
-
-    def _start_dra(self) -> None:
-        def add(s: grpc.Server) -> None:
-            dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(_V1Service(self), s)
-            dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(_V1beta1Service(self), s)
-            dra_health_pb2_grpc.add_DRAResourceHealthServicer_to_server(_Health(self), s)
-        self._dra = self._serve(self.endpoint, add)
-
-    def _start_reg(self) -> None:
-        self._reg = self._serve(self.registration_socket,
-                                lambda s: pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(
-                                    _Registration(self), s))
+    def _new_pool(self) -> ThreadPoolExecutor:
+        # Its threads start on demand: a pool no call has used holds none.
+        return ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="dra-rpc")
 
     def start(self) -> None:
         """Serve the DRA socket first, then the registration socket (the kubelet dials back at once)."""
         self.stopping = False
-        self._start_dra()
-        self._start_reg()
+        self._dra.start()
+        self._reg.start()
+        self._serving = True
         log.info("DRA plugin %s serving %s, registering through %s", DRIVER, self.endpoint,
                  self.registration_socket)
-
-    def _intact(self, path: Path) -> bool:
-        ino = self._inode(path)
-        return ino is not None and ino == self._inodes.get(str(path))
 
     def ensure_sockets(self) -> bool:
         """Serve again any socket deleted (or replaced) under us; True when something was restarted."""
         restarted = False
-        if self._dra is not None and not self._intact(self.endpoint):
-            log.info("DRA socket %s is gone: serving it again", self.endpoint)
-            self._dra.stop(grace=0)
-            self._start_dra()
-            restarted = True
-        if self._reg is not None and not self._intact(self.registration_socket):
-            log.info("registration socket %s is gone: serving it again", self.registration_socket)
-            self._reg.stop(grace=0)
-            self._start_reg()
-            restarted = True
+        for server, what in ((self._dra, "DRA"), (self._reg, "registration")):
+            if self._serving and not server.intact():
+                log.info("%s socket %s is gone: serving it again", what, server.path)
+                server.stop(0)
+                server.start()
+                restarted = True
         return restarted
 
     def stop(self, grace_s: float = 1.0) -> None:
+        """Stop serving: the registration socket first (the kubelet stops dialling), then the DRA socket,
+        each letting prepares and unprepares in flight finish within ``grace_s``; health streams end."""
         self.stopping = True
-        for s, path in ((self._reg, self.registration_socket), (self._dra, self.endpoint)):
-            if s is not None:
-                s.stop(grace=grace_s).wait(grace_s + 1)
-            if self._intact(path):
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-        self._reg = self._dra = None
+        self._serving = False
+        with self._lock:
+            for q in self._streams:
+                q.put(_END)
+        self._reg.stop(grace_s)
+        self._dra.stop(grace_s)
+        # A call still running past the grace finishes in its thread; its answer has nowhere to go.
+        pool, self.pool = self.pool, self._new_pool()
+        pool.shutdown(wait=False)
 
     # ----- callbacks ---------------------------------------------------------------------------
 
