@@ -48,11 +48,17 @@ class _Plugin(dp_grpc.DevicePluginBase):
 
     def watch(self, req: pb.Empty, ctx: rpc.StreamContext):  # type: ignore[no-untyped-def]
         ctx.add_callback(lambda: (self.ended_on.append(threading.current_thread().name), self.ended.set()))
+
+        def wake() -> None:
+            with self.versions:
+                self.versions.notify_all()
+
+        ctx.on_cancel(wake)  # the only thing that wakes this generator when its client leaves
         seen = -1
         while ctx.is_active():
             with self.versions:
                 if self.version == seen:
-                    self.versions.wait(0.1)
+                    self.versions.wait()
                     continue
                 seen = self.version
             yield pb.ListAndWatchResponse(devices=[pb.Device(ID=f"v{seen}", health="Healthy")])

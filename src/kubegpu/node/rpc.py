@@ -196,14 +196,17 @@ async def answer(stream: Stream[Req, Resp], handler: Callable[[Req], Resp], *,
 
 
 class StreamContext:
-    """What a streaming generator sees of its call: whether the client is still there, and callbacks
-    run once when the stream ends for any reason (client gone, server stopping, generator done), in the
-    stream's own thread once its generator has returned: never on the loop, so they may block or call."""
+    """What a streaming generator sees of its call: whether the client is still there; ``on_cancel``
+    hooks, run on the loop the moment the call ends so that a generator waiting for its next message
+    wakes (they must not block); and callbacks run once the stream has ended for any reason (client
+    gone, server stopping, generator done), in the stream's own thread after its generator returned:
+    never on the loop, so they may block or make calls."""
 
     def __init__(self) -> None:
         self._active = threading.Event()
         self._active.set()
         self._callbacks: list[Callable[[], None]] = []
+        self._wakers: list[Callable[[], None]] = []
         self._lock = threading.Lock()
 
     def is_active(self) -> bool:
@@ -213,18 +216,32 @@ class StreamContext:
         with self._lock:
             self._callbacks.append(callback)
 
+    def on_cancel(self, wake: Callable[[], None]) -> None:
+        with self._lock:
+            if self._active.is_set():
+                self._wakers.append(wake)
+                return
+        wake()  # already over: wake at once
+
     def cancel(self) -> None:
-        self._active.clear()
+        with self._lock:
+            self._active.clear()
+            wakers, self._wakers = self._wakers, []
+        _run_all(wakers, "stream cancel hook")
 
     def run_callbacks(self) -> None:
-        self._active.clear()
         with self._lock:
+            self._active.clear()
             callbacks, self._callbacks = self._callbacks, []
-        for cb in callbacks:
-            try:
-                cb()
-            except Exception:
-                log.exception("stream end callback failed")
+        _run_all(callbacks, "stream end callback")
+
+
+def _run_all(callbacks: list[Callable[[], None]], what: str) -> None:
+    for cb in callbacks:
+        try:
+            cb()
+        except Exception:
+            log.exception("%s failed", what)
 
 
 async def stream_out(stream: Stream[Req, Resp], generate: Callable[[Req, StreamContext], Iterable[Resp]],

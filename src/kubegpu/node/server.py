@@ -277,6 +277,7 @@ class PluginServer:
                 self.on_stream_end(self)
 
         context.add_callback(done)
+        context.on_cancel(self.state.wake)  # the kubelet left: end now, so on_stream_end re-registers at once
         log.info("%s: ListAndWatch stream opened", self.resource)
         version = self.state.version
         msg = self.device_list()

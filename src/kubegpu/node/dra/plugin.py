@@ -142,7 +142,7 @@ class _Health(dra_health_grpc.DRAResourceHealthBase):
               ) -> Iterator[dra_health_pb2.NodeWatchResourcesResponse]:
         """Runs in the stream's own thread: every device, then the devices again at each change."""
         q: queue.Queue[bool] = queue.Queue()
-        context.add_callback(lambda: q.put(_END))  # the client left or the server stops: wake at once
+        context.on_cancel(lambda: q.put(_END))  # the client left or the server stops: wake at once
         self.plugin._add_stream(q)
         try:
             yield self.plugin.health_message()
