@@ -426,6 +426,8 @@ def _summary(tr: _Tracker, state: EndState, checks: Sequence[Check], notes: Sequ
         if stored is not None:
             entry["node"] = (stored.get("spec") or {}).get("nodeName")
             entry["phase"] = (stored.get("status") or {}).get("phase")
+            if key in tr.failed:  # the kubelet's admission failure, so a failed pod says why in the JSON too
+                entry["failure"] = tr.failed[key]
             record = record_of(stored)
             containers: dict[str, Any] = {}
             for r in state.runs:
