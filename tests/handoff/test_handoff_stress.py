@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
 
 import pytest
+from polling import until
 
 from kubegpu.kube import Pod
 from kubegpu.model import annotations as A
@@ -53,15 +53,6 @@ def assert_truthful(c: GpuCluster, names: set[str], forged: dict[str, str]) -> l
     assert c.records_on_replicated() == []
     assert c.double_held() == []
     return checks
-
-
-def until(check: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def admitted_within(c: GpuCluster, node: str, names: set[str], k: int, timeout_s: float) -> bool:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import copy
 import json
 import random
-import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -112,16 +110,6 @@ def hold_random(view: ClusterView, rng: random.Random, nodes: list[str], key: st
     except PlacementConflict:
         return False
     return True
-
-
-def until(predicate: Callable[[], object], timeout_s: float = 10.0) -> bool:
-    """Whether ``predicate`` becomes true within ``timeout_s`` (polled every 10 ms)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def mark_running(cluster: Cluster, name: str) -> None:

@@ -15,7 +15,8 @@ from typing import Any
 
 import msgspec
 import pytest
-from sched_harness import Cluster, fixture_pod, mark_running, pod_yaml, start_cluster, until
+from polling import until
+from sched_harness import Cluster, fixture_pod, mark_running, pod_yaml, start_cluster
 from test_scheduler_behaviour import pod, share
 
 from kubegpu.kube.slim import SlimPod

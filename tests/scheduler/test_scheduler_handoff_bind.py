@@ -13,7 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sched_harness import Cluster, mark_running, start_cluster, until
+from polling import until
+from sched_harness import Cluster, mark_running, start_cluster
 from test_scheduler_behaviour import pod, share
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import socket
 import ssl
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from cryptography import x509
+from polling import until
 
 from kubegpu.webhook.app import WebhookSettings
 from kubegpu.webhook.certs import generate_ca, issue_serving_cert
@@ -29,15 +29,6 @@ def served_serial(port: int, ca_file: Path) -> int:
 def reload_errors(server: WebhookServer) -> float:
     value = server.metrics.registry.get_sample_value("kubegpu_webhook_cert_reloads_total", {"result": "error"})
     return value or 0.0
-
-
-def wait_for(predicate, timeout_s: float = 20.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.fixture
@@ -59,7 +50,7 @@ def test_rotated_files_are_served_without_restart(rotating: tuple[WebhookServer,
     new.write(d / "tls.crt", d / "tls.key")
     expected = x509.load_pem_x509_certificate(new.cert_pem).serial_number
     assert expected != first
-    assert wait_for(lambda: served_serial(server.port, d / "ca.crt") == expected)
+    assert until(lambda: served_serial(server.port, d / "ca.crt") == expected, 20, 0.05)
 
 
 def test_rotation_through_a_swapped_symlink(tmp_path: Path) -> None:
@@ -82,7 +73,7 @@ def test_rotation_through_a_swapped_symlink(tmp_path: Path) -> None:
         (tmp_path / "..data_tmp").symlink_to("v2")
         (tmp_path / "..data_tmp").replace(tmp_path / "..data")
         expected = x509.load_pem_x509_certificate(second.cert_pem).serial_number
-        assert wait_for(lambda: served_serial(server.port, tmp_path / "ca.crt") == expected)
+        assert until(lambda: served_serial(server.port, tmp_path / "ca.crt") == expected, 20, 0.05)
     finally:
         server.stop()
 
@@ -91,14 +82,14 @@ def test_broken_pair_keeps_the_last_good_certificate(rotating: tuple[WebhookServ
     server, d, ca = rotating
     good = served_serial(server.port, d / "ca.crt")
     (d / "tls.crt").write_bytes(b"-----BEGIN CERTIFICATE-----\nnot a certificate\n")
-    assert wait_for(lambda: reload_errors(server) >= 1)
+    assert until(lambda: reload_errors(server) >= 1, 20, 0.05)
     assert served_serial(server.port, d / "ca.crt") == good
     # A mismatched key is refused as well.
     other = issue_serving_cert(ca, ["127.0.0.1"])  # type: ignore[arg-type]
     (d / "tls.crt").write_bytes(other.cert_pem)
-    assert wait_for(lambda: reload_errors(server) >= 2)
+    assert until(lambda: reload_errors(server) >= 2, 20, 0.05)
     assert served_serial(server.port, d / "ca.crt") == good
     # Then a complete pair is picked up.
     other.write(d / "tls.crt", d / "tls.key")
     expected = x509.load_pem_x509_certificate(other.cert_pem).serial_number
-    assert wait_for(lambda: served_serial(server.port, d / "ca.crt") == expected)
+    assert until(lambda: served_serial(server.port, d / "ca.crt") == expected, 20, 0.05)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from polling import until
 
 from kubegpu.node.dra.names import DRIVER
 from kubegpu.node.dra.plugin import DraPlugin
@@ -154,15 +155,6 @@ def test_registration_answers_and_reports_off_the_loop(bed: _Bed) -> None:
     assert len(bed.registered_in) == 1 and bed.registered_in[0].startswith("dra-rpc")
 
 
-def _wait(cond, timeout_s: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return bool(cond())
-
-
 def _health(msg: dra_health_pb2.NodeWatchResourcesResponse) -> dict[str, str]:
     return {d.device.device_name: dra_health_pb2.HealthStatus.Name(d.health) for d in msg.devices}
 
@@ -178,7 +170,7 @@ def test_health_stream_sends_every_device_then_each_change_and_ends_with_its_cli
     assert _health(second) == {"gpu-0": "HEALTHY", "gpu-1": "UNHEALTHY"}
     assert second.devices[1].message == "Xid 79" and second.devices[1].health_check_timeout_seconds == 60
     call.cancel()
-    assert _wait(lambda: bed.plugin.active_streams == 0), "the stream outlived its client"
+    assert until(lambda: bed.plugin.active_streams == 0, 5), "the stream outlived its client"
 
 
 def test_stop_lets_a_prepare_finish_ends_streams_and_removes_the_sockets(bed: _Bed) -> None:
@@ -204,7 +196,7 @@ def test_stop_lets_a_prepare_finish_ends_streams_and_removes_the_sockets(bed: _B
     caller.join(5)
     assert result == {"error": ""}
     assert time.monotonic() - t0 < 5
-    assert _wait(lambda: bed.plugin.active_streams == 0)
+    assert until(lambda: bed.plugin.active_streams == 0, 5)
     # The stream has ended (with OK: the plugin ended it, or an error if the server closed first).
     with contextlib.suppress(grpc.RpcError):
         assert list(watch) == []
