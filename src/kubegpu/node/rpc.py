@@ -300,6 +300,11 @@ class UnixServer:
         self._last_served: weakref.WeakKeyDictionary[Connection, int] | None = None
 
     @property
+    def serving(self) -> bool:
+        """Between start() and stop()."""
+        return self._server is not None
+
+    @property
     def inode(self) -> int | None:
         """The inode of the socket this server bound (None when not serving)."""
         return self._inode
@@ -416,11 +421,9 @@ class UnixServer:
                 call(stop(), grace + 5.0)
             except CallFailed:
                 log.warning("gRPC server on %s did not close within %.0fs", self.path, grace + 5.0)
-        try:
-            if self._inode is not None and self.path.stat().st_ino == self._inode:
+        if self.intact():
+            with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
-        except FileNotFoundError:
-            pass
         self._inode = None
 
 

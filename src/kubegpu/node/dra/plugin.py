@@ -182,7 +182,6 @@ class DraPlugin:
         self.pool = self._new_pool()
         self._dra = rpc.UnixServer([_V1Service(self), _V1beta1Service(self), _Health(self)], self.endpoint)
         self._reg = rpc.UnixServer([_Registration(self)], self.registration_socket)
-        self._serving = False
 
     # ----- sockets -----------------------------------------------------------------------------
 
@@ -195,7 +194,6 @@ class DraPlugin:
         self.stopping = False
         self._dra.start()
         self._reg.start()
-        self._serving = True
         log.info("DRA plugin %s serving %s, registering through %s", DRIVER, self.endpoint,
                  self.registration_socket)
 
@@ -203,7 +201,7 @@ class DraPlugin:
         """Serve again any socket deleted (or replaced) under us; True when something was restarted."""
         restarted = False
         for server, what in ((self._dra, "DRA"), (self._reg, "registration")):
-            if self._serving and not server.intact():
+            if not self.stopping and server.serving and not server.intact():
                 log.info("%s socket %s is gone: serving it again", what, server.path)
                 server.stop(0)
                 server.start()
@@ -214,7 +212,6 @@ class DraPlugin:
         """Stop serving: the registration socket first (the kubelet stops dialling), then the DRA socket,
         each letting prepares and unprepares in flight finish within ``grace_s``; health streams end."""
         self.stopping = True
-        self._serving = False
         with self._lock:
             for q in self._streams:
                 q.put(_END)
