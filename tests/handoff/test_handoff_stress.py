@@ -201,12 +201,12 @@ def test_a_share_deleted_before_admission_never_hands_its_record_to_the_next_one
         node = c.nodes["node-w"]
         with node.admitter.pause():
             c.create(pod("first", share(40)))
-            assert until(lambda: any(k == "default/first" for _t, k, _n in c.binds), 20)
-            assert until(lambda: node.resolver.pending_count(R.GPU_SLOTS, 1) == 1, 10)  # shown waiting there
+            assert until(lambda: any(k == "default/first" for _t, k, _n in c.binds), 20, 0.02)
+            assert until(lambda: node.resolver.pending_count(R.GPU_SLOTS, 1) == 1, 10, 0.02)  # shown waiting there
             c.api.store.delete(c.api.kind("pods"), "default", "first")
             deleted_at = time.monotonic()
             c.create(pod("second", share(10)))
-            assert until(lambda: any(k == "default/second" for _t, k, _n in c.binds), 20)
+            assert until(lambda: any(k == "default/second" for _t, k, _n in c.binds), 20, 0.02)
             bound_at = next(t for t, k, _n in c.binds if k == "default/second")
         assert bound_at - deleted_at >= 1.0  # the bind waited for the node's view to see "first" end
         checks = assert_truthful(c, {"second"}, {})
