@@ -1,5 +1,6 @@
 """The extender's Binding write (:func:`kubegpu.kube.writes.abind_pod`) sends what lightkube's
-``client.create(Pod.Binding)`` sends, through lightkube's own HTTP client, and fails as it does."""
+``client.create(Pod.Binding)`` sends, with lightkube's own HTTP settings over its kept connections
+(:mod:`kubegpu.kube.kept_http`), and fails as it does."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from lightkube.models.core_v1 import ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 
 from kubegpu.kube.client import lightkube_http, make_async_client
+from kubegpu.kube.kept_http import binding_client
 from kubegpu.kube.resources import Pod
 from kubegpu.kube.writes import abind_pod
 from kubegpu_standins.apiserver import ApiServer
@@ -29,13 +31,14 @@ def _pod(name: str) -> dict[str, Any]:
 
 
 def _capture(client: AsyncClient) -> list[httpx2.Request]:
+    """What lightkube's own HTTP client and the Bindings' send, in order."""
     sent: list[httpx2.Request] = []
-    http, _ = lightkube_http(client)
 
     async def hook(request: httpx2.Request) -> None:
         sent.append(request)
 
-    http.event_hooks["request"].append(hook)
+    for http in (lightkube_http(client)[0], binding_client(client)):
+        http.event_hooks["request"].append(hook)
     return sent
 
 
@@ -66,6 +69,7 @@ def test_the_binding_is_the_request_lightkube_makes(apiserver: ApiServer, kubeco
     assert str(ours.url) == str(ours_ref.url).replace("/pods/a/", "/pods/b/")
     assert ours.url.params["fieldManager"] == "kubegpu"
     assert ours.headers["content-type"] == ours_ref.headers["content-type"] == "application/json"
+    assert ours.headers["user-agent"] == ours_ref.headers["user-agent"]
     body, ref = json.loads(ours.content), json.loads(ours_ref.content)
     for d in (body, ref):
         d["metadata"].pop("name"), d["metadata"].pop("uid"), d["metadata"].pop("resourceVersion")

@@ -27,6 +27,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.types import PatchType
 
 from kubegpu.kube.client import lightkube_http
+from kubegpu.kube.kept_http import binding_client
 from kubegpu.kube.resources import Event, Pod
 from kubegpu.kube.slim import SlimBinding, SlimBindingMeta, SlimTarget
 
@@ -152,19 +153,20 @@ async def abind_pod(client: AsyncClient, namespace: str, name: str, uid: str | N
     preconditions in the write that binds).
 
     The write lightkube's ``client.create(binding)`` makes (same path, ``fieldManager``, JSON and errors),
-    sent through lightkube's own HTTP client (its base URL, TLS and credentials) without lightkube's request
-    building and model round trip, which cost more than the write itself on the extender's hot path: one
-    Binding per placed pod. The answer (a Status, 201) is only checked; an error becomes lightkube's ApiError."""
+    sent with lightkube's own base URL, TLS and credentials over connections kept for Bindings
+    (:mod:`kubegpu.kube.kept_http`), without lightkube's request building and model round trip, which cost
+    more than the write itself on the extender's hot path: one Binding per placed pod. The answer (a Status,
+    201) is only checked; an error becomes lightkube's ApiError."""
     binding = SlimBinding(apiVersion="v1", kind="Binding",
                           metadata=SlimBindingMeta(name=name, namespace=namespace, uid=uid or None,
                                                    resourceVersion=resource_version or None,
                                                    annotations=annotations or None),
                           target=SlimTarget(apiVersion="v1", kind="Node", name=node))
-    http, field_manager = lightkube_http(client)
+    _, field_manager = lightkube_http(client)
     path = f"api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/binding"
     if field_manager:
         path += f"?fieldManager={quote(field_manager, safe='')}"
-    resp = await http.post(path, content=_encode_binding(binding), headers=_JSON)
+    resp = await binding_client(client).post(path, content=_encode_binding(binding), headers=_JSON)
     GenericClient.raise_for_status(resp)
 
 
