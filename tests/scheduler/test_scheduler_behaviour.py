@@ -58,16 +58,16 @@ def test_unknown_nodes_and_refused_requests_are_per_node_failures(cluster: Clust
     assert "memory" in out["FailedAndUnresolvableNodes"]["gpu-node-a"]
 
 
-def test_share_reasons_name_the_gpu_and_the_numbers(cluster: Cluster) -> None:
+def test_share_reasons_say_what_is_free_against_what_was_requested(cluster: Cluster) -> None:
     assert bind(cluster, pod("a", share(60, ratio=10)), "gpu-node-c") == ""
     out = cluster.post("/filter", args(pod("b", share(60, ratio=10)), ALL)).json()
     assert set(out["NodeNames"]) == {"gpu-node-a", "gpu-node-b"}
-    assert out["FailedNodes"]["gpu-node-c"] == "not enough GPU compute: GPU 0 has 40 percent free, 60 percent requested"
+    assert out["FailedNodes"]["gpu-node-c"] == "GPU compute free: 40 percent at most, 60 percent requested"
     out = cluster.post("/filter", args(pod("m", share(10, mem="76Gi")), ["gpu-node-c"])).json()
     why = out["FailedNodes"]["gpu-node-c"]
-    assert "GiB free" in why and "76.0 GiB requested" in why
+    assert why.startswith("GPU memory free with the compute: ") and why.endswith("GiB at most, 76.0 GiB requested")
     out = cluster.post("/filter", args(pod("w", {"nvidia.com/gpu": "2"}), ["gpu-node-c"])).json()
-    assert "not enough free whole GPUs: 2 requested, 0 of 1 free" in out["FailedNodes"]["gpu-node-c"]
+    assert out["FailedNodes"]["gpu-node-c"] == "free whole GPUs: 0 of 1, 2 requested"
 
 
 def test_share_over_k_gpus_and_multi_gpu(cluster: Cluster) -> None:
@@ -154,7 +154,7 @@ def test_health_mig_and_nvlink(tmp_path: Path) -> None:
     c = Cluster(api, ext)
     try:
         out = c.post("/filter", args(pod("w", {"nvidia.com/gpu": "8"}), ["nv"])).json()
-        assert out["NodeNames"] == [] and "7 of 7 free" in out["FailedNodes"]["nv"]
+        assert out["NodeNames"] == [] and out["FailedNodes"]["nv"] == "free whole GPUs: 7 of 7, 8 requested"
         assert bind(c, pod("w7", {"nvidia.com/gpu": "7"}), "nv") == ""
         uuids = {g.uuid for g in decode(api.get_object("pods", "w7", "default")["metadata"]["annotations"][
             DEVICE_ALLOCATED]).grants()}

@@ -12,6 +12,7 @@ import pytest
 from sched_harness import hold_random
 
 from kubegpu.inventory.fake import FakeBackend
+from kubegpu.model.allocation import ContainerAllocation, DeviceGrant, PodAllocation
 from kubegpu.placement import Demand
 from kubegpu.scheduler.reasons import insufficient
 from kubegpu.scheduler.state import ClusterView
@@ -62,3 +63,27 @@ def test_kept_reasons_and_candidates_follow_every_change(seed: int) -> None:
             nodes.append(node)
             view.set_inventory(node, FakeBackend("dgx-a100", node_name=node).discover())
     check(view, rng)
+
+
+def test_one_situation_is_one_text_whichever_gpus_it_is_on() -> None:
+    """Nodes alike but for which GPU is busy give kube-scheduler's event one reason to count, not one per GPU;
+    nodes with less free get another."""
+    view = ClusterView()
+    for n in ("a", "b", "c"):
+        view.set_inventory(n, FakeBackend("t4x4", node_name=n).discover())
+
+    def share(key: str, node: str, index: int, core: int) -> None:
+        gpu = view.nodes[node].inventory.gpus[index]  # type: ignore[union-attr]
+        grant = DeviceGrant(gpu.minor, gpu.uuid, core, gpu.memory_bytes * core // 100, core)
+        view.hold(key, key, node, PodAllocation((ContainerAllocation("c", (grant,)),)))
+
+    for node, busy in (("a", 0), ("b", 3), ("c", 1)):  # three GPUs 60 % used, the fourth on a and b 40 %
+        for i in range(4):
+            share(f"d/{node}{i}", node, i, 60 if i != busy or node == "c" else 40)
+    cluster = view.cluster
+    rows = view.rows_of(["a", "b", "c"])
+    a, b, c = insufficient(cluster, rows, Demand.share(700))
+    assert a == b == "GPU compute free: 60 percent at most, 70 percent requested"
+    assert c == "GPU compute free: 40 percent at most, 70 percent requested"
+    a, b, c = insufficient(cluster, rows, Demand.whole(1))
+    assert a == b == c == "free whole GPUs: 0 of 4, 1 requested"

@@ -32,6 +32,9 @@ def insufficient(cluster: ClusterState, rows: np.ndarray, demand: Demand,
     """Readable reasons for nodes that cannot take ``demand``, from the arrays. Nodes in the same
     situation get the same text (kube-scheduler's event then counts them together), so each distinct
     situation is worded once: rows are reduced to an integer code, and only unique codes are formatted.
+    A text says how much the node has against what was requested, never which GPU: an index would split
+    one situation into up to eight texts in the event (whose message kube-scheduler cuts at 1 KiB) and
+    lengthen every filter answer, of which these texts were two thirds (issue 23).
     A row's text depends on that row's arrays and the demand alone. ``candidates``: the cluster's
     ``gpu_candidates(demand)`` when the caller has it. A filter mostly words the few rows changed since the
     last filter of its demand, so the steps are few numpy calls, whatever the number of rows."""
@@ -48,10 +51,10 @@ def insufficient(cluster: ClusterState, rows: np.ndarray, demand: Demand,
     mem_best = mem_free = mem_need = None
     if demand.exclusive:  # 0 no usable GPU, 1 whole GPUs short
         case = np.where(none_ok, 0, 1)
-        param = (n_cand << 24) | (n_ok << 16) | (best << 8) | best_pct
+        param = (n_cand << 16) | n_ok
     elif demand.count > 1:  # 2 too few GPUs with room, 3 compute short
         case = np.where(none_ok, 0, np.where(n_cand > 0, 2, 3))
-        param = np.where(n_cand > 0, n_cand, (best << 8) | best_pct)
+        param = np.where(n_cand > 0, n_cand, best_pct)
     else:  # 3 compute short, 4 memory short (there is compute, but no GPU with it has the memory)
         roomy = core >= demand.milli
         any_roomy = roomy.any(axis=1)
@@ -61,7 +64,7 @@ def insufficient(cluster: ClusterState, rows: np.ndarray, demand: Demand,
         tenth_gib = 2**30 // 10
         mem_free = np.maximum(mem[idx, mem_best], 0) // tenth_gib
         mem_need = cluster.gpu_memory_need(demand, rows)[idx, mem_best] // tenth_gib
-        param = np.where(any_roomy, (mem_best << 40) | (mem_free << 20) | mem_need, (best << 8) | best_pct)
+        param = np.where(any_roomy, (mem_free << 24) | mem_need, best_pct)
     codes = ((case.astype(np.int64) << 56) | np.where(none_ok, 0, param)).tolist()
     # The distinct codes in first-seen order, and each row's index among them (a dict: few rows, few codes).
     index: dict[int, int] = {}
@@ -74,19 +77,16 @@ def insufficient(cluster: ClusterState, rows: np.ndarray, demand: Demand,
     for k in first:
         c = int(case[k])
         if c == 0:
-            texts.append("no healthy GPU available to share (all unhealthy or MIG-enabled)")
+            texts.append("no healthy GPU to share (all unhealthy or MIG-enabled)")
         elif c == 1:
-            texts.append(f"not enough free whole GPUs: {demand.count} requested, "
-                         f"{n_cand[k]} of {n_ok[k]} free (GPU {best[k]} has {best_pct[k]} percent compute free)")
+            texts.append(f"free whole GPUs: {n_cand[k]} of {n_ok[k]}, {demand.count} requested")
         elif c == 2:
-            texts.append(f"too few GPUs with room: {demand.count} GPUs with {want} percent compute each "
-                         f"requested, {n_cand[k]} have it")
+            texts.append(f"GPUs with {want} percent compute free: {n_cand[k]}, {demand.count} requested")
         elif c == 3:
-            texts.append(f"not enough GPU compute: GPU {best[k]} has {best_pct[k]} percent free, "
-                         f"{want} percent requested")
+            texts.append(f"GPU compute free: {best_pct[k]} percent at most, {want} percent requested")
         else:
-            assert mem_best is not None and mem_free is not None and mem_need is not None
-            texts.append(f"not enough GPU memory: GPU {mem_best[k]} has {mem_free[k] / 10:.1f} GiB free, "
+            assert mem_free is not None and mem_need is not None
+            texts.append(f"GPU memory free with the compute: {mem_free[k] / 10:.1f} GiB at most, "
                          f"{mem_need[k] / 10:.1f} GiB requested")
     return [texts[i] for i in inverse]
 
