@@ -12,9 +12,10 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from kubegpu.kube.client import make_async_client
+from kubegpu.kube.client import lightkube_http, make_async_client
 from kubegpu.kube.kept_http import KeptConnections, binding_client
 from kubegpu.webhook.certs import generate_ca, issue_serving_cert
+from kubegpu_standins.apiserver import ApiServer
 
 OK = b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 
@@ -254,3 +255,15 @@ def test_the_binding_client_speaks_as_lightkube_does_over_tls_with_its_credentia
     head = heads[0].lower()
     assert head.startswith(b"post /api/v1/namespaces/ns/pods/p/binding http/1.1")
     assert b"authorization: bearer s3cret" in head
+
+
+def test_a_proxy_lightkube_would_use_keeps_bindings_on_lightkubes_own_client(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with ApiServer() as api:
+        direct = make_async_client(api.write_kubeconfig(tmp_path / "kubeconfig"))
+        assert binding_client(direct) is not lightkube_http(direct)[0]
+        monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        proxied = make_async_client(api.write_kubeconfig(tmp_path / "kubeconfig"))
+        assert binding_client(proxied) is lightkube_http(proxied)[0]

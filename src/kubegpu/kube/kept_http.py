@@ -21,6 +21,7 @@ first one did go through, the second is a 409 the extender resolves by reading t
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 import weakref
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ import httpx2
 from lightkube import AsyncClient
 
 from kubegpu.kube.client import lightkube_http
+
+log = logging.getLogger(__name__)
 
 READ_CHUNK = 64 * 1024
 
@@ -198,23 +201,33 @@ _clients: weakref.WeakKeyDictionary[AsyncClient, httpx2.AsyncClient] = weakref.W
 
 
 def binding_client(client: AsyncClient) -> httpx2.AsyncClient:
-    """The httpx2 client Bindings go through: lightkube's own (:func:`~kubegpu.kube.client.lightkube_http`:
-    base URL, headers, timeouts, credentials) on :class:`KeptConnections` with its TLS context. One per
-    lightkube client."""
+    """The httpx2 client Bindings go through, one per lightkube client: lightkube's own
+    (:func:`~kubegpu.kube.client.lightkube_http`: base URL, headers, timeouts, credentials) on
+    :class:`KeptConnections` with its TLS context. Where lightkube's client would go through a proxy (from the
+    environment) or keeps its TLS context where this module cannot find it, Bindings go through lightkube's
+    client itself, as they did before: slower, never different."""
     kept = _clients.get(client)
     if kept is None:
         http, _ = lightkube_http(client)
-        kept = _clients[client] = httpx2.AsyncClient(
-            base_url=http.base_url, headers=http.headers, timeout=http.timeout, auth=http.auth,
-            transport=KeptConnections(_ssl_context(http)), trust_env=False)
+        found, ctx = _direct_tls(http)
+        if found:
+            kept = httpx2.AsyncClient(base_url=http.base_url, headers=http.headers, timeout=http.timeout,
+                                      auth=http.auth, transport=KeptConnections(ctx), trust_env=False)
+        else:
+            log.info("Bindings go through lightkube's own HTTP client (a proxy, or its TLS context not found)")
+            kept = http
+        _clients[client] = kept
     return kept
 
 
-def _ssl_context(http: httpx2.AsyncClient) -> ssl.SSLContext | None:
-    """The TLS context lightkube built for ``http`` (the kubeconfig's CA and client certificate): httpx2 keeps
-    it in its transport's pool. ``tests/kube/test_kube_kept_http.py`` fails if that changes."""
-    pool: Any = getattr(getattr(http, "_transport", None), "_pool", None)
-    ctx = getattr(pool, "_ssl_context", None)
-    if ctx is not None and not isinstance(ctx, ssl.SSLContext):
-        raise TypeError(f"httpx2's pool keeps a {type(ctx).__name__} as its TLS context")
-    return ctx
+def _direct_tls(http: httpx2.AsyncClient) -> tuple[bool, ssl.SSLContext | None]:
+    """Whether ``http`` reaches its base URL directly (no proxy mounted for it) and with which TLS context:
+    the one lightkube built (the kubeconfig's CA and client certificate), which httpx2 keeps in its
+    transport's pool. ``tests/kube/test_kube_kept_http.py`` fails if either changes."""
+    transport: Any = http._transport
+    if http._transport_for_url(http.base_url) is not transport:
+        return False, None
+    ctx = getattr(getattr(transport, "_pool", None), "_ssl_context", None)
+    if isinstance(ctx, ssl.SSLContext):
+        return True, ctx
+    return http.base_url.scheme == "http", None  # plain HTTP needs none
