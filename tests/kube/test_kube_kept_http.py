@@ -267,3 +267,22 @@ def test_a_proxy_lightkube_would_use_keeps_bindings_on_lightkubes_own_client(
         monkeypatch.delenv("no_proxy", raising=False)
         proxied = make_async_client(api.write_kubeconfig(tmp_path / "kubeconfig"))
         assert binding_client(proxied) is lightkube_http(proxied)[0]
+
+
+def test_a_server_that_chooses_http2_is_refused_not_misspoken(tmp_path: Path) -> None:
+    ca = generate_ca("cluster-ca")
+    issue_serving_cert(ca, ["127.0.0.1"]).write(tmp_path / "tls.crt", tmp_path / "tls.key")
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
+    server_ctx.set_alpn_protocols(["h2"])
+    (tmp_path / "ca.pem").write_bytes(ca.cert_pem)
+    client_ctx = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+    client_ctx.set_alpn_protocols(["h2", "http/1.1"])
+
+    async def go() -> None:
+        async with Scripted([_answer], ssl_context=server_ctx) as server, \
+                _client(server.url, KeptConnections(client_ctx)) as http:
+            with pytest.raises(httpx2.ConnectError, match="chose h2"):
+                await http.post("/x", content=b"{}")
+
+    asyncio.run(go())

@@ -128,6 +128,10 @@ class KeptConnections(httpx2.AsyncBaseTransport):
             raise httpx2.ConnectTimeout(f"connecting to {name}:{port} took over {timeout:g} s") from None
         except (OSError, ssl.SSLError) as e:
             raise httpx2.ConnectError(f"cannot connect to {name}:{port}: {e}") from e
+        tls_object = writer.get_extra_info("ssl_object")
+        if tls_object is not None and tls_object.selected_alpn_protocol() not in (None, "http/1.1"):
+            writer.close()  # the context offered more than HTTP/1.1 and the server took it: not ours to speak
+            raise httpx2.ConnectError(f"{name}:{port} chose {tls_object.selected_alpn_protocol()} over HTTP/1.1")
         self.opened += 1
         return _Connection(reader, writer, origin, asyncio.get_running_loop())
 
