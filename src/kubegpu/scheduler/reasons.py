@@ -64,7 +64,9 @@ def insufficient(cluster: ClusterState, rows: np.ndarray, demand: Demand,
         tenth_gib = 2**30 // 10
         mem_free = np.maximum(mem[idx, mem_best], 0) // tenth_gib
         mem_need = cluster.gpu_memory_need(demand, rows)[idx, mem_best] // tenth_gib
-        param = np.where(any_roomy, (mem_free << 24) | mem_need, best_pct)
+        # each in its own bits (a need of 1.6 PiB or more shares a code, and so its first row's text)
+        param = np.where(any_roomy, (np.minimum(mem_free, 2**31 - 1) << 24) | np.minimum(mem_need, 2**24 - 1),
+                         best_pct)
     codes = ((case.astype(np.int64) << 56) | np.where(none_ok, 0, param)).tolist()
     # The distinct codes in first-seen order, and each row's index among them (a dict: few rows, few codes).
     index: dict[int, int] = {}
