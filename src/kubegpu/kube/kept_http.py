@@ -4,10 +4,11 @@ A Binding is one small POST per placed pod, on the extender's hot path (kube-sch
 lightkube's httpx2 client it cost about 0.5 ms of CPU, most of it httpcore2's connection pool and the anyio
 cancel scopes around each of its reads and writes, not the exchange. :class:`KeptConnections` is an httpx2
 transport that makes the same exchange with h11 (the HTTP/1.1 state machine httpcore2 itself drives) over
-plain asyncio streams: a bind costs about 0.25 ms of CPU less (``docs/performance.md``). :func:`binding_client` puts it under an httpx2 client with everything of lightkube's
-own: base URL, default headers, timeouts, credentials (its auth flows, token refresh and exec plugins
-included) and its TLS context, so whom the extender is and whom it trusts do not change, and errors are
-httpx2's as before.
+plain asyncio streams: a bind costs about 0.25 ms of CPU less (``docs/performance.md``).
+:func:`binding_client` puts it under an httpx2 client with everything of lightkube's own: base URL, default
+headers, timeouts, credentials (its auth flows, token refresh and exec plugins included) and its TLS
+context, so whom the extender is and whom it trusts do not change, and errors are httpx2's as before. Where
+lightkube's client would go through a proxy, Bindings stay on it.
 
 What it keeps of httpcore2's behaviour: a connection per request in flight (binds run concurrently), idle
 connections reused for ``keepalive_s`` (httpcore2's default expiry) and dropped when the server has closed
