@@ -174,7 +174,7 @@ def test_no_answer_within_the_read_timeout_is_a_read_timeout_and_the_connection_
                 with pytest.raises(httpx2.ReadTimeout):
                     await http.post("/x", content=b"{}")
                 assert transport._idle == []
-                assert (await http.post("/x", content=b"{}")).status_code == 201
+                assert (await http.post("/x", content=b"{}", timeout=10)).status_code == 201
                 return transport.opened, len(transport._idle)
 
     assert asyncio.run(go()) == (2, 1)
