@@ -5,10 +5,16 @@ anonymous mapping that the driver's library allocates and fills. One hypothesis 
 mapping is resident in full because transparent huge pages back it. If so, the node daemon could set
 ``PR_SET_THP_DISABLE`` for itself at start-up.
 
-This probe runs the same sequence of steps in two fresh Python processes, each its own subprocess:
+A second hypothesis: the driver's library allocates that state per GPU when it attaches to every GPU at
+``nvmlInit``; ``nvmlInitWithFlags(NVML_INIT_FLAG_NO_ATTACH)`` defers the attach to the first use of each
+GPU. Whether that saves anything once every GPU has been used (as the daemon uses them all) is what the
+``devices`` and ``events`` steps of that variant show.
+
+This probe runs the same sequence of steps in three fresh Python processes, each its own subprocess:
 
 - ``default``: as the daemon runs today;
-- ``thp_disabled``: ``prctl(PR_SET_THP_DISABLE, 1)`` set first, before anything is loaded.
+- ``thp_disabled``: ``prctl(PR_SET_THP_DISABLE, 1)`` set first, before anything is loaded;
+- ``no_attach``: ``nvmlInitWithFlags(NVML_INIT_FLAG_NO_ATTACH)`` instead of ``nvmlInit``.
 
 The steps: ``baseline``; ``import_pynvml``; ``load_library`` (pynvml loads ``libnvidia-ml.so.1``
 without initialising it); ``nvml_init``; ``devices`` (every device's handle, and its name, memory
@@ -25,8 +31,9 @@ An NVML error at any step is reported in that step (``error``) and the probe goe
 step it can still run; it never raises. Needs ``nvidia-ml-py`` (``pynvml``) and the NVIDIA driver.
 
 The last line of stdout is one JSON object: ``{"thp": {...}, "variants": {"default": {...},
-"thp_disabled": {...}}, "summary": {...}}``; ``summary`` gives each variant's growth at ``nvml_init``
-(VmRSS, AnonHugePages) for a quick comparison.
+"thp_disabled": {...}, "no_attach": {...}}, "summary": {...}}``; ``summary`` gives each variant's growth at
+``nvml_init`` (VmRSS, AnonHugePages) and its VmRSS once every GPU is registered for events (what the
+daemon holds) for a quick comparison.
 
 Usage: ``python bench/nvml_memory.py [--min-growth-kb 256] [--timeout 120]``.
 """
@@ -46,7 +53,7 @@ PR_GET_THP_DISABLE = 42
 XID_EVENTS = 0x8  # nvmlEventTypeXidCriticalError
 ECC_EVENTS = 0x1 | 0x2  # nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError
 ROLLUP_FIELDS = ("Rss", "Pss", "Anonymous", "AnonHugePages")
-VARIANTS = ("default", "thp_disabled")
+VARIANTS = ("default", "thp_disabled", "no_attach")
 
 
 def read_text(path: str) -> str | None:
@@ -168,7 +175,10 @@ def child(variant: str, min_kb: int) -> dict[str, Any]:
 
     before = mappings()
     try:
-        pynvml.nvmlInit()
+        if variant == "no_attach":
+            pynvml.nvmlInitWithFlags(pynvml.NVML_INIT_FLAG_NO_ATTACH)
+        else:
+            pynvml.nvmlInit()
     except Exception as exc:
         step("nvml_init", _error(exc))
         return result
@@ -256,6 +266,7 @@ def summary(variant: dict[str, Any]) -> dict[str, Any]:
         return {"error": (init or {}).get("error") or variant.get("error") or "nvmlInit not reached"}
     return {f"{k}_growth_at_init_kb": (init[k] - before[k]) if init[k] is not None and before[k] is not None
             else None for k in ("VmRSS", "Anonymous", "AnonHugePages")} | {
+        "VmRSS_after_events_kb": (by.get("events") or {}).get("VmRSS"),
         "VmRSS_final_kb": variant["steps"][-1].get("VmRSS")}
 
 
