@@ -245,6 +245,8 @@ def test_the_binding_client_speaks_as_lightkube_does_over_tls_with_its_credentia
             answer = await binding_client(client).post("api/v1/namespaces/ns/pods/p/binding", content=b"{}")
             assert answer.status_code == 201 and answer.json() == {}
             assert binding_client(client) is binding_client(client)  # one per lightkube client
+            # over the kept connections with lightkube's TLS context, not the fallback to lightkube's client
+            assert binding_client(client) is not lightkube_http(client)[0]
             stranger = make_async_client(kubeconfig(server.url, other_ca.cert_pem, "theirs"))
             with pytest.raises(httpx2.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
                 await binding_client(stranger).post("api/v1/namespaces/ns/pods/p/binding", content=b"{}")

@@ -12,8 +12,9 @@ lightkube's client would go through a proxy, Bindings stay on it.
 
 What it keeps of httpcore2's behaviour: a connection per request in flight (binds run concurrently), idle
 connections reused for ``keepalive_s`` (httpcore2's default expiry) and dropped when the server has closed
-them, a response body bounded (``max_body_bytes``: a Binding answer is a small Status), and each failure
-raised as httpx2's exception of its kind. One difference, for Bindings only: a request sent on a kept
+them, and each failure raised as httpx2's exception of its kind. What it adds: the answer's body is bounded
+(``max_body_bytes``: a Binding answer is a small Status), and a TLS server that chose another protocol
+than HTTP/1.1 is refused. One difference, for Bindings only: a request sent on a kept
 connection that the server closed before answering any of it is sent once more on a fresh connection
 (httpcore2 would raise). A Binding carries the pod's UID and resourceVersion as preconditions, so if the
 first one did go through, the second is a 409 the extender resolves by reading the pod.

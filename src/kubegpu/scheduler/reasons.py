@@ -48,7 +48,7 @@ def insufficient(cluster: ClusterState, rows: np.ndarray, demand: Demand,
     best = core.argmax(axis=1)
     best_pct = np.maximum(core[idx, best], 0) // 10
     none_ok = n_ok == 0
-    mem_best = mem_free = mem_need = None
+    mem_free = mem_need = None
     if demand.exclusive:  # 0 no usable GPU, 1 whole GPUs short
         case = np.where(none_ok, 0, 1)
         param = (n_cand << 16) | n_ok
