@@ -31,6 +31,8 @@ class _Plugin(dp_grpc.DevicePluginBase):
         self.ended_on: list[str] = []
         self.loop_threads: set[str] = set()
         self.asked: list[str] = []
+        self.pad = ""  # appended to each streamed device ID: sizes the stream's messages
+        self.yielded = 0
 
     def allocate(self, req: pb.AllocateRequest) -> pb.AllocateResponse:
         self.loop_threads.add(threading.current_thread().name)
@@ -61,7 +63,8 @@ class _Plugin(dp_grpc.DevicePluginBase):
                     self.versions.wait()
                     continue
                 seen = self.version
-            yield pb.ListAndWatchResponse(devices=[pb.Device(ID=f"v{seen}", health="Healthy")])
+            self.yielded += 1
+            yield pb.ListAndWatchResponse(devices=[pb.Device(ID=f"v{seen}{self.pad}", health="Healthy")])
 
     async def GetDevicePluginOptions(self, stream) -> None:  # type: ignore[no-untyped-def]
         await rpc.answer(stream, lambda _: pb.DevicePluginOptions(get_preferred_allocation_available=True))
@@ -134,6 +137,46 @@ def test_a_stream_sends_each_change_and_ends_when_its_client_leaves(served) -> N
     call.cancel()
     assert plugin.ended.wait(5), "the stream's generator never saw its client leave"
     assert plugin.ended_on == ["test-watch"], "end callbacks must run in the stream's thread, never on the loop"
+
+
+def test_a_client_that_stops_reading_stops_its_stream_generator(served) -> None:  # type: ignore[no-untyped-def]
+    plugin, _, stub = served
+    plugin.pad = "x" * 1024 * 1024  # a few messages fill what the client buffers: sends then wait
+    call = stub.ListAndWatch(pb.Empty(), timeout=30)
+    assert next(call).devices[0].ID.startswith("v0")
+    for version in range(1, 201):  # 200 changes the client never reads
+        with plugin.versions:
+            plugin.version = version
+            plugin.versions.notify_all()
+        time.sleep(0.002)
+    time.sleep(0.3)
+    # Unbounded, every change became a queued 1 MB message (200 here). Bounded: what the client's window
+    # and buffers took, MAX_UNSENT_MESSAGES waiting, and the one the generator holds at its yield.
+    assert plugin.yielded <= 40, plugin.yielded
+    assert not plugin.ended.is_set()
+    # Reading again gets the newest state soon: the held-back generator resumes where the changes are.
+    last = ""
+    deadline = time.monotonic() + 10
+    while not last.startswith("v200") and time.monotonic() < deadline:
+        last = next(call).devices[0].ID
+    assert last.startswith("v200x")
+    call.cancel()
+    assert plugin.ended.wait(5), "a generator waiting for room never saw its client leave"
+
+
+def test_a_waiting_stream_generator_ends_when_its_client_leaves(served) -> None:  # type: ignore[no-untyped-def]
+    plugin, _, stub = served
+    plugin.pad = "x" * 256 * 1024
+    call = stub.ListAndWatch(pb.Empty(), timeout=30)
+    next(call)
+    for version in range(1, 50):
+        with plugin.versions:
+            plugin.version = version
+            plugin.versions.notify_all()
+        time.sleep(0.002)
+    time.sleep(0.2)  # the generator now waits at its yield for room
+    call.cancel()
+    assert plugin.ended.wait(5), "a generator waiting for room never saw its client leave"
 
 
 def test_stop_lets_a_call_in_flight_finish_and_removes_the_socket(served) -> None:  # type: ignore[no-untyped-def]

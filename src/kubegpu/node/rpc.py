@@ -50,9 +50,14 @@ Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # grpcio's and grpc-go's default receive limit
+# A stream's messages yielded but not yet sent. A client that stops reading (HTTP/2 flow control then
+# holds the sends) stops its generator after this many instead of letting them pile up: the generators
+# here yield whole snapshots, so the one yielded after the wait is the newest state, not a stale one.
+MAX_UNSENT_MESSAGES = 4
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
+    "MAX_UNSENT_MESSAGES",
     "CallFailed",
     "RpcAbort",
     "Status",
@@ -248,15 +253,20 @@ async def stream_out(stream: Stream[Req, Resp], generate: Callable[[Req, StreamC
                      name: str) -> None:
     """Serve a server-streaming call: ``generate(request, context)`` runs in a thread of its own (it
     may wait on threading conditions between messages) and each message it yields is sent in order.
-    The generator sees ``context.is_active()`` turn false once the client is gone."""
+    The generator sees ``context.is_active()`` turn false once the client is gone, and waits at its
+    ``yield`` while MAX_UNSENT_MESSAGES of its messages are still unsent."""
     request = await receive(stream)
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[bool, Any]] = asyncio.Queue()
     context = StreamContext()
+    unsent = threading.BoundedSemaphore(MAX_UNSENT_MESSAGES)
+    # Ending the call wakes a generator waiting for room; it then sees the call over and stops.
+    context.on_cancel(lambda: _release(unsent))
 
     def produce() -> None:
         try:
             for message in generate(request, context):
+                unsent.acquire()
                 if not context.is_active():
                     break
                 loop.call_soon_threadsafe(queue.put_nowait, (True, message))
@@ -278,8 +288,15 @@ async def stream_out(stream: Stream[Req, Resp], generate: Callable[[Req, StreamC
                     raise GRPCError(Status.INTERNAL, f"internal error: {item}")
                 return
             await stream.send_message(item)
+            _release(unsent)
     finally:
         context.cancel()  # the client left, the server stops, or the generator ended: the thread ends too
+
+
+def _release(unsent: threading.BoundedSemaphore) -> None:
+    # The call's end releases one more than was taken when no message was waiting: that one is moot.
+    with contextlib.suppress(ValueError):
+        unsent.release()
 
 
 class UnixServer:
