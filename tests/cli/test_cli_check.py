@@ -244,3 +244,13 @@ def test_nesting_a_manifest_uses_is_fine(tmp_path: Path) -> None:
     for _ in range(MAX_YAML_DEPTH - 1):
         deep = {"a": deep}
     assert load_documents(yaml.safe_dump(deep, width=10**6))[0]["a"]["a"]["a"]
+
+
+def test_a_share_pod_given_to_another_scheduler_is_noted_as_refused_by_the_webhook(tmp_path: Path) -> None:
+    job = workload("Job", "j", SHARE)
+    job["spec"]["template"]["spec"]["schedulerName"] = "volcano"
+    _, out = run(write(tmp_path, [job, workload("Job", "k", SHARE)]), "--json")
+    first, second = json.loads(out)["objects"]
+    assert any(n.startswith("refused by the webhook: GPU shares") and "'volcano'" in n for n in first["notes"])
+    assert not any("neither places nor accounts" in n for n in first["notes"])  # said once, as the refusal
+    assert not any("refused by the webhook" in n for n in second["notes"])

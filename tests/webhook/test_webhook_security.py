@@ -145,6 +145,38 @@ def test_full_mode_steers_gpu_pods_to_kubegpus_scheduler() -> None:
                    for op in patch_of(review(gpu_pod(), settings=WebhookSettings())))
 
 
+def share_pod(**spec: Any) -> dict[str, Any]:
+    pod = gpu_pod(**spec)
+    pod["spec"]["containers"][0]["resources"]["limits"] = {"kubegpu.io/gpu-core": "25",
+                                                           "kubegpu.io/gpu-memory-ratio": "25"}
+    return pod
+
+
+def test_a_share_pod_no_kubegpu_scheduler_places_is_refused_with_the_way_out() -> None:
+    """A node serves a share only as the record kubegpu's scheduler writes at bind: a share pod created onto
+    a node, or given to another scheduler, would fail there, and while it waited its Allocate call could be
+    taken for a recorded pod's. Refused at admission, saying what to change."""
+    onto = review(share_pod(nodeName="gpu-node-a"))
+    assert onto["allowed"] is False
+    msg = onto["status"]["message"]
+    assert "spec.nodeName is set ('gpu-node-a')" in msg and "nodeSelector or node affinity" in msg
+    assert "kubegpu.io/gpu.shared" in msg and "kubegpu-scheduler" in msg
+    other = review(share_pod(schedulerName="volcano"))
+    assert other["allowed"] is False and "spec.schedulerName is 'volcano'" in other["status"]["message"]
+    # The validating webhook (no mutation) refuses alike: the pod reaches it with the share resources.
+    assert review(share_pod(schedulerName="volcano"), mutate=False)["allowed"] is False
+    # Placed by kubegpu's scheduler (named, or steered there by full mode): allowed.
+    assert review(share_pod(schedulerName="kubegpu-scheduler"))["allowed"] is True
+    steered = review(share_pod())
+    assert steered["allowed"] is True
+    assert {"op": "add", "path": "/spec/schedulerName", "value": "kubegpu-scheduler"} in patch_of(steered)
+    # Whole GPUs are served to pods another scheduler binds (no record needed): not refused.
+    assert review(gpu_pod(nodeName="gpu-node-a"))["allowed"] is True
+    assert review(gpu_pod(schedulerName="volcano"))["allowed"] is True
+    # Without a scheduler name (node-only settings) the webhook cannot tell who places pods: not refused.
+    assert review(share_pod(nodeName="gpu-node-a"), settings=WebhookSettings())["allowed"] is True
+
+
 def test_a_pod_created_onto_a_node_gets_void_without_a_toleration() -> None:
     pod = {"metadata": {"name": "q", "namespace": "team-a"},
            "spec": {"nodeName": "gpu-node-a", "containers": [{"name": "cuda", "image": "nvidia/cuda"}]}}

@@ -26,8 +26,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from kubegpu.httpserve import BodyError, ServeLimits, receive_body
 from kubegpu.install.security import EXTENDER_SA, NODE_SA
 from kubegpu.model import annotations as A
+from kubegpu.model import resources as R
 from kubegpu.model.limits import DEFAULT_MAX_GPU_CONTAINERS, count_gpu_containers, too_many_gpu_containers
 from kubegpu.model.normalise import DEVICE_ENV_VARS, AdmissionPolicy, review_ephemeral, review_pod
+from kubegpu.model.records import device_resource
+from kubegpu.model.request import PodRequest, parse_pod
 from kubegpu.model.signing import ACK_SIGNATURE, RECORD_SIGNATURE
 from kubegpu.webhook.review import MAX_BODY_BYTES, BadReview, encode_json, read_review, write_response
 
@@ -163,6 +166,9 @@ def decide(body: bytes, settings: WebhookSettings, *, mutate: bool) -> Verdict:
             # containers that ask for no GPU get NVIDIA_VISIBLE_DEVICES=void like any pod that can land there.
             policy = replace(policy, void_all_pods=True)
         review = review_pod(req.object, policy)
+        if review.allowed and (why := unplaced_share(req.object, review.request, settings.scheduler_name)):
+            log.info("pod %s/%s refused: %s", namespace, _object_name(req.object), why)
+            return Verdict(write_response(req.uid, allowed=False, message=why), "denied", "share-not-placed")
     if not review.allowed:
         who = _object_name(req.object)
         log.info("pod %s/%s refused: %s", namespace, who, "; ".join(str(r) for r in review.refusals))
@@ -215,6 +221,26 @@ def _steer(obj: Mapping[str, Any], scheduler: str, patch: list[dict[str, Any]], 
                         f"pod's GPUs ({scheduler} does)")
 
 
+def unplaced_share(pod: Mapping[str, Any], request: PodRequest, scheduler: str) -> str:
+    """Why a pod asking GPU shares would only fail at its node ("" when it would not): a node serves a share
+    only as the record kubegpu's scheduler writes when it binds the pod, so a share pod created onto a
+    node or left to another scheduler never runs, and while it waits to be refused its identity-less
+    Allocate call could be taken for a recorded pod's (docs/handoff.md). Full mode only (``scheduler``)."""
+    if not scheduler or not any(c.request is not None and device_resource(c.request) == R.GPU_SLOTS
+                                for c in request.gpu_containers):
+        return ""
+    what = (f"GPU shares ({', '.join(R.SHARE_RESOURCES)}) are served only to pods {scheduler} places: a node "
+            "serves a share only as the record it writes at bind")
+    if node := _node_name(pod):
+        return (f"{what}, and spec.nodeName is set ({node[:64]!r}), so the pod would fail on that node; leave "
+                f"nodeName out and pin the pod with a nodeSelector or node affinity instead")
+    current = _spec(pod).get("schedulerName")
+    if not isinstance(current, str) or current in DEFAULT_SCHEDULERS or current == scheduler:
+        return ""
+    return (f"{what}, and spec.schedulerName is {current[:64]!r}, so the pod would fail on its node; leave "
+            f"schedulerName out (kubegpu's webhook sets {scheduler}) or set it to {scheduler}")
+
+
 def offline_warnings(pod: Mapping[str, Any], settings: WebhookSettings) -> list[str]:
     """What the webhook would add or refuse beyond :func:`review_pod`, for ``kubegpu check``: the
     scheduler name of GPU pods, the GPU-container cap, the record annotations and envFrom."""
@@ -223,8 +249,11 @@ def offline_warnings(pod: Mapping[str, Any], settings: WebhookSettings) -> list[
         out.append(f"refused by the webhook: {why}")
     if changed := _record_changes(pod, None):
         out.append(f"refused by the webhook: {' and '.join(changed)} may be written only by kubegpu")
+    if unplaced := unplaced_share(pod, parse_pod(pod, replica_resources=settings.policy.replica_resources),
+                                  settings.scheduler_name):
+        out.append(f"refused by the webhook: {unplaced}")
     if count_gpu_containers(pod, settings.policy.replica_resources) and settings.scheduler_name \
-            and not _node_name(pod):
+            and not _node_name(pod) and not unplaced:
         current = _spec(pod).get("schedulerName")
         if current is None or current in DEFAULT_SCHEDULERS:
             out.append(f"spec.schedulerName is {current or 'not set'}: without kubegpu's webhook (full mode sets "
