@@ -5,6 +5,7 @@ the health stream, the thread prepares run in, graceful stop and sockets served 
 from __future__ import annotations
 
 import contextlib
+import queue
 import shutil
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import pytest
 from polling import until
 
 from kubegpu.node.dra.names import DRIVER
-from kubegpu.node.dra.plugin import DraPlugin
+from kubegpu.node.dra.plugin import _END, DraPlugin, _next_change
 from kubegpu.node.dra.prepare import PreparedDevice, PrepareError
 from kubegpu.node.dra.proto import (
     dra_health_pb2,
@@ -171,6 +172,19 @@ def test_health_stream_sends_every_device_then_each_change_and_ends_with_its_cli
     assert second.devices[1].message == "Xid 79" and second.devices[1].health_check_timeout_seconds == 60
     call.cancel()
     assert until(lambda: bed.plugin.active_streams == 0, 5), "the stream outlived its client"
+
+
+def test_health_changes_a_stream_has_not_sent_yet_go_out_as_one_message() -> None:
+    """Changes that came while the stream waited (its client reading slowly: the stream holds its generator)
+    are one message of the newest state, not a backlog of one per change; the call's end is seen among them."""
+    q: queue.Queue[bool] = queue.Queue()
+    for _ in range(50):
+        q.put(True)
+    assert _next_change(q) is True and q.empty()
+    q.put(True)
+    q.put(_END)
+    q.put(True)
+    assert _next_change(q) is False
 
 
 def test_stop_lets_a_prepare_finish_ends_streams_and_removes_the_sockets(bed: _Bed) -> None:

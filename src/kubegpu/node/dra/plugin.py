@@ -134,6 +134,19 @@ _V1beta1Service = _node_service(dra_v1beta1_pb2, dra_v1beta1_grpc.DRAPluginBase)
 _END = False  # put on a health stream's queue when its call ends; a change puts True
 
 
+def _next_change(q: queue.Queue[bool]) -> bool:
+    """Wait for a health change: True once one came (with every other that came meanwhile: one message
+    carries them all, so a stream its client reads slowly sends the newest state, not a backlog), False
+    once the call ended."""
+    item = q.get()
+    while item is not _END:
+        try:
+            item = q.get_nowait()
+        except queue.Empty:
+            return True
+    return False
+
+
 class _Health(dra_health_grpc.DRAResourceHealthBase):
     def __init__(self, plugin: DraPlugin) -> None:
         self.plugin = plugin
@@ -146,7 +159,7 @@ class _Health(dra_health_grpc.DRAResourceHealthBase):
         self.plugin._add_stream(q)
         try:
             yield self.plugin.health_message()
-            while context.is_active() and not self.plugin.stopping and q.get() is not _END:
+            while context.is_active() and not self.plugin.stopping and _next_change(q):
                 yield self.plugin.health_message()
         finally:
             self.plugin._remove_stream(q)
