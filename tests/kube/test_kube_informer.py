@@ -55,11 +55,47 @@ def test_informer_lists_watches_reconnects_and_relists(apiserver: ApiServer, kub
         return [(e.type, e.key) for e in seen]
 
     events = asyncio.run(scenario())
+    assert not any(t is EventType.RELISTED for t, _ in events)  # announced only to a handler that asks
     assert events[0] == (EventType.ADDED, "default/before")
     assert (EventType.ADDED, "default/live") in events
     assert (EventType.MODIFIED, "default/live") in events
     assert (EventType.DELETED, "default/before") in events
     assert (EventType.ADDED, "default/after") in events
+
+
+def test_each_relist_but_the_first_is_announced_to_a_handler_that_asks(apiserver: ApiServer, kubeconfig: Path) -> None:
+    """A pod created and deleted while the watch was broken is never seen; a handler that must know up to
+    where that can no longer be so (the node's handoff) is told after each relist but the first, once the
+    relist's difference is handed over."""
+    sync = make_client(kubeconfig)
+    sync.create(Pod.from_dict(_pod("before")))
+
+    async def scenario() -> list[WatchEvent]:
+        seen: list[WatchEvent] = []
+        inf = Informer(make_async_client(kubeconfig), Pod, seen.append, resync_s=30,
+                       backoff=Backoff(base_s=0.05, cap_s=0.2), announce_relists=True)
+        task = asyncio.create_task(inf.run())
+        await asyncio.wait_for(inf.synced.wait(), 20)
+        assert [e.type for e in seen] == [EventType.ADDED]  # the first list: nothing to announce
+        port = apiserver.port
+        await asyncio.to_thread(apiserver.stop)
+        apiserver.put_object({"apiVersion": "v1", "kind": "Pod", **_pod("short-lived")})
+        apiserver.store.delete(apiserver.kind("pods"), "default", "short-lived")
+        apiserver.put_object({"apiVersion": "v1", "kind": "Pod", **_pod("after")})
+        apiserver.compact()
+        await asyncio.to_thread(apiserver.start, port)
+        await _until(lambda: any(e.type is EventType.RELISTED for e in seen))
+        inf.stop()
+        task.cancel()
+        return seen
+
+    events = asyncio.run(scenario())
+    relisted = [e for e in events if e.type is EventType.RELISTED]
+    assert len(relisted) == 1 and relisted[0].obj is None and relisted[0].key == ""
+    assert events.index(relisted[0]) > events.index(next(e for e in events if e.key == "default/after"))
+    # Complete as of the list: past the deletion it never saw, made before "after" was created.
+    assert int(relisted[0].version) >= max(int(e.obj.metadata.resourceVersion) for e in events if e.obj is not None)
+    assert not any(e.key == "default/short-lived" for e in events)
 
 
 def test_informer_survives_server_down_and_handler_errors(tmp_path: Path) -> None:

@@ -34,6 +34,11 @@ class EventType(StrEnum):
     ADDED = "ADDED"
     MODIFIED = "MODIFIED"
     DELETED = "DELETED"
+    # Only to a handler that asks (``announce_relists``): a relist after the first rebuilt the cache, complete
+    # as of ``version``; no object. An object created and deleted while the watch was broken (expired, cut,
+    # or silently dead until the periodic resync) was never seen, and this says up to where that can no
+    # longer be so. A watch that missed nothing costs the handler one such event per resync.
+    RELISTED = "RELISTED"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +54,7 @@ class WatchEvent:
 
     @property
     def key(self) -> str:
-        return object_key(self.obj)
+        return object_key(self.obj) if self.obj is not None else ""
 
 
 def object_key(obj: Any) -> str:
@@ -87,11 +92,12 @@ class Informer:
                  namespace: str | None = "*", fields: Mapping[str, Any] | None = None,
                  labels: dict[str, str] | None = None, resync_s: float = 300.0,
                  server_timeout_s: int = 240, backoff: Backoff | None = None, name: str = "",
-                 keep: Callable[[Any], Any] | None = None) -> None:
+                 keep: Callable[[Any], Any] | None = None, announce_relists: bool = False) -> None:
         """``keep``: what the cache holds of each object (the object itself by default). It must keep the
         metadata's name, namespace and resourceVersion, and whatever the handler reads of a deleted
         object; a handler that keeps its own view passes a slim copy, since at cluster scale the cache
-        of full objects is most of the process's memory."""
+        of full objects is most of the process's memory. ``announce_relists``: the handler is also told
+        (``RELISTED``) after each relist but the first, once the relist's difference is handed over."""
         self._client = client
         self._keep = keep or (lambda obj: obj)
         self._res = resource
@@ -109,6 +115,7 @@ class Informer:
         self.relists = 0
         self.reconnects = 0
         self._stopping = False
+        self._announce_relists = announce_relists
 
     def _kw(self) -> dict[str, Any]:
         kw: dict[str, Any] = {}
@@ -147,6 +154,8 @@ class Informer:
         for key in [k for k in self.cache if k not in fresh]:
             old = self.cache.pop(key)
             self._deliver(WatchEvent(EventType.DELETED, old, old, version=self.resource_version))
+        if self._announce_relists and self.synced.is_set() and self.resource_version:
+            self._deliver(WatchEvent(EventType.RELISTED, None, version=self.resource_version))
         self.synced.set()
 
     async def _watch(self) -> None:

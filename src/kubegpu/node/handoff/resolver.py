@@ -223,7 +223,19 @@ class HandoffResolver:
                 del self._bypass[g]
 
     def on_event(self, ev: WatchEvent) -> None:
+        if ev.type is EventType.RELISTED:
+            self.relisted(ev.version)
+            return
         self.observe(ev.obj.to_dict(), deleted=ev.type is EventType.DELETED, version=ev.version)
+
+    def relisted(self, version: str) -> None:
+        """A relist at ``version`` rebuilt this view (its events all delivered before this). A GPU pod bound
+        here and gone again while the watch was broken (expired, cut, or dead until the resync) was never seen
+        here, yet the extender may hold its kind on this node until the Node says this view has got past its
+        end (docs/handoff.md, step 2): the view is complete as of the relist, so that is published (one Node
+        write per resync, every 5 minutes, when nothing else moved it)."""
+        with self._lock:
+            self._seen_up_to(_rv(version))
 
     def _may_end_unserved(self, key: str, uid: str, pod: Mapping[str, Any] | None = None) -> bool:
         """Whether an ended pod is a GPU pod bound here that may not have been served (one that ran was): by
@@ -767,7 +779,7 @@ def make_resolver(client: Client, node: str, *, pod_resources_socket: str = POD_
         feed = _delayed(resolver.on_event, watch_delay_s, f"handoff-lag-{node}")
     # The pods' handoff fields only, and a tombstone of each in the watch's cache (kubegpu.node.handoff.pods).
     resolver.watch = InformerThread(client, HandoffPod, feed, fields={"spec.nodeName": node},
-                                    name=f"handoff-{node}", keep=tombstone).start()
+                                    name=f"handoff-{node}", keep=tombstone, announce_relists=True).start()
     resolver.watch.wait_synced(10)
     time.sleep(0)  # let the synced events land
     resolver.consistent_read()  # complete as of its version, which the Node then carries (A.HANDOFF_SEEN)
