@@ -291,6 +291,38 @@ def test_only_kubegpu_writes_the_records() -> None:
     assert not _admits(p, _req(EXT_SA, "UPDATE", "pods", _pod("n", **rec, **ack), _pod("n", **rec)))
 
 
+def test_share_pods_are_created_only_for_kubegpus_scheduler_to_place() -> None:
+    """What the webhook refuses and steers, held while it is down: a pod asking a GPU share is created only
+    without a node and for kubegpu's scheduler; pods without a share are not this policy's."""
+    p = _policy("kubegpu-share-placement")
+
+    def pod(limits: dict[str, str], *, init: bool = False, **spec: str) -> dict:
+        c = {"name": "c", "image": "x", "resources": {"limits": limits}}
+        body: dict = {"containers": [c], **spec}
+        if init:  # the share asked by an init container, the app container asking nothing
+            body = {"containers": [{"name": "main", "image": "x"}], "initContainers": [c], **spec}
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "a"}, "spec": body}
+
+    share = {"kubegpu.io/gpu-core": "25", "kubegpu.io/gpu-memory-ratio": "25", "kubegpu.io/gpu.shared": "1"}
+    placed = pod(share, schedulerName="kubegpu-scheduler")
+    assert _admits(p, _req("alice", "CREATE", "pods", placed, None))
+    assert not _admits(p, _req("alice", "CREATE", "pods", pod(share, schedulerName="default-scheduler"), None))
+    assert not _admits(p, _req("alice", "CREATE", "pods", pod(share), None))  # no scheduler name at all
+    assert not _admits(p, _req("alice", "CREATE", "pods", pod(share, schedulerName="kubegpu-scheduler",
+                                                              nodeName="node-a"), None))
+    assert not _admits(p, _req("alice", "CREATE", "pods", pod({"kubegpu.io/gpu.shared": "1"}, init=True,
+                                                              schedulerName="volcano"), None))
+    untranslated = pod({"kubegpu.io/gpu-core": "50"}, schedulerName="default-scheduler")  # the webhook was down
+    assert not _admits(p, _req("alice", "CREATE", "pods", untranslated, None))
+    # Whole GPUs (served without a record when free) and plain pods: any scheduler, any node.
+    assert _admits(p, _req("alice", "CREATE", "pods", pod({"nvidia.com/gpu": "1"}, nodeName="node-a",
+                                                          schedulerName="volcano"), None))
+    assert _admits(p, _req("alice", "CREATE", "pods", pod({"cpu": "1"}, nodeName="node-a"), None))
+    names = {o["metadata"]["name"] for o in render(values_from_dict({"scheduler": {"schedulerName": ""}}))
+             if o["kind"] == "ValidatingAdmissionPolicy"}
+    assert "kubegpu-share-placement" not in names  # no scheduler of kubegpu's to name
+
+
 def test_the_record_key_reaches_the_signers_in_full_mode_only() -> None:
     def key_env(mode: str) -> dict[str, dict]:
         out = {}

@@ -544,6 +544,8 @@ def policy_objects(v: Values) -> list[Obj]:
     objs = security.node_restriction_policy(v.namespace, labels, node_fullname(v))
     if v.mode == "full":
         objs += security.record_writers_policy(v.namespace, labels, node_fullname(v))
+        if v.scheduler.scheduler_name:
+            objs += security.share_placement_policy(labels, v.scheduler.scheduler_name)
     return objs
 
 

@@ -15,6 +15,10 @@ the writes further:
   Binding) and only the node daemon ``kubegpu.io/device-assigned``; anyone else's create or update that
   sets or changes them is refused. The webhook refuses the same, but a cluster may run it with
   ``failurePolicy: Ignore``; the policy holds while the webhook is down.
+- ``kubegpu-share-placement`` (full mode): a pod asking a GPU share is created only for kubegpu's scheduler to
+  place (no ``spec.nodeName``, ``spec.schedulerName`` kubegpu's): a node serves a share only as the record
+  that scheduler writes at bind. The webhook refuses the same and sets the scheduler name when it is left
+  out; with the webhook down (``failurePolicy: Ignore``) the policy refuses what it would have steered.
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ DEVICE_ASSIGNED: Final = "kubegpu.io/device-assigned"
 # Their HMACs (model/signing.py), written with them by the same writer.
 ALLOCATED_KEYS: Final = (DEVICE_ALLOCATED, "kubegpu.io/device-allocated-signature")
 ASSIGNED_KEYS: Final = (DEVICE_ASSIGNED, "kubegpu.io/device-assigned-signature")
+# What a container asks when it asks a GPU share (model/resources.py), as the API server has it after the webhook
+# (which translates the other forms to these).
+SHARE_KEYS: Final = ("kubegpu.io/gpu.shared", "kubegpu.io/gpu-core", "kubegpu.io/gpu-memory",
+                     "kubegpu.io/gpu-memory-ratio")
 # Label prefixes the node daemon publishes (GPU feature discovery's keys, kubegpu's, the legacy model label).
 NODE_LABEL_PREFIXES: Final = ("nvidia.com/", "kubegpu.io/", "alpha.kubernetes.io/nvidia-gpu")
 
@@ -176,3 +184,33 @@ def record_writers_policy(namespace: str, labels: dict[str, str], node_sa: str =
         ],
     }
     return _vap("kubegpu-record-writers", labels, spec)
+
+
+def share_placement_policy(labels: dict[str, str], scheduler: str) -> list[Obj]:
+    keys = "[" + ", ".join(f"'{k}'" for k in SHARE_KEYS) + "]"
+
+    def asks(field: str) -> str:
+        return (f"(has(object.spec.{field}) ? object.spec.{field} : []).exists(c, has(c.resources) && ("
+                f"(has(c.resources.limits) && {keys}.exists(k, k in c.resources.limits)) || "
+                f"(has(c.resources.requests) && {keys}.exists(k, k in c.resources.requests))))")
+
+    why = f"GPU shares are served only to pods {scheduler} places (a node serves a share only as the record it " \
+          "writes at bind)"
+    spec: Obj = {
+        "failurePolicy": "Fail",
+        "matchConstraints": {"resourceRules": [
+            {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]},
+        ]},
+        "matchConditions": [{"name": "asks-a-gpu-share", "expression": f"{asks('containers')} || "
+                                                                       f"{asks('initContainers')}"}],
+        "validations": [
+            {"expression": "!has(object.spec.nodeName) || object.spec.nodeName == ''",
+             "message": f"{why}: leave spec.nodeName out and pin the pod with a nodeSelector or node affinity",
+             "reason": "Forbidden"},
+            {"expression": f"has(object.spec.schedulerName) && object.spec.schedulerName == '{scheduler}'",
+             "message": f"{why}: spec.schedulerName must be {scheduler} (kubegpu's webhook sets it when it is "
+                        "left out, unless the webhook is down)",
+             "reason": "Forbidden"},
+        ],
+    }
+    return _vap("kubegpu-share-placement", labels, spec)
