@@ -20,8 +20,9 @@ changes least), ``extender_cpu_ms_per_pod_by_verb`` (the same CPU split by the c
 ``prioritize``, ``bind``, and ``other`` between calls, such as watch events; read from the extender's
 process CPU clock around each call), ``handoff_blocked_nodes_mean`` (nodes per filter left out by the handoff wait) and
 ``learned_workload`` (the extender's debug API after the run: live pods, generation, rebuilds
-during the run). ``--py-spy FILE`` writes a sampling profile of the extender over the timed loop
-(``py-spy`` installed in the venv).
+during the run), ``metrics_scrape_ms`` (the slowest of five ``/metrics`` scrapes after the run: the extender's
+loop answers nothing else meanwhile) and ``metrics_bytes``. ``--py-spy FILE`` writes a sampling profile of the
+extender over the timed loop (``py-spy`` installed in the venv).
 
 Targets (2-core machine, issue 23): >= 200 pods/s end to end (``pods_per_s``), every verb's p99 <= 10 ms at
 5,000 nodes, extender CPU <= 4 ms per pod (``extender_cpu_ms_per_pod``), RSS <= 300 MB. Wall times depend on
@@ -401,6 +402,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             spy.wait(30)
         rss, peak = rss_mb(ext.pid)
         metrics = http.get("/metrics").text
+        scrapes = []
+        for _ in range(5):  # what a Prometheus scrape costs: the extender answers nothing else meanwhile
+            t0 = time.perf_counter()
+            scraped = http.get("/metrics").content
+            scrapes.append(time.perf_counter() - t0)
         server = server_means(metrics)
         learned = http.get(workload_url).json()
         filters = max(1, len(lat["filter"]))
@@ -443,6 +449,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "apiserver_cpu_ms_per_pod": round(1000 * float(cpu_api.sum()) / len(pending), 3),
             "rss_mb": round(rss, 1),
             "rss_peak_mb": round(peak, 1),
+            "metrics_scrape_ms": pct(scrapes, 100),
+            "metrics_bytes": len(scraped),
             # The machine's 1-minute load average before and after the timed loop (other work skews wall times).
             "load_avg": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             "seed_s": round(seeded_s, 1),

@@ -39,6 +39,12 @@ def test_webhook_and_extender_are_told_the_same_profile_and_cap(raw: dict, tmp_p
     assert v.max_gpu_containers == raw.get("maxGpuContainers", 32)
 
 
+def test_per_gpu_metrics_reach_the_extender_only_when_asked(tmp_path: Path) -> None:
+    assert _parsed(render(values_from_dict({})), "extender", tmp_path)["metrics_per_gpu"] is False
+    asked = render(values_from_dict({"scheduler": {"metricsPerGpu": True}}))
+    assert _parsed(asked, "extender", tmp_path)["metrics_per_gpu"] is True
+
+
 def test_each_flag_is_passed_once(tmp_path: Path) -> None:
     objs = render(values_from_dict({"maxGpuContainers": 8}))
     (args,) = [c["args"] for o in objs if o["kind"] == "Deployment"

@@ -7,11 +7,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 from sched_harness import Cluster, start_cluster
 
 from kubegpu.inventory.fake import FakeBackend
 from kubegpu.model.allocation import decode
 from kubegpu.model.annotations import DEVICE_ALLOCATED, GPU_MODEL, GPU_POLICY, NODE_POLICY
+from kubegpu.scheduler.metrics import ExtenderMetrics
 from kubegpu.scheduler.state import REQUIRE_NVLINK
 
 
@@ -136,8 +138,22 @@ def test_metrics_and_summaries(cluster: Cluster) -> None:
     cluster.post("/filter", args(pod("big", {"nvidia.com/gpu": "9"}), ALL))
     text = cluster.http.get("/metrics").text
     assert 'kubegpu_pods_unschedulable_total{reason="insufficient-gpu"} 1.0' in text
-    assert 'kubegpu_gpu_compute_allocated_ratio{gpu="0",node="gpu-node-a"}' in text
     assert "kubegpu_cluster_fragmentation_milligpu" in text
+    # The cluster's totals by default, from the arrays: the two whole GPUs just bound are full, the rest free.
+    assert 'kubegpu_cluster_gpus{state="full"} 2.0' in text and 'kubegpu_cluster_gpus{state="partial"} 0.0' in text
+    view = cluster.ext.service.view  # type: ignore[union-attr]
+    usable = sum(1 for _ in view.gpu_allocation())
+    assert f'kubegpu_cluster_gpus{{state="free"}} {float(usable - 2)}' in text
+    ratio = next(float(line.split()[1]) for line in text.splitlines()
+                 if line.startswith("kubegpu_cluster_gpu_compute_allocated_ratio "))
+    assert ratio == pytest.approx(2 / usable)
+    # Per-GPU series only when asked (two a GPU: 80,000 at 5,000 nodes), agreeing with the totals.
+    assert "kubegpu_gpu_compute_allocated_ratio{" not in text
+    per_gpu = generate_latest(ExtenderMetrics(view, per_gpu=True).registry).decode()
+    assert 'kubegpu_gpu_compute_allocated_ratio{gpu="0",node="gpu-node-a"} 1.0' in per_gpu
+    assert per_gpu.count("kubegpu_gpu_compute_allocated_ratio{") == usable
+    assert sum(1 for line in per_gpu.splitlines()
+               if line.startswith("kubegpu_gpu_compute_allocated_ratio{") and line.endswith(" 1.0")) == 2
     all_ = cluster.http.get("/apis/v1/plugins/DeviceShare/nodeDeviceSummaries").json()
     assert set(all_) == set(ALL)
     assert all_["gpu-node-a"]["deviceUsed"]["kubegpu.io/gpu-core"] == "200"

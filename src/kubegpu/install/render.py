@@ -401,7 +401,8 @@ def scheduler_objects(v: Values) -> list[Obj]:
             elif c["name"] == "extender":
                 c["args"] = ["scheduler", "--listen", f"127.0.0.1:{sv.port}", "--metrics-listen", "0.0.0.0:9401",
                              "--node-policy", sv.node_policy, "--gpu-policy", sv.gpu_policy,
-                             f"--max-gpu-containers={v.max_gpu_containers}"]
+                             f"--max-gpu-containers={v.max_gpu_containers}",
+                             *(["--metrics-per-gpu"] if sv.metrics_per_gpu else [])]
                 if sv.resources:
                     c["resources"] = sv.resources
                 c["env"] = c.get("env", []) + resources_env(v) + record_key_env(v)

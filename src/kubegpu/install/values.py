@@ -118,6 +118,8 @@ class SchedulerValues(_Struct):
     node_policy: str = "kubegpu"
     gpu_policy: str = "kubegpu"
     http_timeout: str = "10s"  # filter/prioritize answer in ms; bind makes an API call
+    # Two series per GPU on the extender's /metrics (kubegpu scheduler --metrics-per-gpu): small clusters only.
+    metrics_per_gpu: bool = False
     weight: int = 5
     port: int = 8888
     resources: dict[str, Any] = msgspec.field(default_factory=dict)

@@ -101,7 +101,7 @@ class Extender:
                  gpu_policy: str = DEFAULT_POLICY, max_body_bytes: int = MAX_BODY_BYTES,
                  ready: Callable[[], bool] = lambda: True, limits: Limits | None = None,
                  body_timeout_s: float = 10.0, handoff_wait_s: float | None = None,
-                 pending: PendingPods | None = None) -> None:
+                 pending: PendingPods | None = None, per_gpu_metrics: bool = False) -> None:
         self.view = view
         self.pending = pending  # the watch of unbound pods bind reads first (None: a GET at every bind)
         # How long a bind waits for its node to finish handing a pod of the same kind to the kubelet before it
@@ -114,7 +114,7 @@ class Extender:
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
         self.limits = limits or Limits()
-        self.metrics = ExtenderMetrics(view)
+        self.metrics = ExtenderMetrics(view, per_gpu=per_gpu_metrics)
         self._ready = ready
         self._bind_locks: dict[str, asyncio.Lock] = {}
         self.names = wire.NameMemo()  # kube-scheduler's node lists, recognised by their bytes

@@ -120,6 +120,7 @@ class ExtenderService:
     # HTTP bounds (httpserve.py); keep-alive outlives Go's 90 s idle timeout so kube-scheduler never
     # reuses a connection the extender has just closed (a POST is not retried)
     serve_limits: ServeLimits = field(default_factory=lambda: ServeLimits(keep_alive_s=120))
+    per_gpu_metrics: bool = False  # two series per GPU on /metrics (scheduler/metrics.py: small clusters)
 
     def __post_init__(self) -> None:
         self.view = ClusterView()
@@ -138,7 +139,8 @@ class ExtenderService:
         self.extender = Extender(self.view, self.client, node_policy=self.node_policy,
                                  gpu_policy=self.gpu_policy, ready=self.ready, limits=self.limits,
                                  max_body_bytes=self.serve_limits.max_body_bytes,
-                                 body_timeout_s=self.serve_limits.body_timeout_s, pending=self.pending)
+                                 body_timeout_s=self.serve_limits.body_timeout_s, pending=self.pending,
+                                 per_gpu_metrics=self.per_gpu_metrics)
 
     def synced(self) -> bool:
         return all(i.synced.is_set() for i in self.informers)

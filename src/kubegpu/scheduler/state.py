@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -200,6 +201,20 @@ class ClusterView(Verbs):
             return None
         return node_summary(rec.state, {k: self.held[k].alloc for k in sorted(self.by_node.get(node, ()))})
 
+    def gpu_totals(self) -> GpuTotals:
+        """The GPUs placement may use (healthy, not MIG-enabled), by how much of their compute is allocated,
+        and the allocated share of their compute and memory: from the arrays, so a scrape costs ~1 ms at
+        40,000 GPUs instead of a Python pass over each."""
+        c = self.cluster
+        ok = c.gpu_ok
+        free = c.core_free[ok]
+        if free.size == 0:
+            return GpuTotals(0, 0, 0, 0.0, 0.0)
+        idle, full = int((free >= MILLI).sum()), int((free <= 0).sum())
+        mem_cap = int(c.gmem_cap[ok].sum())
+        mem_used = 1 - int(c.gmem_free[ok].sum()) / mem_cap if mem_cap > 0 else 0.0
+        return GpuTotals(idle, free.size - idle - full, full, 1 - int(free.sum()) / (free.size * MILLI), mem_used)
+
     def gpu_allocation(self) -> Iterable[tuple[str, int, float, float]]:
         """(node, minor, compute used 0..1, memory used 0..1) per healthy GPU."""
         for name, rec in self.nodes.items():
@@ -212,5 +227,17 @@ class ClusterView(Verbs):
                        1 - rec.state.memory_free(gpu.uuid) / gpu.memory_bytes)
 
 
-__all__ = ["MILLI", "REQUIRE_NVLINK", "TERMINAL_PHASES", "ClusterView", "FilterOutcome", "Held", "NodeRecord",
-           "pod_policies"]
+@dataclass(frozen=True, slots=True)
+class GpuTotals:
+    """The cluster's GPUs placement may use: counts by compute allocated (none, some, all) and the allocated
+    share of their compute and of their memory (0..1)."""
+
+    free: int
+    partial: int
+    full: int
+    compute_allocated: float
+    memory_allocated: float
+
+
+__all__ = ["MILLI", "REQUIRE_NVLINK", "TERMINAL_PHASES", "ClusterView", "FilterOutcome", "GpuTotals", "Held",
+           "NodeRecord", "pod_policies"]
