@@ -21,7 +21,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx2
@@ -31,7 +31,7 @@ from lightkube.core.exceptions import ApiError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -82,6 +82,10 @@ def _handoff_wait_from_env() -> float:
                   DEFAULT_HANDOFF_WAIT_S)
         return DEFAULT_HANDOFF_WAIT_S
     return value
+
+
+# Nodes of the debug API's all-nodes answer built between two turns of the event loop (~5 ms of CPU).
+SUMMARY_NODES_PER_STEP = 25
 
 
 def _json(body: bytes, status: int = 200) -> Response:
@@ -427,8 +431,25 @@ class Extender:
 
     # ---- debug API, metrics, health ------------------------------------------------------------
     async def summaries(self, request: Request) -> Response:
-        out = {n: s for n in sorted(self.view.nodes) if (s := self.view.summary(n)) is not None}
-        return _json(wire.encode(out))
+        """Every node's summary, streamed a few nodes at a time with the loop's other work between: at 5,000
+        nodes the answer is ~32 MB and ~1 s of CPU, which held every filter, prioritize and bind (and the
+        extender's memory) when it was built at once (measured: bind's slowest call 1.09 s during one)."""
+        names = sorted(self.view.nodes)
+
+        async def body() -> AsyncIterator[bytes]:
+            sep = b"{"
+            for i in range(0, len(names), SUMMARY_NODES_PER_STEP):
+                chunk = bytearray()
+                for n in names[i:i + SUMMARY_NODES_PER_STEP]:
+                    if (s := self.view.summary(n)) is not None:  # each node as it is now (gone: left out)
+                        chunk += sep + wire.encode(n) + b":" + wire.encode(s)
+                        sep = b","
+                if chunk:
+                    yield bytes(chunk)
+                await asyncio.sleep(0)  # the verbs waiting go first
+            yield b"{}" if sep == b"{" else b"}"
+
+        return StreamingResponse(body(), media_type="application/json")
 
     async def summary(self, request: Request) -> Response:
         node = request.path_params["node"]
