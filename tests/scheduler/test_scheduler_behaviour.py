@@ -204,6 +204,7 @@ def test_all_summaries_stream_with_the_loop_free_between_steps(cluster: Cluster,
     """At 5,000 nodes the all-nodes summary is ~32 MB and ~1 s of CPU: it is built a few nodes at a time with
     the loop's other work (the verbs) between, and says the same as the nodes' summaries one by one."""
     import asyncio
+    import itertools
 
     from kubegpu.scheduler import app as app_module
 
@@ -231,4 +232,4 @@ def test_all_summaries_stream_with_the_loop_free_between_steps(cluster: Cluster,
     assert got == json.loads(cluster.http.get("/apis/v1/plugins/DeviceShare/nodeDeviceSummaries").content)
     assert set(got) == set(ALL) and got["gpu-node-b"]["deviceUsed"]["kubegpu.io/gpu-core"] == "30"
     nodes_at = [i for i, e in enumerate(events) if e != "tick"][:len(ALL)]
-    assert all("tick" in events[a + 1:b] for a, b in zip(nodes_at, nodes_at[1:])), events
+    assert all("tick" in events[a + 1:b] for a, b in itertools.pairwise(nodes_at)), events
