@@ -285,12 +285,20 @@ def test_node_metrics_server_bounds_slow_and_excess_clients(monkeypatch: pytest.
     from kubegpu.node import metrics as M
 
     monkeypatch.setattr(M, "READ_TIMEOUT_S", 0.5)
+    server, _ = M.serve(M.NodeMetrics(), 0, "127.0.0.1")
+    try:
+        # A request that never finishes is dropped after the read timeout (raw fails if it is held).
+        assert raw(server.server_port, b"GET /metrics HTTP/1.1\r\nhost: x\r\n") == b""
+    finally:
+        server.shutdown()
+        server.server_close()
+    # The cap, with a read timeout the held connections cannot reach meanwhile (at 0.5 s one of them once let
+    # go of its slot before the check on a loaded machine, and the excess connection was served).
+    monkeypatch.setattr(M, "READ_TIMEOUT_S", 30.0)
     monkeypatch.setattr(M, "MAX_CONNECTIONS", 4)
     server, _ = M.serve(M.NodeMetrics(), 0, "127.0.0.1")
     port = server.server_port
     try:
-        # A request that never finishes is dropped after the read timeout (raw fails if it is held).
-        assert raw(port, b"GET /metrics HTTP/1.1\r\nhost: x\r\n") == b""
         # Beyond the cap, connections are closed at once while the held ones wait.
         held = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
         # until the server has taken them all (a loaded machine is slow to)
