@@ -37,7 +37,9 @@ class EventType(StrEnum):
     # Only to a handler that asks (``announce_relists``): a relist after the first rebuilt the cache, complete
     # as of ``version``; no object. An object created and deleted while the watch was broken (expired, cut,
     # or silently dead until the periodic resync) was never seen, and this says up to where that can no
-    # longer be so. A watch that missed nothing costs the handler one such event per resync.
+    # longer be so. A healthy watch is never relisted: the API server ends it after ``server_timeout_s``,
+    # before ``resync_s``, and it resumes from its version; a relist follows a 410, an API error, or a watch
+    # silent for ``resync_s``.
     RELISTED = "RELISTED"
 
 

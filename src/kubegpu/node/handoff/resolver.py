@@ -232,8 +232,8 @@ class HandoffResolver:
         """A relist at ``version`` rebuilt this view (its events all delivered before this). A GPU pod bound
         here and gone again while the watch was broken (expired, cut, or dead until the resync) was never seen
         here, yet the extender may hold its kind on this node until the Node says this view has got past its
-        end (docs/handoff.md, step 2): the view is complete as of the relist, so that is published (one Node
-        write per resync, every 5 minutes, when nothing else moved it)."""
+        end (docs/handoff.md, step 2): the view is complete as of the relist, so that is published (a relist
+        follows a broken watch only: a healthy one resumes from its version, so this costs no steady writes)."""
         with self._lock:
             self._seen_up_to(_rv(version))
 
