@@ -2,9 +2,11 @@
 
 An :class:`Informer` lists the objects, hands each to the role's handler as
 ``ADDED``, then watches from the list's resourceVersion. When the stream ends
-it re-watches from the last version it saw; on a 410 (version too old) or every
-``resync_s`` it relists and hands over the difference (``ADDED`` / ``MODIFIED``
-/ ``DELETED``), so a missed event is repaired, not lost. Transport and API
+it re-watches from the last version it saw; on a 410 (version too old), or when
+one watch has run ``resync_s`` without ending (the API server ends a healthy one
+after ``server_timeout_s``, so that is a watch gone silent), it relists and hands
+over the difference (``ADDED`` / ``MODIFIED`` / ``DELETED``), so a missed event
+is repaired, not lost. Transport and API
 errors back off exponentially (with jitter) and never end the informer. The
 handler is a plain function called in the event loop; a handler that raises is
 logged and the informer carries on.
