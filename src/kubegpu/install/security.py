@@ -209,7 +209,7 @@ def share_placement_policy(labels: dict[str, str], scheduler: str) -> list[Obj]:
              "reason": "Forbidden"},
             {"expression": f"has(object.spec.schedulerName) && object.spec.schedulerName == '{scheduler}'",
              "message": f"{why}: spec.schedulerName must be {scheduler} (kubegpu's webhook sets it when it is "
-                        "left out, unless the webhook is down)",
+                        "left out, except in the namespaces it skips and while it is down)",
              "reason": "Forbidden"},
         ],
     }
