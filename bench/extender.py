@@ -401,12 +401,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             spy.send_signal(2)
             spy.wait(30)
         rss, peak = rss_mb(ext.pid)
-        metrics = http.get("/metrics").text
         scrapes = []
         for _ in range(5):  # what a Prometheus scrape costs: the extender answers nothing else meanwhile
             t0 = time.perf_counter()
             scraped = http.get("/metrics").content
             scrapes.append(time.perf_counter() - t0)
+        metrics = scraped.decode()
         server = server_means(metrics)
         learned = http.get(workload_url).json()
         filters = max(1, len(lat["filter"]))

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from kubegpu.model import resources as R
+
 Obj = dict[str, Any]
 
 NODE_NAME_EXTRA: Final = "authentication.kubernetes.io/node-name"
@@ -37,10 +39,9 @@ DEVICE_ASSIGNED: Final = "kubegpu.io/device-assigned"
 # Their HMACs (model/signing.py), written with them by the same writer.
 ALLOCATED_KEYS: Final = (DEVICE_ALLOCATED, "kubegpu.io/device-allocated-signature")
 ASSIGNED_KEYS: Final = (DEVICE_ASSIGNED, "kubegpu.io/device-assigned-signature")
-# What a container asks when it asks a GPU share (model/resources.py), as the API server has it after the webhook
-# (which translates the other forms to these).
-SHARE_KEYS: Final = ("kubegpu.io/gpu.shared", "kubegpu.io/gpu-core", "kubegpu.io/gpu-memory",
-                     "kubegpu.io/gpu-memory-ratio")
+# What a container asks when it asks a GPU share, as the API server has it after the webhook (which translates
+# the other forms to these).
+SHARE_KEYS: Final = (R.GPU_SLOTS, *R.DEVICE_RESOURCES)
 # Label prefixes the node daemon publishes (GPU feature discovery's keys, kubegpu's, the legacy model label).
 NODE_LABEL_PREFIXES: Final = ("nvidia.com/", "kubegpu.io/", "alpha.kubernetes.io/nvidia-gpu")
 

@@ -288,7 +288,7 @@ async def stream_out(stream: Stream[Req, Resp], generate: Callable[[Req, StreamC
                     raise GRPCError(Status.INTERNAL, f"internal error: {item}")
                 return
             await stream.send_message(item)
-            _release(unsent)
+            unsent.release()
     finally:
         context.cancel()  # the client left, the server stops, or the generator ended: the thread ends too
 
