@@ -231,11 +231,12 @@ class Records:
         self.core, self.memory = 25, 16 * GIB
 
     def resolve(self, resource: str, device_ids: Sequence[str]) -> Any:
-        from kubegpu.node.resolver import GpuShare, ResolvedAllocation
+        from kubegpu.model.allocation import DeviceGrant
+from kubegpu.node.resolver import ResolvedAllocation
 
         if resource != SLOTS:
             return None
-        gpus = tuple(GpuShare(i.split("::")[0], 0, self.core, self.memory) for i in device_ids)
+        gpus = tuple(DeviceGrant(0, i.split("::")[0], self.core, self.memory, 0) for i in device_ids)
         return ResolvedAllocation(gpus, pod="bench/p", container="c")
 
     def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str],

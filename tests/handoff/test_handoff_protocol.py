@@ -66,7 +66,7 @@ def test_allocate_serves_only_the_record_naming_the_kubelets_gpus() -> None:
     assert r.preferred(R.GPU_SLOTS, [f"{GB}::1", f"{GA}::2", f"{GC}::3"], [], 1) == [f"{GB}::1"]
     got = r.resolve(R.GPU_SLOTS, [f"{GB}::5"])
     assert got is not None and got.pod == "default/p-b" and got.uuids == (GB,)
-    assert got.gpus[0].core_percent == 30
+    assert got.gpus[0].core == 30
     r.observe(bound("p-a", SHARE, one(GA)))
     with pytest.raises(AllocationRefused, match=r"no pod bound to n1 has a signed, unserved record naming exactly"):
         r.resolve(R.GPU_SLOTS, [f"{GC}::0"])
@@ -299,7 +299,7 @@ def test_after_a_refusal_the_next_call_of_that_kind_reads_the_api_server(how: st
     # The API server now: "failed" has failed, "next" is bound; this node's watch has shown neither.
     listed[:] = [bound("failed", SHARE, one(GA, 40), phase="Failed", rv=2), bound("next", SHARE, one(GA, 10))]
     got = r.resolve(R.GPU_SLOTS, [f"{GA}::3"])
-    assert got is not None and got.pod == "default/next" and got.gpus[0].core_percent == 10
+    assert got is not None and got.pod == "default/next" and got.gpus[0].core == 10
 
 
 def test_a_container_served_another_pods_record_is_reported_and_acknowledged_with_what_it_was_told() -> None:

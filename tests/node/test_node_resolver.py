@@ -10,7 +10,8 @@ from typing import Any
 import grpc
 import pytest
 
-from kubegpu.node.resolver import AllocationRefused, GpuShare, ResolvedAllocation
+from kubegpu.model.allocation import DeviceGrant
+from kubegpu.node.resolver import AllocationRefused, ResolvedAllocation
 from kubegpu_standins.kubelet import AllocationFailed, StandinKubelet
 
 SLOTS = "kubegpu.io/gpu.shared"
@@ -19,7 +20,7 @@ SLOTS = "kubegpu.io/gpu.shared"
 class RecordedChoices:
     """A stand-in for node.handoff: one pending pod whose GPUs the scheduler recorded."""
 
-    def __init__(self, gpus: list[GpuShare]) -> None:
+    def __init__(self, gpus: list[DeviceGrant]) -> None:
         self.gpus = gpus
         self.calls: list[tuple[str, tuple[str, ...]]] = []
         self.lock = threading.Lock()
@@ -52,8 +53,8 @@ def test_slots_follow_the_recorded_choice(kubelet: StandinKubelet, make_daemon: 
     from kubegpu.inventory.fake import FakeBackend
 
     gpus = FakeBackend("dgx1-v100").discover().gpus
-    rec = RecordedChoices([GpuShare(gpus[2].uuid, gpus[2].minor, 30, 4 * 2**30),
-                           GpuShare(gpus[5].uuid, gpus[5].minor, 30, 4 * 2**30)])
+    rec = RecordedChoices([DeviceGrant(gpus[2].minor, gpus[2].uuid, 30, 4 * 2**30, 0),
+                           DeviceGrant(gpus[5].minor, gpus[5].uuid, 30, 4 * 2**30, 0)])
     make_daemon("dgx1-v100", flags={"shared-slots": "10", "device-list-strategy": "envvar"}, resolver=rec)
     assert kubelet.wait_registered(SLOTS, timeout_s=5)
     got = kubelet.allocate(SLOTS, 2)
@@ -73,7 +74,7 @@ def test_refusal_fails_allocate_with_its_message(kubelet: StandinKubelet, make_d
     from kubegpu.inventory.fake import FakeBackend
 
     gpus = FakeBackend("t4x4").discover().gpus
-    rec = RecordedChoices([GpuShare(gpus[0].uuid, gpus[0].minor, 50, 0)])
+    rec = RecordedChoices([DeviceGrant(gpus[0].minor, gpus[0].uuid, 50, 0, 0)])
     make_daemon("t4x4", flags={"shared-slots": "4"}, resolver=rec)
     assert kubelet.wait_registered(SLOTS, timeout_s=5)
     wrong = f"{gpus[3].uuid}::0"
@@ -92,7 +93,7 @@ def test_resolver_naming_an_unhealthy_gpu_is_refused(kubelet: StandinKubelet, ma
 
     class Stale(RecordedChoices):
         def resolve(self, resource: str, device_ids: Sequence[str]) -> ResolvedAllocation | None:
-            return ResolvedAllocation((GpuShare(gpus[1].uuid, gpus[1].minor, 20, 2**30),), pod="ns/p")
+            return ResolvedAllocation((DeviceGrant(gpus[1].minor, gpus[1].uuid, 20, 2**30, 0),), pod="ns/p")
 
     _, backend = make_daemon("t4x4", flags={"shared-slots": "4", "health-recovery-interval": "0s"},
                              resolver=Stale([]))

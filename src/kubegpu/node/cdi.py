@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kubegpu.model.inventory import NodeInventory
-from kubegpu.node.devspecs import CONTROL_DEVICES, mig_cap_paths
+from kubegpu.node.container_edits import CONTROL_DEVICES, mig_cap_paths
 
 CDI_VERSION = "0.5.0"  # no spec-level annotations, no intelRdt / netDevices: 0.5.0 is enough
 _NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")

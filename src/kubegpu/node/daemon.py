@@ -29,7 +29,7 @@ from pathlib import Path
 from kubegpu.inventory.base import InventoryBackend, InventoryError
 from kubegpu.model.inventory import NodeInventory
 from kubegpu.node.cdi import CdiGenerationError, build_spec, generate_spec, write_spec
-from kubegpu.node.devspecs import read_mig_minors
+from kubegpu.node.container_edits import read_mig_minors
 from kubegpu.node.health import HealthMonitor, XidPolicy
 from kubegpu.node.health_state import HealthState
 from kubegpu.node.metrics import NodeMetrics

@@ -38,32 +38,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from kubegpu.model.allocation import DeviceGrant
+
 
 class AllocationRefused(Exception):
     """The resolver found the call cannot be served; ``str(exc)`` is the reason given to the kubelet."""
 
 
 @dataclass(frozen=True, slots=True)
-class GpuShare:
-    """One GPU (or MIG device) recorded for a container, and the part of it granted."""
-
-    uuid: str  # GPU-… (or MIG-…)
-    minor: int
-    core_percent: int  # 1..100 (100 for a whole GPU)
-    memory_bytes: int  # 0 = the whole GPU's memory / unknown
-
-
-@dataclass(frozen=True, slots=True)
 class ResolvedAllocation:
     """What the scheduler recorded for the container behind one ``Allocate`` call."""
 
-    gpus: tuple[GpuShare, ...]
+    gpus: tuple[DeviceGrant, ...]  # memory_bytes 0: the whole device's memory
     pod: str = ""  # "namespace/name", for logs and metrics only
     container: str = ""
 
     @property
     def uuids(self) -> tuple[str, ...]:
-        return tuple(g.uuid for g in self.gpus)
+        """The devices served: a MIG device's UUID, else its GPU's."""
+        return tuple(g.mig_uuid or g.uuid for g in self.gpus)
 
 
 class AllocationResolver(Protocol):

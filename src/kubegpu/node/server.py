@@ -23,8 +23,8 @@ from kubegpu.model import resources as R
 from kubegpu.model.inventory import NodeInventory
 from kubegpu.node import preferred as pref
 from kubegpu.node import rpc
-from kubegpu.node.allocate import AllocateError, build_response, check_request
-from kubegpu.node.devspecs import MigMinors
+from kubegpu.node.allocate import AllocateError, build_response, check_request, container_edits_for
+from kubegpu.node.container_edits import MigMinors
 from kubegpu.node.health_state import HealthState
 from kubegpu.node.metrics import NodeMetrics
 from kubegpu.node.plugin_model import AdvertisedDevice, PluginSettings, ResourcePlan
@@ -387,14 +387,15 @@ class PluginServer:
         if self.resolver is not None and self._resolver_applies():
             resolved = self.resolver.resolve(self.resource, ids)  # AllocationRefused propagates
             if resolved is not None:
-                sick = [g.uuid for g in resolved.gpus if not self.state.is_healthy(g.uuid)]
+                sick = [u for u in resolved.uuids if not self.state.is_healthy(u)]
                 if sick:
                     raise AllocateError(f"allocation recorded for {resolved.pod or 'the pod'} names "
                                         f"unhealthy GPU {sick[0]}")
                 log.info("%s: Allocate %s serves %s/%s on %s", self.resource, ",".join(ids), resolved.pod,
                          resolved.container, ",".join(resolved.uuids))
-        return build_response(self.plan, ids, self.known, self.settings, resolved=resolved,
-                              by_uuid=self.by_uuid, mig_minors=self.mig_minors)
+        edits = container_edits_for(self.plan, ids, self.known, self.settings, resolved=resolved,
+                                    by_uuid=self.by_uuid, mig_minors=self.mig_minors)
+        return build_response(self.plan, edits, self.settings)
 
 
 def device_health(plans: Sequence[PluginServer]) -> Mapping[str, int]:

@@ -13,7 +13,8 @@ import grpc
 import pytest
 
 from kubegpu.node.device_object import device_object, inventory_from_device
-from kubegpu.node.resolver import GpuShare, ResolvedAllocation
+from kubegpu.model.allocation import DeviceGrant
+from kubegpu.node.resolver import ResolvedAllocation
 from kubegpu_standins.kubelet import StandinKubelet
 from kubegpu_standins.mps_control import PID_FILE, connect_client
 
@@ -30,7 +31,7 @@ class Records:
     def resolve(self, resource: str, device_ids: Sequence[str]) -> ResolvedAllocation | None:
         if resource != SLOTS:
             return None
-        gpus = tuple(GpuShare(i.split("::")[0], 0, self.core, self.memory) for i in device_ids)
+        gpus = tuple(DeviceGrant(0, i.split("::")[0], self.core, self.memory, 0) for i in device_ids)
         return ResolvedAllocation(gpus, pod="default/p", container="c")
 
     def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str],

@@ -37,15 +37,17 @@ from pathlib import Path
 from typing import Any, Final, Protocol
 
 from kubegpu.model.quantity import QuantityError, parse_int
-from kubegpu.node.container_env import (
-    ENV_CORE,
-    ENV_MEMORY,
-    ENV_VISIBLE_GPUS,
+from kubegpu.node.container_edits import (
+    CONTROL_DEVICES,
     VISIBLE_DEVICES,
     VOLUME_MOUNTS_HOST,
     VOLUME_MOUNTS_ROOT,
+    ContainerEdits,
+    SharePart,
+    container_edits,
+    read_mig_minors,
+    unique,
 )
-from kubegpu.node.devspecs import CONTROL_DEVICES, MigMinors, mig_cap_paths, read_mig_minors
 from kubegpu.node.dra.names import CDI_CLASS, CDI_KIND, CDI_VENDOR, DRIVER, TYPE_MIG, cdi_device_id
 from kubegpu.node.dra.names import cdi_device_name as _cdi_name
 from kubegpu.node.dra.slices import DraSettings, PublishedDevice
@@ -187,18 +189,6 @@ def _quantity(value: Any, what: str) -> int:
         raise PrepareError(f"{what}: {value!r} is not a quantity") from exc
 
 
-def _device_nodes(dev: PublishedDevice, minors: MigMinors) -> list[dict[str, str]]:
-    """The GPU's node, and for a MIG device its GI and CI capability nodes (the device-plugin path's rule)."""
-    paths = [f"/dev/nvidia{dev.minor}"]
-    if dev.type == TYPE_MIG and dev.gi is not None and dev.ci is not None:
-        caps = mig_cap_paths(dev.minor, dev.gi, dev.ci, minors)
-        if len(caps) < 2:  # as the device-plugin path: served without, but said (a container needs them)
-            log.warning("MIG device %s: no capability minors for GPU minor %d GI %d CI %d in the mig-minors "
-                        "file; its container may not be able to open it", dev.name, dev.minor, dev.gi, dev.ci)
-        paths += caps
-    return [{"path": p} for p in paths]
-
-
 def _device_list_mount(uuid: str) -> dict[str, Any]:
     """NVIDIA's ``volume-mounts`` device list entry (``/dev/null`` at ``/var/run/nvidia-container-devices/<uuid>``):
     the container toolkit reads the container's GPUs from these when it accepts volume mounts, and
@@ -300,58 +290,57 @@ class Preparer:
             used.append((dev, r))
         return PreparedClaim(namespace, name, uid, devices, spec_file(self._spec(namespace, name, uid, used)))
 
-    def _spec(self, namespace: str, name: str, uid: str,
-              used: list[tuple[PublishedDevice, dict[str, Any]]]) -> dict[str, Any]:
+    def _edits(self, namespace: str, name: str,
+               used: list[tuple[PublishedDevice, dict[str, Any]]]) -> tuple[ContainerEdits, list[str]]:
+        """The claim's container edits (one device each per allocation result), and its share IDs."""
         minors = read_mig_minors(self.settings.mig_minors_file) if any(
             d.type == TYPE_MIG for d, _ in used) else {}
-        cdi_devices: list[dict[str, Any]] = []
-        visible: list[str] = []
-        gpus: list[str] = []
-        cores: list[int] = []
-        mems: list[int] = []
-        shares: list[str] = []
-        share_gpus: list[str] = []
+        shares: list[SharePart] = []
+        share_ids: list[str] = []
         for dev, r in used:
-            share = r.get("shareID") or None
+            limits = share_limits(dev, r)
+            if limits is not None:
+                shares.append((dev.gpu_uuid, *limits))
+                if r.get("shareID"):
+                    share_ids.append(r["shareID"])
+        bound = None
+        if shares and self.settings.mps:
+            if self.enforcer is None:
+                raise PrepareError(f"ResourceClaim {namespace}/{name}: MPS is on but no MPS daemon runs here")
+            order = [g for g, _, _ in shares]
+            try:
+                bound = self.enforcer.for_share(shares, order)
+            except RuntimeError as exc:  # MpsError
+                raise PrepareError(f"ResourceClaim {namespace}/{name}: share cannot be enforced: {exc}") from exc
+        edits = container_edits([(dev.uuid, dev) for dev, _ in used], unique(d.gpu_uuid for d, _ in used),
+                                shares, bound, minors=minors)
+        return edits, share_ids
+
+    def _spec(self, namespace: str, name: str, uid: str,
+              used: list[tuple[PublishedDevice, dict[str, Any]]]) -> dict[str, Any]:
+        """The claim's edits as its CDI spec."""
+        edits, share_ids = self._edits(namespace, name, used)
+        cdi_devices: list[dict[str, Any]] = []
+        for (dev, r), dev_edits in zip(used, edits.devices, strict=True):
             # Per device, what adds up when a container uses several claims: its device nodes and its
             # entry in the toolkit's volume-mount device list (environment variables do not add up: the
             # runtime applies the claims' specs in turn and a later value replaces an earlier one).
-            cdi_devices.append({"name": _cdi_name(uid, dev.name, share),
-                                "containerEdits": {"deviceNodes": _device_nodes(dev, minors),
+            cdi_devices.append({"name": _cdi_name(uid, dev.name, r.get("shareID") or None),
+                                "containerEdits": {"deviceNodes": [{"path": p} for p in dev_edits.nodes],
                                                    "env": [f"KUBEGPU_REQUEST={r.get('request', '')}"],
                                                    "mounts": [_device_list_mount(dev.uuid)]}})
-            if dev.uuid not in visible:
-                visible.append(dev.uuid)
-            if dev.gpu_uuid not in gpus:
-                gpus.append(dev.gpu_uuid)
-            limits = share_limits(dev, r)
-            if limits is not None:
-                cores.append(limits[0])
-                mems.append(limits[1])
-                share_gpus.append(dev.gpu_uuid)
-                if share:
-                    shares.append(share)
+        visible = edits.names
         env = [f"{ENV_DRIVER}={DRIVER}", f"{ENV_CLAIM}={namespace}/{name}",
-               f"{VISIBLE_DEVICES}={','.join(visible) if visible else 'void'}",
-               f"{ENV_VISIBLE_GPUS}={','.join(gpus)}"]
-        edits: dict[str, Any] = {"deviceNodes": [{"path": p} for p in CONTROL_DEVICES]}
-        if cores:
-            env += [f"{ENV_CORE}={_one_or_list(cores)}", f"{ENV_MEMORY}={_one_or_list(mems)}"]
-            if shares:
-                env.append(f"{ENV_SHARE_IDS}={','.join(shares)}")
-            if self.settings.mps:
-                if self.enforcer is None:
-                    raise PrepareError(f"ResourceClaim {namespace}/{name}: MPS is on but no MPS daemon runs here")
-                try:
-                    bound = self.enforcer.for_share(list(zip(share_gpus, cores, mems, strict=True)), share_gpus)
-                except RuntimeError as exc:  # MpsError
-                    raise PrepareError(f"ResourceClaim {namespace}/{name}: share cannot be enforced: {exc}") from exc
-                if bound is not None:
-                    env += [f"{k}={v}" for k, v in bound.env]
-                    edits["mounts"] = [{"hostPath": h, "containerPath": c, "options": ["rbind", "rw"]}
-                                       for h, c in bound.mounts]
-        edits["env"] = env
-        return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": cdi_devices, "containerEdits": edits}
+               f"{VISIBLE_DEVICES}={','.join(visible) if visible else 'void'}"]
+        env += [f"{k}={v}" for k, v in edits.env()]
+        if share_ids:
+            env.append(f"{ENV_SHARE_IDS}={','.join(share_ids)}")
+        claim_edits: dict[str, Any] = {"deviceNodes": [{"path": p} for p in CONTROL_DEVICES]}
+        if edits.mps is not None:
+            claim_edits["mounts"] = [{"hostPath": h, "containerPath": c, "options": ["rbind", "rw"]}
+                                     for h, c in edits.mps_mounts()]
+        claim_edits["env"] = env
+        return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": cdi_devices, "containerEdits": claim_edits}
 
     def _write_spec(self, uid: str, spec: bytes) -> None:
         try:
@@ -377,11 +366,6 @@ class Preparer:
     def prepared(self) -> dict[str, PreparedClaim]:
         with self._lock:
             return dict(self.claims)
-
-
-def _one_or_list(values: list[int]) -> str:
-    uniq = list(dict.fromkeys(values))
-    return str(uniq[0]) if len(uniq) == 1 else ",".join(str(v) for v in values)
 
 
 __all__ = ["CDI_CLASS", "Checkpoint", "ClaimReader", "PrepareError", "PreparedClaim", "PreparedDevice",

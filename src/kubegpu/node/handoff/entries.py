@@ -10,14 +10,13 @@ app container the devices its init containers had, before anything else; kubelet
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kubegpu.model import resources as R
 from kubegpu.model.allocation import DeviceGrant, PodAllocation
 from kubegpu.model.records import Ack, device_resource, read_pod, request_shapes
 from kubegpu.model.request import parse_pod
-from kubegpu.node.resolver import GpuShare
 
 TERMINAL = frozenset({"Succeeded", "Failed"})
 
@@ -40,14 +39,16 @@ class Entry:
     def uuids(self) -> tuple[str, ...]:
         return tuple(g.mig_uuid or g.uuid for g in self.grants)
 
-    def shares(self, gpus: tuple[str, ...] | None = None) -> tuple[GpuShare, ...]:
+    def shares(self, gpus: tuple[str, ...] | None = None) -> tuple[DeviceGrant, ...]:
         """What to serve: the record's amounts, on ``gpus`` (the kubelet's, same count) if given."""
         by = {g.mig_uuid or g.uuid: g for g in self.grants}
         order = gpus if gpus is not None else self.uuids
         out = []
         for i, u in enumerate(order):
-            g = by.get(u) or self.grants[min(i, len(self.grants) - 1)]
-            out.append(GpuShare(u, g.minor, g.core, g.memory_bytes))
+            g = by.get(u)
+            if g is None:  # the kubelet's device in the record's place: the record's amounts on it
+                g = replace(self.grants[min(i, len(self.grants) - 1)], uuid=u, mig_uuid=None, mig_profile=None)
+            out.append(g)
         return tuple(out)
 
 
