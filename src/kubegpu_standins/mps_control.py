@@ -12,7 +12,12 @@ What it reproduces:
 - defaults apply to servers started *later*: a server keeps the defaults it started with, and all of them
   are lost on ``quit``;
 - a client's limits are its environment's, capped by its server's defaults (the environment can only lower
-  them); a client whose pipe directory has no daemon behind it runs without MPS and is limited by nothing.
+  them); a client whose pipe directory has no daemon behind it runs without MPS and is limited by nothing;
+- compute modes, when ``KUBEGPU_STANDIN_DRIVER_STATE`` names the fake driver's directory
+  (:mod:`kubegpu.inventory.fake_driver`, shared with the fake NVML): a server holds a context on each GPU of
+  the daemon's ``CUDA_VISIBLE_DEVICES`` from its start to its exit, so under ``Exclusive_Process`` a second
+  server (another daemon) or a client that skips MPS is refused while one runs, and under ``Prohibited``
+  every one is, as NVIDIA documents.
 
 The CUDA side is not emulated beyond that: :func:`connect_client` is what a CUDA runtime would get (used by
 tests and ``bench/enforcement.py``). ``<pipe>/standin-control.pid`` holds the daemon's PID so tests can kill
@@ -33,6 +38,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from kubegpu.inventory.fake_driver import ENV_DRIVER_STATE, FakeDriverState, holder
 
 DEFAULT_PIPE = "/tmp/nvidia-mps"
 DEFAULT_LOG = "/var/log/nvidia-mps"
@@ -60,9 +67,18 @@ class _Server:
     clients: set[int] = field(default_factory=set)
 
 
+class _Refused(Exception):
+    """The driver refused a server its context (the message is the driver's reason)."""
+
+
+def _driver(env: dict[str, str] | os._Environ[str]) -> FakeDriverState | None:
+    where = env.get(ENV_DRIVER_STATE)
+    return FakeDriverState(where) if where else None
+
+
 class _Daemon:
-    def __init__(self, pipe: Path, log_dir: Path, visible: list[str]) -> None:
-        self.pipe, self.log_dir, self.visible = pipe, log_dir, visible
+    def __init__(self, pipe: Path, log_dir: Path, visible: list[str], driver: FakeDriverState | None = None) -> None:
+        self.pipe, self.log_dir, self.visible, self.driver = pipe, log_dir, visible, driver
         self.threads = 100.0
         self.mem: dict[str, str] = {}
         self.servers: dict[int, _Server] = {}
@@ -84,10 +100,31 @@ class _Daemon:
                 return s
         pid = self.next_pid
         self.next_pid += 1
+        self._open_contexts(pid)
         s = _Server(pid, uid, self.threads, dict(self.mem))
         self.servers[pid] = s
         self.log(f"Starting new server {pid} for user {uid}")
         return s
+
+    def _open_contexts(self, pid: int) -> None:
+        """A new server opens a context on each of the daemon's GPUs; all or none."""
+        if self.driver is None:
+            return
+        done: list[str] = []
+        for uuid in self.visible:
+            why = self.driver.claim(uuid, holder(f"mps-server-{pid}"))
+            if why:
+                for u in done:
+                    self.driver.release(u, holder(f"mps-server-{pid}"))
+                self.log(f"Server {pid} failed to start: {why}")
+                raise _Refused(why)
+            done.append(uuid)
+
+    def _end_server(self, pid: int) -> None:
+        self.servers.pop(pid, None)
+        if self.driver is not None:
+            for uuid in self.visible:
+                self.driver.release(uuid, holder(f"mps-server-{pid}"))
 
     def command(self, line: str) -> str:
         parts = line.split()
@@ -117,13 +154,13 @@ class _Daemon:
                 self._server_for(int(args[1]))
                 return ""
             if cmd == "shutdown_server" and args:
-                self.servers.pop(int(args[0]), None)
+                self._end_server(int(args[0]))
                 return ""
             if cmd == "quit":
                 for pid in list(self.servers):
                     self.log(f"Try shutting down server {pid}, backoff is disabled")
                     self.log(f"Server {pid} exited with status 0")
-                self.servers.clear()
+                    self._end_server(pid)
                 self.log("Exit with status 0")
                 self.done.set()
                 return ""
@@ -131,7 +168,10 @@ class _Daemon:
 
     def client(self, req: dict[str, Any]) -> dict[str, Any]:
         with self.lock:
-            s = self._server_for(int(req.get("uid", 0)))
+            try:
+                s = self._server_for(int(req.get("uid", 0)))
+            except _Refused as exc:
+                return {"mps": True, "error": str(exc)}
             s.clients.add(int(req.get("pid", 0)))
             self.log(f"NEW CLIENT {req.get('pid', 0)} from user {req.get('uid', 0)}: Server already exists")
             env_threads = req.get("threads")
@@ -170,6 +210,8 @@ def _serve(daemon: _Daemon) -> None:
                     out = {"ok": True, "out": daemon.client(json.loads(rest))}
                 else:
                     out = {"ok": False, "out": f"bad request {kind!r}"}
+            except _Refused as exc:
+                out = {"ok": False, "out": str(exc)}
             except (ValueError, KeyError) as exc:
                 out = {"ok": False, "out": f"Invalid command: {exc}"}
             self.wfile.write(json.dumps(out).encode() + b"\n")
@@ -214,9 +256,12 @@ def _request(pipe: Path, line: str, timeout_s: float = 5.0) -> dict[str, Any] | 
     return json.loads(data) if data else None
 
 
-def connect_client(env: dict[str, str], gpus: list[str], uid: int = 0, pid: int = 0) -> dict[str, Any]:
+def connect_client(env: dict[str, str], gpus: list[str], uid: int = 0, pid: int = 0,
+                   driver_state: str | None = None) -> dict[str, Any]:
     """What a CUDA client with ``env`` on ``gpus`` (its visible GPUs, in order) gets: MPS limits, or
-    ``{"mps": False}`` (no daemon behind its pipe directory: it runs on the GPU directly, unlimited)."""
+    ``{"mps": False}`` (no daemon behind its pipe directory: it runs on the GPU directly, unlimited); with
+    ``"error"`` when the driver refuses it a context (its server's, or its own: the compute mode).
+    ``driver_state``: the fake driver's directory (default: ``$KUBEGPU_STANDIN_DRIVER_STATE``)."""
     mem: dict[str, str] = {}
     for item in (env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") or "").split(","):
         if "=" in item:
@@ -227,7 +272,9 @@ def connect_client(env: dict[str, str], gpus: list[str], uid: int = 0, pid: int 
            "threads": float(threads) if threads else None}
     got = _request(_pipe_dir(env), "CLIENT " + json.dumps(req))
     if got is None or not got.get("ok"):
-        return {"mps": False}
+        driver = FakeDriverState(driver_state) if driver_state else _driver(os.environ)
+        why = next((w for u in gpus if driver is not None and (w := driver.refusal(u))), "")
+        return {"mps": False, "error": why} if why else {"mps": False}
     out: dict[str, Any] = got["out"]
     return out
 
@@ -254,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         pipe.mkdir(parents=True, exist_ok=True)
         log_dir.mkdir(parents=True, exist_ok=True)
         if args == ["-f"]:
-            _serve(_Daemon(pipe, log_dir, visible))
+            _serve(_Daemon(pipe, log_dir, visible, _driver(os.environ)))
             return 0
         subprocess.Popen([sys.executable, "-m", "kubegpu_standins.mps_control", "-f"], start_new_session=True,
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

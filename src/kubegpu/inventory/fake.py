@@ -15,6 +15,10 @@ the methods below, and drive the same health paths a real driver would:
 
 File fault kinds map one to one: ``xid``, ``lost``, ``recover``, ``probe-fail``,
 ``discover-error``, ``wait-error``. ``gpu`` is an index or a GPU/MIG UUID everywhere.
+
+Compute modes (``compute_mode`` / ``set_compute_mode``, as NVML's) live in a
+:class:`~kubegpu.inventory.fake_driver.FakeDriverState` directory when one is given, so the stand-in MPS
+control and its clients see and obey them as the driver's; otherwise in memory.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from kubegpu.inventory.base import HealthEvent, InventoryError
+from kubegpu.inventory.compute_modes import DEFAULT, MODES
+from kubegpu.inventory.fake_driver import FakeDriverState
 from kubegpu.inventory.topology import Fault, Topology, load_topology
 from kubegpu.model.inventory import NodeInventory
 
@@ -39,10 +45,11 @@ class FakeBackend:
     """A topology file served as if NVML had discovered it."""
 
     def __init__(self, topology: Topology | str | Path, node_name: str | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, driver_state: str | Path | None = None) -> None:
         """``topology``: a shipped name, a file path, or a parsed Topology. ``node_name`` names the
         node; from a name or path it also seeds the derived UUIDs (distinct nodes, distinct GPUs),
-        for a parsed Topology it only renames. ``clock`` is the time base of scheduled faults."""
+        for a parsed Topology it only renames. ``clock`` is the time base of scheduled faults.
+        ``driver_state``: the directory compute modes and contexts are shared in (see the module)."""
         if not isinstance(topology, Topology):
             topology = load_topology(topology, node_name=node_name)
         elif node_name is not None and node_name != topology.inventory.name:
@@ -58,6 +65,8 @@ class FakeBackend:
         self._probe_failures: dict[str, int | None] = {}
         self._discover_failures: list[str] = []
         self._closed = False
+        self.driver = FakeDriverState(driver_state) if driver_state is not None else None
+        self._modes: dict[str, str] = {}
         self.delivered: list[tuple[float, HealthEvent]] = []  # (elapsed s, event), for tests and demos
         for fault in topology.faults:
             if fault.gpu is not None:
@@ -121,6 +130,25 @@ class FakeBackend:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+
+    # --- compute modes (NVML's nvmlDeviceGetComputeMode / nvmlDeviceSetComputeMode) ------------
+
+    def compute_mode(self, uuid: str) -> str:
+        self._known(uuid)
+        return self.driver.mode(uuid) if self.driver is not None else self._modes.get(uuid, DEFAULT)
+
+    def set_compute_mode(self, uuid: str, mode: str) -> None:
+        self._known(uuid)
+        if mode not in MODES:
+            raise InventoryError(f"NVML failed to set compute mode {mode!r} on {uuid}: Invalid Argument")
+        if self.driver is not None:
+            self.driver.set_mode(uuid, mode)
+        else:
+            self._modes[uuid] = mode
+
+    def _known(self, uuid: str) -> None:
+        if not any(g.uuid == uuid for g in self._inventory.gpus):
+            raise InventoryError(f"NVML has no GPU {uuid} on {self._inventory.name}: Not Found")
 
     # --- fault injection ---------------------------------------------------------------------
 

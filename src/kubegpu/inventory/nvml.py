@@ -39,6 +39,7 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from kubegpu.inventory.base import HealthEvent, InventoryError
+from kubegpu.inventory.compute_modes import FROM_NVML, NVML_VALUES
 from kubegpu.inventory.mig import profile_name
 from kubegpu.model.inventory import Gpu, MigDevice, NodeInventory
 
@@ -464,6 +465,26 @@ class NvmlBackend:
                 return False
             raise
         return True
+
+    # --- compute modes (strict share enforcement, node/mps/compute_mode.py) ---------------------
+
+    def compute_mode(self, uuid: str) -> str:
+        with self._lock:
+            self._ensure_init()
+            n = self.nvml
+            h = self._call(f"open GPU {uuid}", n.nvmlDeviceGetHandleByUUID, uuid)
+            value = self._call(f"read the compute mode of {uuid}", n.nvmlDeviceGetComputeMode, h)
+        return FROM_NVML.get(int(value), f"unknown ({value})")
+
+    def set_compute_mode(self, uuid: str, mode: str) -> None:
+        """As ``nvidia-smi -i <uuid> -c <mode>``: needs root (CAP_SYS_ADMIN) on the host's driver."""
+        if mode not in NVML_VALUES:
+            raise InventoryError(f"unknown compute mode {mode!r}")
+        with self._lock:
+            self._ensure_init()
+            n = self.nvml
+            h = self._call(f"open GPU {uuid}", n.nvmlDeviceGetHandleByUUID, uuid)
+            self._call(f"set compute mode {mode} on {uuid}", n.nvmlDeviceSetComputeMode, h, NVML_VALUES[mode])
 
     def close(self) -> None:
         with self._lock:

@@ -157,6 +157,14 @@ class MpsControl:
             return False
         return True
 
+    def listening(self) -> bool:
+        """Whether the daemon's control pipe is there (it goes with the daemon): a look, not a question."""
+        return (self.paths.pipe / "control").exists()
+
+    def forget(self) -> None:
+        """Remove the record :meth:`start` wrote (the daemon is retired, not to be started again)."""
+        (self.paths.root / SPEC_FILE).unlink(missing_ok=True)
+
     def quit(self) -> None:
         try:
             self.command("quit")

@@ -12,7 +12,8 @@ import threading
 from collections.abc import Callable, Sequence
 
 from kubegpu.model.inventory import NodeInventory
-from kubegpu.node.mps.capability import MODE_MPS, Enforcement
+from kubegpu.node.mps.capability import MODE_MPS, MODE_STRICT, Enforcement
+from kubegpu.node.mps.compute_mode import ComputeModeGuard, ComputeModes
 from kubegpu.node.mps.control import MpsError, find_binary
 from kubegpu.node.mps.enforcer import ShareEnforcer
 from kubegpu.node.mps.manager import MpsManager
@@ -23,8 +24,13 @@ class DraEnforcement:
     """One MPS manager for the DRA driver; ``on_change()`` is called when a daemon goes up or down."""
 
     def __init__(self, mps_root: str, driver_root: str, binary: str = "", *,
-                 on_change: Callable[[], None] | None = None, interval_s: float = 5.0) -> None:
+                 on_change: Callable[[], None] | None = None, interval_s: float = 5.0, selected: str = MODE_MPS,
+                 compute_modes: ComputeModes | None = None, server_uid: int = 0) -> None:
+        """``selected``: ``mps`` or ``strict`` (then ``compute_modes``, the inventory backend, switches GPUs)."""
         self.manager = MpsManager(find_binary(driver_root, binary), mps_root, interval_s=interval_s)
+        self.selected = selected
+        self.server_uid = server_uid
+        self.guard = ComputeModeGuard(compute_modes, mps_root) if compute_modes is not None else None
         if on_change is not None:
             self.manager.add_listener(on_change)
         self._enforcer: ShareEnforcer | None = None
@@ -33,12 +39,14 @@ class DraEnforcement:
     def start(self, inventory: NodeInventory) -> None:
         self.set_inventory(inventory)
         if self.manager.binary is not None:
-            self.manager.recover(g.uuid for g in inventory.gpus)
+            self.manager.recover((g.uuid for g in inventory.gpus),
+                                 self.server_uid if self.selected == MODE_STRICT else None)
         self.manager.start()
 
     def set_inventory(self, inventory: NodeInventory) -> None:
         with self._lock:
-            self._enforcer = ShareEnforcer(self.manager, MODE_MPS, inventory)
+            self._enforcer = ShareEnforcer(self.manager, self.selected, inventory, compute_modes=self.guard,
+                                           server_uid=self.server_uid)
 
     def _current(self) -> ShareEnforcer:
         with self._lock:
@@ -46,8 +54,14 @@ class DraEnforcement:
                 raise MpsError("the MPS side of the DRA driver has no inventory yet")
             return self._enforcer
 
-    def for_share(self, parts: Sequence[tuple[str, int, int]], order: Sequence[str]) -> Binding | None:
-        return self._current().for_share(parts, order)
+    def for_share(self, parts: Sequence[tuple[str, int, int]], order: Sequence[str],
+                  holder: str = "") -> Binding | None:
+        """``holder``: the claim (UID) the share is prepared for; :meth:`release` with it at unprepare."""
+        return self._current().for_share(parts, order, holder)
+
+    def release(self, holder: str, uuids: Sequence[str]) -> None:
+        """A claim's share was unprepared (strict: the GPU's daemon quits and its mode goes back with the last)."""
+        self._current().release_share(holder, uuids)
 
     def table(self) -> dict[str, Enforcement]:
         try:
@@ -60,4 +74,6 @@ class DraEnforcement:
         return {u: f"shares cannot be enforced: {e.reason}" for u, e in self.table().items() if not e.enforced}
 
     def stop(self) -> None:
+        if self._enforcer is not None:
+            self._enforcer.stop()
         self.manager.stop()

@@ -5,6 +5,11 @@
 :class:`~kubegpu.node.mps.spec.Binding` (pipe, shared memory, limits), ``None`` when nothing is to be
 enforced (a whole GPU, or enforcement off), or raises :class:`MpsError` with the reason, which the caller
 turns into a refusal: a share on an enforced node is never served with limits that nothing holds.
+
+Under ``strict`` it delegates to :class:`~kubegpu.node.mps.strict.StrictShares`, and the kubelet paths tell it
+when GPUs change hands: :meth:`release_share` when a share ends (DRA unprepare), :meth:`claim_whole` before a
+whole-GPU container gets a GPU (and :meth:`release_whole` after), :meth:`reconcile` with the holders alive
+(the device-plugin path, which hears of no container's end), :meth:`stop` when the node daemon stops.
 """
 
 from __future__ import annotations
@@ -13,18 +18,33 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 
 from kubegpu.model.inventory import NodeInventory
-from kubegpu.node.mps.capability import MODE_MPS, MODE_UNENFORCED, Enforcement, gpu_enforcement, refusal
+from kubegpu.node.mps.capability import (
+    ENFORCED_MODES,
+    MODE_MPS,
+    MODE_STRICT,
+    MODE_UNENFORCED,
+    Enforcement,
+    gpu_enforcement,
+    refusal,
+)
+from kubegpu.node.mps.compute_mode import ComputeModeGuard
 from kubegpu.node.mps.control import MpsError
 from kubegpu.node.mps.manager import MpsManager
 from kubegpu.node.mps.spec import Binding, DaemonSpec, ShareShapeError, share_spec
+from kubegpu.node.mps.strict import StrictShares
 
 
 class ShareEnforcer:
     """Thread-safe; ``replica_specs`` are the daemons of ``sharing.mps`` resources (by resource name)."""
 
     def __init__(self, manager: MpsManager | None, selected: str, inventory: NodeInventory, *,
-                 time_sliced: Iterable[str] = (), replica_specs: Mapping[str, DaemonSpec] | None = None) -> None:
+                 time_sliced: Iterable[str] = (), replica_specs: Mapping[str, DaemonSpec] | None = None,
+                 compute_modes: ComputeModeGuard | None = None, server_uid: int = 0) -> None:
+        """``compute_modes`` is needed for ``strict`` (without it every strict share is refused, with the
+        reason); ``server_uid``: the user strict MPS servers run for."""
         self.manager = manager
+        self.strict = (StrictShares(manager, compute_modes, server_uid)
+                       if selected == MODE_STRICT and manager is not None and compute_modes is not None else None)
         self.selected = selected
         self.inventory = inventory
         self.time_sliced = frozenset(time_sliced)
@@ -64,9 +84,12 @@ class ShareEnforcer:
             raise MpsError(f"{resource}: no MPS manager runs on this node")
         return self.manager.serve(spec, order)
 
-    def for_share(self, parts: Sequence[tuple[str, int, int]], order: Sequence[str] | None = None) -> Binding | None:
-        """``parts``: (GPU uuid, core percent, memory bytes; 0 = all of it). None when nothing is enforced."""
-        if self.selected != MODE_MPS:
+    def for_share(self, parts: Sequence[tuple[str, int, int]], order: Sequence[str] | None = None,
+                  holder: str = "") -> Binding | None:
+        """``parts``: (GPU uuid, core percent, memory bytes; 0 = all of it). None when nothing is enforced.
+        ``holder`` names the share (pod UID/container, or claim UID) for :meth:`release_share`; without one,
+        strict shares of one shape are one holder, released by :meth:`reconcile`."""
+        if self.selected not in ENFORCED_MODES:
             return None
         # A memory-only share (gpu-memory without gpu-core: recorded with 0 % compute) reserves no compute, so
         # its daemon limits memory and leaves the threads at 100 %.
@@ -87,4 +110,35 @@ class ShareEnforcer:
             spec = share_spec(full)
         except ShareShapeError as exc:
             raise MpsError(str(exc)) from exc
-        return self.manager.serve(spec, order or [u for u, _, _ in full])
+        seq = order or [u for u, _, _ in full]
+        if self.selected == MODE_STRICT:
+            return self._strict().serve(spec, seq, holder or spec.name)
+        return self.manager.serve(spec, seq)
+
+    # ----- GPUs changing hands (strict; no-ops otherwise) -------------------------------------------
+
+    def _strict(self) -> StrictShares:
+        if self.strict is None:
+            raise MpsError("strict share enforcement needs the GPUs' compute modes (NVML) and MPS; this node "
+                           "has no compute-mode control, so strict shares are refused")
+        return self.strict
+
+    def release_share(self, holder: str, uuids: Iterable[str]) -> None:
+        if self.strict is not None:
+            self.strict.release(holder, uuids)
+
+    def claim_whole(self, uuid: str, holder: str) -> None:
+        """Before a whole-GPU container gets ``uuid``; raises MpsError (the reason) while strict shares hold it."""
+        if self.strict is not None:
+            self.strict.claim_whole(uuid, holder)
+
+    def release_whole(self, uuid: str, holder: str) -> None:
+        if self.strict is not None:
+            self.strict.release_whole(uuid, holder)
+
+    def reconcile(self, shares: Mapping[str, Iterable[str]], whole: Mapping[str, Iterable[str]]) -> list[str]:
+        return self.strict.reconcile(shares, whole) if self.strict is not None else []
+
+    def stop(self) -> dict[str, str]:
+        """GPU UUID -> why it keeps ``EXCLUSIVE_PROCESS`` after the node daemon stops (shares still run)."""
+        return self.strict.stop() if self.strict is not None else {}

@@ -9,6 +9,10 @@ A supervisor pass (:meth:`supervise`, every ``interval_s`` on its own thread) as
 server list; a daemon that does not answer is down: its GPUs are reported (``on_change``) so the node
 marks the devices it serves Unhealthy with the reason, and it is started again with a capped exponential
 back-off. Decisions are made from what each daemon answers now, never from event order.
+
+Once a daemon is up, ``serve`` answers from what it knows (the binding is a pure function of the shape):
+the daemon is asked once per shape, not at every ``Allocate``, and liveness is the supervisor's job, plus a
+look at the daemon's control pipe, which it removes when it ends.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ class _Entry:
     failures: int = 0
     next_try: float = 0.0
     restarts: int = 0
+    server_uid: int | None = None  # strict enforcement: the server started with the daemon, for this user
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -85,9 +90,14 @@ class MpsManager:
         """``fn()`` is called after any daemon goes up or down (health, status and metrics re-read)."""
         self._listeners.append(fn)
 
-    def serve(self, spec: DaemonSpec, order: Sequence[str] | None = None) -> Binding:
-        """The binding of ``spec``'s daemon, started and checked first. Raises MpsError."""
-        entry = self._entry(spec)
+    def serve(self, spec: DaemonSpec, order: Sequence[str] | None = None, *,
+              server_uid: int | None = None) -> Binding:
+        """The binding of ``spec``'s daemon, started and checked first. Raises MpsError. ``server_uid``: start
+        the daemon's MPS server at once for that user (strict enforcement: the server holds the GPU's one
+        context before any container can reach the GPU)."""
+        entry = self._entry(spec, server_uid)
+        if entry.up and entry.control.listening():
+            return binding(spec, self.mps_root, order)
         with entry.lock:
             self._went_silent(entry)  # asked now, not at the last supervision pass
             if not entry.up:
@@ -96,16 +106,36 @@ class MpsManager:
                 self._bring_up(entry)
         return binding(spec, self.mps_root, order)
 
-    def ensure(self, spec: DaemonSpec) -> bool:
+    def ensure(self, spec: DaemonSpec, server_uid: int | None = None) -> bool:
         """Start ``spec``'s daemon if it is not up (the eager path for replica resources); True when up."""
         try:
-            self.serve(spec)
+            self.serve(spec, server_uid=server_uid)
         except MpsError as exc:
             log.warning("%s", exc)
             return False
         return True
 
-    def recover(self, gpus: Iterable[str]) -> int:
+    def retire(self, name: str) -> None:
+        """Quit daemon ``name`` and forget it (and its record: a restarted node does not start it again);
+        strict enforcement does this when its GPU holds no more shares, before the GPU's mode goes back."""
+        with self._lock:
+            e = self._entries.pop(name, None)
+        if e is None:
+            return
+        with e.lock:
+            if e.up:
+                e.control.quit()
+            e.up = False
+            e.control.forget()
+        self._notify()
+
+    def daemon_of(self, uuid: str) -> DaemonSpec | None:
+        """The share daemon that serves GPU ``uuid``, if one is known (strict: at most one)."""
+        with self._lock:
+            return next((e.spec for e in self._entries.values() if e.spec.kind == "share" and uuid in e.spec.uuids),
+                        None)
+
+    def recover(self, gpus: Iterable[str], server_uid: int | None = None) -> int:
         """Start again every daemon recorded under the MPS root whose GPUs are all in ``gpus`` (a node daemon
         restart ends them; containers the kubelet already admitted still hold their pipe). Returns how many
         answer. A record that cannot be read is logged and skipped."""
@@ -121,7 +151,7 @@ class MpsManager:
             if not set(spec.uuids) <= have:
                 log.info("MPS: not restarting %s: its GPUs are not all on this node now", spec.name)
                 continue
-            up += self.ensure(spec)
+            up += self.ensure(spec, server_uid if spec.kind == "share" else None)
         return up
 
     def states(self) -> list[DaemonState]:
@@ -190,7 +220,7 @@ class MpsManager:
 
     # ----- internals ----------------------------------------------------------------------------
 
-    def _entry(self, spec: DaemonSpec) -> _Entry:
+    def _entry(self, spec: DaemonSpec, server_uid: int | None = None) -> _Entry:
         with self._lock:
             e = self._entries.get(spec.name)
             if e is not None:
@@ -204,7 +234,7 @@ class MpsManager:
                 raise MpsError(f"this node already runs {MAX_DAEMONS} MPS daemons (one per share shape); "
                                f"refusing a new shape {spec.describe()}")
             e = _Entry(spec, MpsControl(self.binary, self.mps_root, spec, timeout_s=self.timeout_s,
-                                        base_env=self.base_env))
+                                        base_env=self.base_env), server_uid=server_uid)
             self._entries[spec.name] = e
             return e
 
@@ -225,7 +255,12 @@ class MpsManager:
             wrong = e.control.check_defaults()
             if wrong:
                 raise MpsError(f"MPS daemon {e.spec.name} holds {wrong}")
-            e.control.server_list()
+            if e.server_uid is not None and not e.control.server_list():
+                e.control.command(f"start_server -uid {e.server_uid}")
+                if not e.control.server_list():
+                    raise MpsError(f"MPS daemon {e.spec.name}: its server did not start for user {e.server_uid}")
+            else:
+                e.control.server_list()
         except MpsError as exc:
             e.up, e.reason = False, str(exc)
             e.failures += 1
