@@ -9,13 +9,17 @@ requests against the three servers, each run as its own process the way it is de
   records and pods over the GPU-container cap;
 * the device plugin (``kubegpu node --standalone`` registered with the stand-in kubelet over unix
   sockets): huge and unknown device IDs, absurd preferred sizes, then Allocate latency while 100 extra
-  ListAndWatch streams are open.
+  ListAndWatch streams are open, never read, on the same connection;
+* the DRA driver (``kubegpu node --kubelet-plugin dra`` registered with the stand-in DRA kubelet):
+  NodePrepareResources latency while 100 idle ``NodeWatchResources`` health streams are open on the same
+  connection.
 
 ``server_errors`` counts HTTP 5xx, gRPC UNKNOWN/INTERNAL/DATA_LOSS and connections dropped without an
 answer where one was due; ``tracebacks_logged`` counts tracebacks in the three servers' logs.
 Prints one JSON object as its last line. Targets: server_errors 0, tracebacks_logged 0,
 big_pod_filter_ms <= 1000 (N = 5,000), small_filter_p99_ms_during_big <= 100,
-extender_rss_mb_after_1000_fat_pods <= 1024, allocate_p99_ms_with_100_streams <= 10.
+extender_rss_mb_after_1000_fat_pods <= 1024, allocate_p99_ms_with_100_streams <= 10,
+dra_prepare_p99_ms_with_100_health_streams <= 10, device_plugin_timeouts and dra_timeouts 0.
 
     .venv/bin/python bench/abuse.py [--nodes 5000] [--fat-pods 1000] [--streams 100] [--seed 1]
 """
@@ -49,8 +53,8 @@ TRACEBACK = "Traceback (most recent call last)"
 # ---- processes ----------------------------------------------------------------------------------
 def serve_apiserver(nodes: int, kubeconfig: str) -> None:
     """Child process: the stand-in API server with ``nodes`` GPU nodes, until stdin closes."""
+    from kubegpu.model.device_object import device_object
     from kubegpu.model.inventory import Gpu, NodeInventory
-    from kubegpu.node.device_object import device_object
     from kubegpu_standins.apiserver import ApiServer
 
     api = ApiServer(history=20_000)
@@ -457,35 +461,134 @@ def node_bench(tally: Tally, args: argparse.Namespace, work: Path, env: dict[str
                     pb.ContainerPreferredAllocationRequest(available_deviceIDs=req_ids,
                                                            must_include_deviceIDs=rng.sample(req_ids, min(2, n)),
                                                            allocation_size=rng.randint(-3, 30))]), "GPA random")
-        # Extra ListAndWatch streams, as a kubelet reopening them on every restart would leave.
+        def allocations() -> list[Callable[[], str]]:
+            reqs = [pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(
+                devices_ids=rng.sample(ids, rng.randint(1, 2)))]) for _ in range(args.allocations)]
+            return [lambda req=req: (stub.Allocate(req, timeout=2), "")[1] for req in reqs]
+
+        alone, _ = timed_calls(tally, allocations(), "Allocate alone")
+        rss_alone = rss_mb(node.pid)
+        # Extra ListAndWatch streams, never read, as a kubelet reopening them on every restart would leave.
         for _ in range(args.streams):
             streams.append(stub.ListAndWatch(pb.Empty()))
         time.sleep(1.0)
-        lat = []
-        for _ in range(args.allocations):
-            if timeouts >= 20 and len(lat) >= 20 and min(lat[-20:]) >= 2000:
-                break  # starved: twenty 2-s timeouts in a row say enough
-            req = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(
-                devices_ids=rng.sample(ids, rng.randint(1, 2)))])
-            t0 = time.perf_counter()
-            try:
-                stub.Allocate(req, timeout=2)
-                tally.add(True, "Allocate with streams")
-            except grpc.RpcError as e:
-                code = e.code()  # type: ignore[attr-defined]
-                timeouts += code == grpc.StatusCode.DEADLINE_EXCEEDED
-                tally.add(code not in bad_codes and code != grpc.StatusCode.DEADLINE_EXCEEDED,
-                          f"Allocate with streams: {code}")
-            lat.append((time.perf_counter() - t0) * 1000)
+        lat, stream_timeouts = timed_calls(tally, allocations(), "Allocate with streams")
         return {"allocate_p99_ms_with_100_streams": round(float(np.percentile(lat, 99)), 2),
                 "allocate_p50_ms_with_100_streams": round(float(np.percentile(lat, 50)), 2),
-                "device_plugin_timeouts": timeouts, "node_rss_mb": round(rss_mb(node.pid), 1)}
+                "allocate_p99_ms_alone": round(float(np.percentile(alone, 99)), 2),
+                "allocate_p50_ms_alone": round(float(np.percentile(alone, 50)), 2),
+                "device_plugin_timeouts": timeouts + stream_timeouts,
+                "node_rss_mb_before_streams": round(rss_alone, 1), "node_rss_mb": round(rss_mb(node.pid), 1)}
     finally:
         for s in streams:
             s.cancel()
         node.terminate()
         node.wait(30)
         kubelet.stop()
+        log.close()
+
+
+# ---- gRPC calls under streams, shared by the device plugin and the DRA driver -------------------
+def timed_calls(tally: Tally, calls: list[Callable[[], str]], what: str) -> tuple[list[float], int]:
+    """Each call's latency (ms) and how many timed out. A call returns "" when answered, else what it was
+    answered wrongly; a gRPC status is wrong when it is a server error or a time-out."""
+    import grpc
+
+    bad = {grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.DATA_LOSS,
+           grpc.StatusCode.DEADLINE_EXCEEDED}
+    lat: list[float] = []
+    timeouts = 0
+    for fn in calls:
+        if timeouts >= 20 and len(lat) >= 20 and min(lat[-20:]) >= 2000:
+            break  # starved: twenty 2-s timeouts in a row say enough
+        t0 = time.perf_counter()
+        try:
+            problem = fn()
+        except grpc.RpcError as e:
+            code = e.code()  # type: ignore[attr-defined]
+            timeouts += code == grpc.StatusCode.DEADLINE_EXCEEDED
+            problem = str(code) if code in bad else ""
+        lat.append((time.perf_counter() - t0) * 1000)
+        tally.add(not problem, f"{what}: {problem}")
+    return lat, timeouts
+
+
+# ---- the DRA driver -----------------------------------------------------------------------------
+def _prepare_request(api: Any, i: int, node: str) -> Any:
+    """A whole-GPU ResourceClaim allocated on ``node``, stored in the API server, as the request that prepares it."""
+    import uuid
+
+    from kubegpu.node.dra.names import DRIVER
+    from kubegpu.node.dra.proto import dra_v1_pb2 as pb
+
+    claim = api.put_object({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": f"abuse-{i}", "namespace": NS, "uid": str(uuid.uuid4())},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "gpu.kubegpu.io", "allocationMode": "ExactCount", "count": 1}}]}},
+        "status": {"allocation": {"devices": {"results": [
+            {"device": f"gpu-{i % 4}", "driver": DRIVER, "pool": node, "request": "gpu"}]}}}})
+    m = claim["metadata"]
+    return pb.NodePrepareResourcesRequest(claims=[pb.Claim(namespace=m["namespace"], uid=m["uid"], name=m["name"])])
+
+
+def dra_bench(tally: Tally, args: argparse.Namespace, work: Path, env: dict[str, str]) -> dict[str, Any]:
+    """NodePrepareResources latency while ``--streams`` idle health streams are open on the same connection."""
+    import grpc
+
+    from kubegpu.node.dra.names import DRIVER
+    from kubegpu.node.dra.proto import dra_health_pb2 as hpb
+    from kubegpu.node.dra.proto import dra_health_pb2_grpc, dra_v1_pb2_grpc
+    from kubegpu.node.runtime_env import NODE_ENV
+    from kubegpu_standins.apiserver import ApiServer
+    from kubegpu_standins.dra_kubelet import DraKubelet
+
+    node_name = "abuse-node"
+    api = ApiServer().start()
+    kubelet = DraKubelet(api, work / "dra-kubelet", node_name)
+    kubelet.start()
+    log = (work / "dra.log").open("wb")
+    dra = subprocess.Popen(cli("node", "--kubelet-plugin", "dra", "--inventory", "dgx-a100", "--dra-shared-gpus", "4-7",
+                               "--node-name", node_name, "--kubeconfig", str(api.write_kubeconfig(work / "dra-kc")),
+                               "--dra-plugins-dir", str(kubelet.plugins_dir), "--dra-registry-dir",
+                               str(kubelet.registry), "--cdi-spec-dir", str(work / "dra-cdi"),
+                               "--log-level", "warning"),
+                           env={**env, **NODE_ENV}, stdout=log, stderr=log)
+    streams: list[Any] = []
+    channel = None
+    try:
+        if not kubelet.wait(lambda: DRIVER in kubelet.plugins, 60):
+            raise RuntimeError("the DRA driver did not register")
+        channel = grpc.insecure_channel(f"unix://{kubelet.plugins[DRIVER].endpoint}")
+        stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
+        health = dra_health_pb2_grpc.DRAResourceHealthStub(channel)
+        def prepares(first: int) -> list[Callable[[], str]]:
+            reqs = [_prepare_request(api, first + i, node_name) for i in range(args.allocations)]
+            return [lambda req=req: next(iter(stub.NodePrepareResources(req, timeout=2).claims.values())).error
+                    for req in reqs]
+
+        alone, timeouts = timed_calls(tally, prepares(0), "NodePrepareResources alone")
+        rss_alone = rss_mb(dra.pid)
+        # Extra health streams, never read, as a kubelet reopening them on every registration would leave.
+        for _ in range(args.streams):
+            streams.append(health.NodeWatchResources(hpb.NodeWatchResourcesRequest()))
+        time.sleep(1.0)
+        lat, stream_timeouts = timed_calls(tally, prepares(args.allocations), "NodePrepareResources with streams")
+        return {"dra_prepare_p99_ms_with_100_health_streams": round(float(np.percentile(lat, 99)), 2),
+                "dra_prepare_p50_ms_with_100_health_streams": round(float(np.percentile(lat, 50)), 2),
+                "dra_prepare_p99_ms_alone": round(float(np.percentile(alone, 99)), 2),
+                "dra_prepare_p50_ms_alone": round(float(np.percentile(alone, 50)), 2),
+                "dra_timeouts": timeouts + stream_timeouts,
+                "dra_rss_mb_before_streams": round(rss_alone, 1), "dra_rss_mb": round(rss_mb(dra.pid), 1)}
+    finally:
+        for s in streams:
+            s.cancel()
+        if channel is not None:
+            channel.close()
+        dra.terminate()
+        dra.wait(30)
+        kubelet.stop()
+        api.stop()
         log.close()
 
 
@@ -498,7 +601,7 @@ def main() -> None:
     ap.add_argument("--small-filters", type=int, default=300)
     ap.add_argument("--allocations", type=int, default=300)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--only", choices=["extender", "webhook", "device_plugin"], help="run one part")
+    ap.add_argument("--only", choices=["extender", "webhook", "device_plugin", "dra"], help="run one part")
     ap.add_argument("--serve-apiserver", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--kubeconfig", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -508,17 +611,18 @@ def main() -> None:
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "PYTHONPATH": str(root / "src")}
     work = Path(tempfile.mkdtemp(prefix="kgabuse-", dir="/tmp"))
-    tallies = {"extender": Tally(), "webhook": Tally(), "device_plugin": Tally()}
+    tallies = {"extender": Tally(), "webhook": Tally(), "device_plugin": Tally(), "dra": Tally()}
     out: dict[str, Any] = {}
     t0 = time.perf_counter()
-    for name, fn in (("webhook", webhook_bench), ("device_plugin", node_bench), ("extender", extender_bench)):
+    for name, fn in (("webhook", webhook_bench), ("device_plugin", node_bench), ("dra", dra_bench),
+                     ("extender", extender_bench)):
         if args.only and name != args.only:
             continue
         t = time.perf_counter()
         out.update(fn(tallies[name], args, work, env))
         print(f"{name}: {tallies[name].cases} cases in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
-    logs = {name: (work / f"{name}.log").read_text(errors="replace") for name in ("extender", "webhook", "node")
-            if (work / f"{name}.log").exists()}
+    logs = {name: (work / f"{name}.log").read_text(errors="replace")
+            for name in ("extender", "webhook", "node", "dra") if (work / f"{name}.log").exists()}
     result = {
         "cases": sum(t.cases for t in tallies.values()),
         "cases_by_server": {k: t.cases for k, t in tallies.items()},

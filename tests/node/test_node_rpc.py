@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from polling import until
 
 from kubegpu.node import rpc
 from kubegpu.node.proto import deviceplugin_grpc as dp_grpc
@@ -33,6 +34,8 @@ class _Plugin(dp_grpc.DevicePluginBase):
         self.asked: list[str] = []
         self.pad = ""  # appended to each streamed device ID: sizes the stream's messages
         self.yielded = 0
+        self.one_message = False  # streams end after their first message
+        self.ends = 0
 
     def allocate(self, req: pb.AllocateRequest) -> pb.AllocateResponse:
         self.loop_threads.add(threading.current_thread().name)
@@ -49,7 +52,7 @@ class _Plugin(dp_grpc.DevicePluginBase):
         return resp
 
     def watch(self, req: pb.Empty, ctx: rpc.StreamContext):  # type: ignore[no-untyped-def]
-        ctx.add_callback(lambda: (self.ended_on.append(threading.current_thread().name), self.ended.set()))
+        ctx.add_callback(self._stream_ended)
 
         def wake() -> None:
             with self.versions:
@@ -65,6 +68,14 @@ class _Plugin(dp_grpc.DevicePluginBase):
                 seen = self.version
             self.yielded += 1
             yield pb.ListAndWatchResponse(devices=[pb.Device(ID=f"v{seen}{self.pad}", health="Healthy")])
+            if self.one_message:
+                return
+
+    def _stream_ended(self) -> None:
+        with self.versions:
+            self.ends += 1
+        self.ended_on.append(threading.current_thread().name)
+        self.ended.set()
 
     async def GetDevicePluginOptions(self, stream) -> None:  # type: ignore[no-untyped-def]
         await rpc.answer(stream, lambda _: pb.DevicePluginOptions(get_preferred_allocation_available=True))
@@ -162,6 +173,60 @@ def test_a_client_that_stops_reading_stops_its_stream_generator(served) -> None:
     assert last.startswith("v200x")
     call.cancel()
     assert plugin.ended.wait(5), "a generator waiting for room never saw its client leave"
+
+
+def test_calls_are_answered_while_a_hundred_idle_streams_are_open(served) -> None:  # type: ignore[no-untyped-def]
+    # h2 alone lets a connection hold 100 streams: with the kubelet's stale streams open, its Allocate on the
+    # same connection would wait for a slot until its deadline.
+    plugin, server, stub = served
+    calls = [stub.ListAndWatch(pb.Empty(), timeout=60) for _ in range(100)]
+    for call in calls:
+        assert next(call).devices[0].ID == "v0"  # served: its generator runs in its thread, now idle
+    assert server.open_streams == 100
+    for i in range(5):
+        assert stub.Allocate(_allocate(f"d{i}"), timeout=30).container_responses[0].envs["IDS"] == f"d{i}"
+    assert not plugin.ended.is_set()
+    for call in calls:
+        call.cancel()
+    assert until(lambda: server.open_streams == 0 and plugin.ends == 100, 10)
+
+
+def test_streams_the_server_ended_and_the_client_never_read_leave_its_calls_answered(served) -> None:  # type: ignore[no-untyped-def]
+    # grpcio counts a stream against the connection's limit until it reads the stream's end: a client that
+    # opened 100 streams and read none (the abuse bench, a careless kubelet) would time out every later call.
+    plugin, server, stub = served
+    plugin.one_message = True
+    calls = [stub.ListAndWatch(pb.Empty(), timeout=60) for _ in range(100)]
+    assert until(lambda: plugin.ends == 100, 30), "the streams' generators did not all end"
+    assert stub.Allocate(_allocate("a"), timeout=30).container_responses[0].envs["IDS"] == "a"
+    assert server.open_streams == 0
+    for call in calls:
+        call.cancel()
+
+
+def test_past_the_open_stream_bound_a_new_stream_ends_the_oldest(served, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    plugin, server, stub = served
+    monkeypatch.setattr(rpc, "MAX_OPEN_STREAMS", 3)
+    calls = []
+    for _ in range(3):  # one after the other: the first is the oldest
+        calls.append(stub.ListAndWatch(pb.Empty(), timeout=30))
+        next(calls[-1])
+    newest = stub.ListAndWatch(pb.Empty(), timeout=30)
+    next(newest)
+    with pytest.raises(grpc.RpcError) as ended:
+        next(calls[0])
+    assert ended.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "more than 3 streams open" in ended.value.details()
+    assert until(lambda: plugin.ends == 1, 5), "the oldest stream's generator did not end"
+    assert server.open_streams == 3
+    # The others go on: each still gets the next change.
+    with plugin.versions:
+        plugin.version = 1
+        plugin.versions.notify_all()
+    for call in [*calls[1:], newest]:
+        assert next(call).devices[0].ID == "v1"
+    for call in [*calls[1:], newest]:
+        call.cancel()
 
 
 def test_a_waiting_stream_generator_ends_when_its_client_leaves(served) -> None:  # type: ignore[no-untyped-def]

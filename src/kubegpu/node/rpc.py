@@ -19,6 +19,13 @@ threads reach it through :func:`call`. The loop itself never blocks:
 
 Requests are bounded as grpcio and grpc-go bound them (4 MiB): grpclib would otherwise buffer whatever
 length a message header claims before decoding it.
+
+Streams are bounded per server, not per connection. h2 advertises at most 100 concurrent streams per
+connection, so a client with 100 idle streams open (a grpcio client counts a stream the server ended
+until it reads the end) has every later call on that connection wait for a slot that never comes: the
+kubelet's ``Allocate`` would time out behind streams it left open. Each connection may open
+MAX_CONCURRENT_STREAMS; what a stream costs here (its generator's thread) is bounded by
+MAX_OPEN_STREAMS per server, past which the oldest stream ends (the kubelet's live stream is its newest).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import contextvars
 import logging
 import os
 import struct
@@ -41,6 +49,7 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 from grpclib.protocol import Connection, H2Protocol
 from grpclib.server import Server, Stream
 from h2.errors import ErrorCodes
+from h2.settings import SettingCodes
 from hyperframe.frame import GoAwayFrame
 
 log = logging.getLogger(__name__)
@@ -54,9 +63,17 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # grpcio's and grpc-go's default receive li
 # holds the sends) stops its generator after this many instead of letting them pile up: the generators
 # here yield whole snapshots, so the one yielded after the wait is the newest state, not a stale one.
 MAX_UNSENT_MESSAGES = 4
+# Calls and streams one connection may have open at once (h2's own default, 100, lets idle streams starve the
+# connection's calls). grpc-go and grpcio servers set no limit; this one still bounds a connection's queued calls.
+MAX_CONCURRENT_STREAMS = 1024
+# Server-streaming calls one server keeps open (each holds its generator's thread). The kubelet holds one per
+# socket; a newer stream ends the oldest past this, so leftovers of a restarted client cannot lock it out.
+MAX_OPEN_STREAMS = 128
 
 __all__ = [
+    "MAX_CONCURRENT_STREAMS",
     "MAX_MESSAGE_BYTES",
+    "MAX_OPEN_STREAMS",
     "MAX_UNSENT_MESSAGES",
     "CallFailed",
     "RpcAbort",
@@ -213,6 +230,7 @@ class StreamContext:
         self._callbacks: list[Callable[[], None]] = []
         self._wakers: list[Callable[[], None]] = []
         self._lock = threading.Lock()
+        self.ended_by_server = ""  # why the server ended the call (its status message), or ""
 
     def is_active(self) -> bool:
         return self._active.is_set()
@@ -241,6 +259,33 @@ class StreamContext:
         _run_all(callbacks, "stream end callback")
 
 
+class _OpenStreams:
+    """The server-streaming calls one server has open, oldest first. Touched only on the loop."""
+
+    def __init__(self) -> None:
+        self._open: dict[StreamContext, None] = {}  # insertion-ordered: the oldest first
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def admit(self, context: StreamContext) -> None:
+        self._open[context] = None
+        while len(self._open) > MAX_OPEN_STREAMS:
+            oldest = next(iter(self._open))
+            del self._open[oldest]
+            oldest.ended_by_server = (f"more than {MAX_OPEN_STREAMS} streams open on this socket: "
+                                      "the oldest was ended")
+            oldest.cancel()
+
+    def leave(self, context: StreamContext) -> None:
+        self._open.pop(context, None)
+
+
+# The open streams of the server whose handler runs in this task (set by UnixServer for its streams).
+_server_streams: contextvars.ContextVar[_OpenStreams | None] = contextvars.ContextVar(
+    "kubegpu_rpc_server_streams", default=None)
+
+
 def _run_all(callbacks: list[Callable[[], None]], what: str) -> None:
     for cb in callbacks:
         try:
@@ -253,8 +298,9 @@ async def stream_out(stream: Stream[Req, Resp], generate: Callable[[Req, StreamC
                      name: str) -> None:
     """Serve a server-streaming call: ``generate(request, context)`` runs in a thread of its own (it
     may wait on threading conditions between messages) and each message it yields is sent in order.
-    The generator sees ``context.is_active()`` turn false once the client is gone, and waits at its
-    ``yield`` while MAX_UNSENT_MESSAGES of its messages are still unsent."""
+    The generator sees ``context.is_active()`` turn false once the client is gone (or the server ended the
+    call: past MAX_OPEN_STREAMS on a :class:`UnixServer`), and waits at its ``yield`` while
+    MAX_UNSENT_MESSAGES of its messages are still unsent."""
     request = await receive(stream)
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[bool, Any]] = asyncio.Queue()
@@ -262,6 +308,9 @@ async def stream_out(stream: Stream[Req, Resp], generate: Callable[[Req, StreamC
     unsent = threading.BoundedSemaphore(MAX_UNSENT_MESSAGES)
     # Ending the call wakes a generator waiting for room; it then sees the call over and stops.
     context.on_cancel(lambda: _release(unsent))
+    open_streams = _server_streams.get()
+    if open_streams is not None:
+        open_streams.admit(context)
 
     def produce() -> None:
         try:
@@ -286,10 +335,14 @@ async def stream_out(stream: Stream[Req, Resp], generate: Callable[[Req, StreamC
             if not more:
                 if item is not None:
                     raise GRPCError(Status.INTERNAL, f"internal error: {item}")
+                if context.ended_by_server:
+                    raise GRPCError(Status.RESOURCE_EXHAUSTED, context.ended_by_server)
                 return
             await stream.send_message(item)
             unsent.release()
     finally:
+        if open_streams is not None:
+            open_streams.leave(context)
         context.cancel()  # the client left, the server stops, or the generator ended: the thread ends too
 
 
@@ -312,6 +365,7 @@ class UnixServer:
         self._inode: int | None = None
         self._in_flight = 0
         self._idle: asyncio.Event | None = None
+        self._streams = _OpenStreams()
         self._connections: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
         # While stopping: each connection's last call that is served (the one its GOAWAY names).
         self._last_served: weakref.WeakKeyDictionary[Connection, int] | None = None
@@ -352,15 +406,25 @@ class UnixServer:
         except FileNotFoundError:
             return False
 
-    def track(self, func: Callable[[Stream[Any, Any]], Coroutine[Any, Any, None]]
+    @property
+    def open_streams(self) -> int:
+        """Server-streaming calls open now (at most MAX_OPEN_STREAMS)."""
+        return len(self._streams)
+
+    def track(self, func: Callable[[Stream[Any, Any]], Coroutine[Any, Any, None]], *, streaming: bool = False
               ) -> Callable[[Stream[Any, Any]], Coroutine[Any, Any, None]]:
-        """``func`` (a unary handler) counted while it runs, so that stop() can wait for it."""
+        """``func`` refused once stop() began; a unary handler is counted while it runs, so that stop() can
+        wait for it, and a streaming one counts among this server's open streams (:func:`stream_out`)."""
 
         async def tracked(stream: Stream[Any, Any]) -> None:
             if self._refused(stream):
                 # Opened after the GOAWAY: the client takes REFUSED_STREAM for "not processed" and retries.
                 stream._stream.reset_nowait(ErrorCodes.REFUSED_STREAM)
                 stream._cancel_done = True  # grpclib sends nothing more on a stream it cancelled
+                return
+            if streaming:
+                _server_streams.set(self._streams)  # this call's task only: each call runs in a task of its own
+                await func(stream)
                 return
             self._in_flight += 1
             try:
@@ -373,10 +437,12 @@ class UnixServer:
         return tracked
 
     def _counting(self, factory: Callable[[], H2Protocol]) -> Callable[[], H2Protocol]:
-        """grpclib's connection factory, each connection remembered so that stop() can close it."""
+        """grpclib's connection factory, each connection remembered so that stop() can close it and allowed
+        MAX_CONCURRENT_STREAMS."""
 
         def make() -> H2Protocol:
-            protocol = factory()
+            made = factory()
+            protocol = _Protocol(made.handler, made.config, made.h2_config)
             self._connections.add(protocol)
             return protocol
 
@@ -444,12 +510,23 @@ class UnixServer:
         self._inode = None
 
 
+class _Protocol(H2Protocol):
+    """grpclib's connection, with its stream limit raised from h2's 100 to MAX_CONCURRENT_STREAMS."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        # Sent right behind the connection's first SETTINGS, before the client's first call is read.
+        self.connection._connection.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS})
+        self.connection.flush()
+
+
 class _Tracked:
-    """A service whose unary handlers its :class:`UnixServer` counts while they run."""
+    """A service whose handlers its :class:`UnixServer` tracks (:meth:`UnixServer.track`)."""
 
     def __init__(self, service: Any, server: UnixServer) -> None:
         self._mapping: dict[str, Handler] = {
-            name: h._replace(func=server.track(h.func)) if h.cardinality is Cardinality.UNARY_UNARY else h
+            name: h._replace(func=server.track(h.func, streaming=h.cardinality is Cardinality.UNARY_STREAM))
+            if h.cardinality in (Cardinality.UNARY_UNARY, Cardinality.UNARY_STREAM) else h
             for name, h in service.__mapping__().items()}
 
     def __mapping__(self) -> dict[str, Handler]:

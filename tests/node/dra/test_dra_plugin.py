@@ -174,6 +174,22 @@ def test_health_stream_sends_every_device_then_each_change_and_ends_with_its_cli
     assert until(lambda: bed.plugin.active_streams == 0, 5), "the stream outlived its client"
 
 
+def test_prepare_is_answered_while_a_hundred_idle_health_streams_are_open(bed: _Bed) -> None:
+    # A kubelet that reopened its health stream on every registration, on one connection: its prepares share
+    # that connection and must not wait behind the streams for a slot.
+    watch = dra_health_pb2_grpc.DRAResourceHealthStub(bed.dra)
+    calls = [watch.NodeWatchResources(dra_health_pb2.NodeWatchResourcesRequest(), timeout=60) for _ in range(100)]
+    for call in calls:
+        next(call)
+    assert bed.plugin.active_streams == 100
+    resp = dra_v1_pb2_grpc.DRAPluginStub(bed.dra).NodePrepareResources(
+        dra_v1_pb2.NodePrepareResourcesRequest(claims=_claims(dra_v1_pb2, "ok")), timeout=30)
+    assert resp.claims["uid-ok"].error == ""
+    for call in calls:
+        call.cancel()
+    assert until(lambda: bed.plugin.active_streams == 0, 10)
+
+
 def test_health_changes_a_stream_has_not_sent_yet_go_out_as_one_message() -> None:
     """Changes that came while the stream waited (its client reading slowly: the stream holds its generator)
     are one message of the newest state, not a backlog of one per change; the call's end is seen among them."""
