@@ -10,12 +10,29 @@ for them; the GPUs offered only as replicas are not counted as whole free GPUs.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from kubegpu.model.allocation import ContainerAllocation, PodAllocation
 from kubegpu.model.inventory import NodeInventory
 from kubegpu.node.dra.names import MODE_LABEL as DRA_NODE_LABEL
+
+# Placement records a MIG device of <n> GPU-instance slices as n * 100 // 7 percent of its GPU: a whole
+# percent, rounded down. Totals add the exact n / 7 instead (a 3g and a 1g are 0.571 GPU, not 42 % + 14 %).
+_MIG_SLICES = 7
+_MIG_G = re.compile(r"(?:\d+c\.)?(\d+)g\.")
+
+
+def gpu_fraction(core: int, mig_profile: str | None) -> float:
+    """The GPUs' worth of compute a grant of ``core`` percent holds; of a MIG device (``mig_profile``), its
+    slices of the GPU's 7."""
+    m = _MIG_G.match(mig_profile or "")
+    if m is not None:
+        slices = int(m.group(1))
+        if core == min(100, slices * 100 // _MIG_SLICES):  # the whole device, as placement recorded it
+            return min(1.0, slices / _MIG_SLICES)
+    return core / 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +42,7 @@ class Holder:
     core: int
     memory_bytes: int
     mig_uuid: str | None = None  # the MIG device held, for MIG grants
+    gpu: float = 0.0  # GPUs' worth of compute held, unrounded (gpu_fraction)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +130,16 @@ class GpuView:
     share_enforcement: str = ""  # how shares here are held to their limits: mps, none, "unenforced: <why>"
 
     @property
+    def gpu_used(self) -> float:
+        """GPUs' worth of compute its holders hold, unrounded (core_used adds whole percents)."""
+        return sum(h.gpu for h in self.holders)
+
+    @property
+    def gpu_free(self) -> float:
+        """GPUs' worth of compute free on it: what ``core_free`` says in percent, unrounded."""
+        return max(0.0, 1.0 - self.gpu_used) if self.core_free > 0 else 0.0
+
+    @property
     def placeable(self) -> bool:
         """Can the extender give it (or part of it) to a whole-GPU or share request."""
         if self.dra_mig:
@@ -176,8 +204,8 @@ class ClusterView:
         return {
             "totals": {
                 "nodes": self.totals.nodes, "gpus": self.totals.gpus, "healthy_gpus": self.totals.healthy_gpus,
-                "allocated_gpu": round(self.totals.allocated_gpu, 2), "free_gpu": round(self.totals.free_gpu, 2),
-                "stranded_gpu": round(self.totals.stranded_gpu, 2),
+                "allocated_gpu": round(self.totals.allocated_gpu, 3), "free_gpu": round(self.totals.free_gpu, 3),
+                "stranded_gpu": round(self.totals.stranded_gpu, 3),
                 "allocated_pct": round(self.totals.allocated_pct, 2),
                 "stranded_pct": round(self.totals.stranded_pct, 2),
                 "whole_free_gpus": self.totals.whole_free_gpus,
@@ -297,6 +325,8 @@ def build_view(
         if node is not None and inv.name != node:
             continue
         holders: dict[str, list[Holder]] = {g.uuid: [] for g in inv.gpus}
+        # The device's profile, from the node (an extender's record names the MIG device, not its profile).
+        mig_profiles = {m.uuid: m.profile for g in inv.gpus for m in g.mig_devices}
         by_minor: Mapping[int, str] = {g.minor: g.uuid for g in inv.gpus}
         for rec in by_node.get(inv.name, []):
             # Init containers count by Kubernetes' rule (model.allocation.PodAllocation.held): only what
@@ -319,8 +349,10 @@ def build_view(
                         problems.append(f"{rec.namespace}/{rec.name}: GPU {grant.uuid or grant.minor} "
                                         f"is not on node {inv.name}")
                         continue
+                    profile = mig_profiles.get(grant.mig_uuid or "", grant.mig_profile)
                     holders[uuid].append(Holder(f"{rec.namespace}/{rec.name}", c.container, grant.core,
-                                                grant.memory_bytes, grant.mig_uuid))
+                                                grant.memory_bytes, grant.mig_uuid,
+                                                gpu_fraction(grant.core, profile)))
         replicas = _replica_views(infos.get(inv.name), replicas_by_node.get(inv.name, []))
         # GPUs behind whole-GPU replicas. The Node says how many, not which: when they are all of the
         # node's non-MIG GPUs (the usual config) each is marked; otherwise the count is taken off the
@@ -362,9 +394,9 @@ def build_view(
         nodes=len(views),
         gpus=len(all_gpus),
         healthy_gpus=sum(g.healthy for g in all_gpus),
-        allocated_gpu=sum(min(g.core_used, 100) for g in all_gpus) / 100,
-        free_gpu=sum(g.core_free for g in all_gpus) / 100,
-        stranded_gpu=sum(g.core_free for g in all_gpus if g.partial) / 100,
+        allocated_gpu=sum(min(g.gpu_used, 1.0) for g in all_gpus),
+        free_gpu=sum(g.gpu_free for g in all_gpus),
+        stranded_gpu=sum(g.gpu_free for g in all_gpus if g.partial),
         whole_free_gpus=whole_free,
         replica_gpus=sum(r.gpus for r in all_replicas if r.whole_gpus),
         replicas_total=sum(r.total for r in all_replicas),
