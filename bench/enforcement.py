@@ -232,7 +232,7 @@ class Records:
 
     def resolve(self, resource: str, device_ids: Sequence[str]) -> Any:
         from kubegpu.model.allocation import DeviceGrant
-        from kubegpu.node.resolver import ResolvedAllocation
+        from kubegpu.node.deviceplugin.resolver import ResolvedAllocation
 
         if resource != SLOTS:
             return None

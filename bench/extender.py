@@ -150,8 +150,8 @@ def fill_node(rng: random.Random, node: str, uuids: list[str], target: float,
 
 def serve_apiserver(nodes: int, pending: int, fill: float, seed: int, kubeconfig: str, unserved: float) -> None:
     """Child process: seed the stand-in API server with the cluster and serve it until stdin closes."""
+    from kubegpu.model.device_object import device_object
     from kubegpu.model.inventory import Gpu, NodeInventory
-    from kubegpu.node.device_object import device_object
     from kubegpu_standins.apiserver import ApiServer
 
     rng = random.Random(seed)

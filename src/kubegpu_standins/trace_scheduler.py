@@ -31,8 +31,8 @@ import numpy as np
 from kubegpu.model import annotations as A
 from kubegpu.model import resources as R
 from kubegpu.model.allocation import decode
+from kubegpu.model.device_object import device_object
 from kubegpu.model.inventory import Gpu, NodeInventory
-from kubegpu.node.device_object import device_object
 from kubegpu.sim.trace import TraceNodes, TracePod
 from kubegpu_standins.apiserver import ApiServer
 

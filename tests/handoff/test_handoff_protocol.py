@@ -19,8 +19,8 @@ from kubegpu.model import resources as R
 from kubegpu.model import signing
 from kubegpu.model.allocation import ContainerAllocation, DeviceGrant, PodAllocation, encode
 from kubegpu.model.records import Ack, decode_acks
+from kubegpu.node.deviceplugin.resolver import AllocationRefused
 from kubegpu.node.handoff import HandoffResolver
-from kubegpu.node.resolver import AllocationRefused
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "handoff"
 KEY = b"a-test-record-key-of-32-bytes-ok"

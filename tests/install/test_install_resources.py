@@ -18,7 +18,7 @@ from kubegpu.model import resources as R
 from kubegpu.model.normalise import review_pod
 from kubegpu.model.request import parse_pod
 from kubegpu.node.config import load_config
-from kubegpu.node.resources import expand
+from kubegpu.node.deviceplugin.resources import expand
 
 # Extended resource names: a DNS-subdomain prefix and a qualified-name part (what the API server accepts).
 RESOURCE_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")

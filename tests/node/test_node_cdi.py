@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from kubegpu.inventory.fake import FakeBackend
-from kubegpu.node.cdi import CdiError, annotation_key, build_spec, qualified_name, write_spec
 from kubegpu.node.container_edits import mig_cap_paths, read_mig_minors
+from kubegpu.node.deviceplugin.cdi import CdiError, annotation_key, build_spec, qualified_name, write_spec
 
 
 def test_qualified_names_follow_the_cdi_rules() -> None:

@@ -15,8 +15,8 @@ import fake_nvidia_ctk as fake
 import pytest
 
 from kubegpu.inventory.topology import load_topology
-from kubegpu.node.cdi import CdiGenerationError, generate_spec
 from kubegpu.node.daemon import DaemonInitError
+from kubegpu.node.deviceplugin.cdi import CdiGenerationError, generate_spec
 from kubegpu_standins.kubelet import StandinKubelet
 
 CTK = "/usr/bin/nvidia-ctk"

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from kubegpu.inventory.topology import load_topology, parse_topology
 from kubegpu.model.inventory import NodeInventory
 from kubegpu.node.config import ConfigError, load_config
-from kubegpu.node.plugin_model import PluginSettings
-from kubegpu.node.resources import (
+from kubegpu.node.deviceplugin.plugin_model import PluginSettings
+from kubegpu.node.deviceplugin.resources import (
     ResourceError,
     base_resources,
     expand,

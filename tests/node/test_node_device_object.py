@@ -14,7 +14,7 @@ import yaml
 
 from kubegpu.install.render import device_crd
 from kubegpu.inventory.topology import load_topology, shipped_topologies
-from kubegpu.node.device_object import (
+from kubegpu.model.device_object import (
     API_VERSION,
     GROUP,
     KIND,

@@ -6,8 +6,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kubegpu.model.device_object import device_object, device_to_inventory, inventory_from_device
 from kubegpu.model.inventory import Gpu, MigDevice, NodeInventory
-from kubegpu.node.device_object import device_object, device_to_inventory, inventory_from_device
 
 hexes = st.text("0123456789abcdef", min_size=12, max_size=12)
 

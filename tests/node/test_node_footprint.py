@@ -25,8 +25,8 @@ def fresh_python(code: str) -> str:
 def test_whole_gpu_preference_loads_no_numpy() -> None:
     code = ("import sys\n"
             "from kubegpu.inventory.fake import FakeBackend\n"
-            "from kubegpu.node import preferred\n"
-            "from kubegpu.node.resources import whole_device\n"
+            "from kubegpu.node.deviceplugin import preferred\n"
+            "from kubegpu.node.deviceplugin.resources import whole_device\n"
             "gpus = FakeBackend('dgx1-v100').discover().gpus\n"
             "known = {g.uuid: whole_device(g) for g in gpus}\n"
             "print(len(preferred.whole_gpus(gpus, sorted(known), [], 2, known)))\n"
@@ -63,6 +63,6 @@ def test_the_dra_daemon_loads_no_device_plugin_allocate() -> None:
     # (nor its protobuf messages).
     code = ("import sys\n"
             "import kubegpu.node.dra.cli, kubegpu.node.dra.daemon\n"
-            "print(sorted(m for m in ('kubegpu.node.allocate', 'kubegpu.node.proto.deviceplugin_pb2')\n"
+            "print(sorted(m for m in ('kubegpu.node.deviceplugin.allocate', 'kubegpu.node.proto.deviceplugin_pb2')\n"
             "             if m in sys.modules))\n")
     assert fresh_python(code).strip() == "[]"

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kubegpu.node.health import XidPolicy
+from kubegpu.node.health.monitor import XidPolicy
 from kubegpu_standins.kubelet import StandinKubelet
 
 GPU = "nvidia.com/gpu"

@@ -11,8 +11,8 @@ from lightkube.models.meta_v1 import ObjectMeta
 from kubegpu.inventory.fake import FakeBackend
 from kubegpu.kube.client import make_client
 from kubegpu.kube.resources import Device, Node
+from kubegpu.model.device_object import inventory_from_device
 from kubegpu.node.config import load_config
-from kubegpu.node.device_object import inventory_from_device
 from kubegpu.node.kube_publisher import KubeNodePublisher
 from kubegpu_standins.apiserver import ApiServer
 

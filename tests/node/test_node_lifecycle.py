@@ -16,9 +16,9 @@ import grpc
 import pytest
 
 from kubegpu.node.daemon import DaemonInitError
+from kubegpu.node.deviceplugin.server import STOP_GRACE_S
 from kubegpu.node.proto import deviceplugin_pb2 as pb
 from kubegpu.node.proto import deviceplugin_pb2_grpc as pb_grpc
-from kubegpu.node.server import STOP_GRACE_S
 from kubegpu_standins.kubelet import AllocationFailed, StandinKubelet
 
 GPU = "nvidia.com/gpu"

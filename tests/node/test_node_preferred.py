@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from kubegpu.node.plugin_model import AdvertisedDevice
-from kubegpu.node.preferred import replicas
+from kubegpu.node.deviceplugin.plugin_model import AdvertisedDevice
+from kubegpu.node.deviceplugin.preferred import replicas
 from kubegpu_standins.kubelet import StandinKubelet
 
 GPU = "nvidia.com/gpu"

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from kubegpu.model.allocation import DeviceGrant
-from kubegpu.node.resolver import AllocationRefused, ResolvedAllocation
+from kubegpu.node.deviceplugin.resolver import AllocationRefused, ResolvedAllocation
 from kubegpu_standins.kubelet import AllocationFailed, StandinKubelet
 
 SLOTS = "kubegpu.io/gpu.shared"

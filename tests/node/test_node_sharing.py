@@ -8,8 +8,8 @@ from typing import Any
 import grpc
 import pytest
 
-from kubegpu.node.allocate import AllocateError
 from kubegpu.node.daemon import DaemonInitError
+from kubegpu.node.deviceplugin.allocate import AllocateError
 from kubegpu_standins.kubelet import StandinKubelet
 from kubegpu_standins.mps_control import connect_client
 

@@ -14,8 +14,8 @@ import yaml
 
 from kubegpu.inventory.fake import FakeBackend
 from kubegpu.model.allocation import ContainerAllocation, DeviceGrant, PodAllocation
+from kubegpu.model.device_object import device_object
 from kubegpu.model.inventory import NodeInventory
-from kubegpu.node.device_object import device_object
 from kubegpu.placement import PlacementConflict
 from kubegpu.scheduler.service import ServiceThread
 from kubegpu.scheduler.state import ClusterView

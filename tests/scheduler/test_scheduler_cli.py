@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from sched_harness import fixture_inventories, fixture_nodes
 
-from kubegpu.node.device_object import device_object
+from kubegpu.model.device_object import device_object
 from kubegpu_standins.apiserver import ApiServer
 
 

@@ -14,7 +14,7 @@ from kubegpu.kube.resources import Device, Node
 from kubegpu.kube.slim import SlimPod
 from kubegpu.model import annotations as A
 from kubegpu.model.allocation import ContainerAllocation, DeviceGrant, PodAllocation, encode
-from kubegpu.node.device_object import device_object
+from kubegpu.model.device_object import device_object
 from kubegpu.scheduler.service import device_handler, node_handler, pod_handler, tombstone
 from kubegpu.scheduler.state import ClusterView
 

@@ -17,7 +17,7 @@ from kubegpu.kube.client import make_client
 from kubegpu.kube.resources import Device
 from kubegpu.model.allocation import ContainerAllocation, DeviceGrant, PodAllocation, encode
 from kubegpu.model.annotations import DEVICE_ALLOCATED
-from kubegpu.node.device_object import device_object
+from kubegpu.model.device_object import device_object
 from kubegpu_standins.apiserver import ApiServer
 
 GiB = 2**30

@@ -16,7 +16,7 @@ from kubegpu.cli.main import app
 from kubegpu.inventory.fake import FakeBackend
 from kubegpu.model.allocation import ContainerAllocation, DeviceGrant, PodAllocation, encode
 from kubegpu.model.annotations import DEVICE_ALLOCATED
-from kubegpu.node.device_object import device_object
+from kubegpu.model.device_object import device_object
 from kubegpu.status.sources import INSTALL_CRD
 from kubegpu_standins.apiserver import ApiServer
 

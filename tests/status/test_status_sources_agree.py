@@ -13,7 +13,7 @@ from test_status_replicas_mig import cluster  # noqa: F401  (the fixture; tests/
 from typer.testing import CliRunner
 
 from kubegpu.cli.main import app
-from kubegpu.node.device_object import device_object
+from kubegpu.model.device_object import device_object
 from kubegpu.scheduler.service import ServiceThread
 
 SAME = ("allocated_gpu", "free_gpu", "stranded_gpu", "whole_free_gpus", "gpus", "healthy_gpus", "mig_devices",

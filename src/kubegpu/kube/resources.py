@@ -2,7 +2,7 @@
 
 ``Device`` (``kubegpu.io/v1alpha1``, plural ``devices``, cluster-scoped, named
 after its node) is one lightkube generic resource shared by its writer (the node
-daemon) and its readers (the extender, the CLI); ``kubegpu.node.device_object``
+daemon) and its readers (the extender, the CLI); ``kubegpu.model.device_object``
 converts its body to and from :class:`~kubegpu.model.NodeInventory`.
 """
 

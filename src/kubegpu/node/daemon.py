@@ -1,6 +1,6 @@
 """The node daemon's lifecycle: discover, serve, register, heal, reload, stop.
 
-:class:`NodeDaemon` owns one :class:`~kubegpu.node.server.PluginServer` per resource, the
+:class:`NodeDaemon` owns one :class:`~kubegpu.node.deviceplugin.server.PluginServer` per resource, the
 health monitor, the CDI spec and the publisher, and one lifecycle thread that keeps every
 plugin registered with whatever kubelet owns ``<dir>/kubelet.sock``:
 
@@ -28,17 +28,17 @@ from pathlib import Path
 
 from kubegpu.inventory.base import InventoryBackend, InventoryError
 from kubegpu.model.inventory import NodeInventory
-from kubegpu.node.cdi import CdiGenerationError, build_spec, generate_spec, write_spec
 from kubegpu.node.container_edits import read_mig_minors
-from kubegpu.node.health import HealthMonitor, XidPolicy
-from kubegpu.node.health_state import HealthState
+from kubegpu.node.deviceplugin.cdi import CdiGenerationError, build_spec, generate_spec, write_spec
+from kubegpu.node.deviceplugin.plugin_model import PluginSettings, ResourcePlan
+from kubegpu.node.deviceplugin.resolver import AllocationResolver
+from kubegpu.node.deviceplugin.server import KUBELET_SOCKET, PluginServer, RegistrationError, SocketGone, device_health
+from kubegpu.node.health.monitor import HealthMonitor, XidPolicy
+from kubegpu.node.health.state import HealthState
 from kubegpu.node.metrics import NodeMetrics
 from kubegpu.node.mps import MODE_MPS, MpsManager, find_binary, replica_spec
 from kubegpu.node.mps.enforcer import ShareEnforcer
-from kubegpu.node.plugin_model import PluginSettings, ResourcePlan
-from kubegpu.node.publisher import NodePublisher, NullPublisher
-from kubegpu.node.resolver import AllocationResolver
-from kubegpu.node.server import KUBELET_SOCKET, PluginServer, RegistrationError, SocketGone, device_health
+from kubegpu.node.publish.publisher import NodePublisher, NullPublisher
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class DaemonInitError(RuntimeError):
 
 
 def _whole_gpus_only(inv: NodeInventory) -> list[ResourcePlan]:
-    from kubegpu.node.resources import whole_device
+    from kubegpu.node.deviceplugin.resources import whole_device
 
     if not inv.gpus:
         return []

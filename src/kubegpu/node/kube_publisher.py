@@ -1,4 +1,4 @@
-"""The node daemon's :class:`~kubegpu.node.publisher.NodePublisher` for a cluster: labels, Device, capacity.
+"""The node daemon's :class:`~kubegpu.node.publish.publisher.NodePublisher` for a cluster: labels, Device, capacity.
 
 On start and on every health change the daemon hands over its inventory; this writes
 what the rest of the cluster reads: the GFD node labels (only GFD's own keys are
@@ -14,11 +14,11 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from kubegpu.model.device_object import device_object
 from kubegpu.model.inventory import NodeInventory
-from kubegpu.node.capacity import publish_capacity
 from kubegpu.node.config import Config
-from kubegpu.node.device_object import device_object
 from kubegpu.node.labels import gpu_labels, label_changes
+from kubegpu.node.publish.capacity import publish_capacity
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from kubegpu.node.config import Config, load_config
 from kubegpu.node.daemon import NodeOptions
-from kubegpu.node.resources import expand, plugin_settings
+from kubegpu.node.deviceplugin.resources import expand, plugin_settings
 
 
 def node_options(config: Config, **overrides: Any) -> NodeOptions:

@@ -32,7 +32,7 @@ from kubegpu.kube.informer import EventType, Informer, WatchEvent
 from kubegpu.kube.resources import Device, Node
 from kubegpu.kube.slim import SlimMeta, SlimPod, SlimSpec
 from kubegpu.model import annotations as A
-from kubegpu.node.device_object import DeviceObjectError, inventory_from_device
+from kubegpu.model.device_object import DeviceObjectError, inventory_from_device
 from kubegpu.placement import DEFAULT_POLICY
 from kubegpu.scheduler.app import Extender
 from kubegpu.scheduler.limits import Limits

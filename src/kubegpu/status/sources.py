@@ -142,7 +142,7 @@ def from_api_server(client: Any) -> Snapshot:
     from lightkube.resources.core_v1 import Node
 
     from kubegpu.kube.resources import Device, Pod
-    from kubegpu.node.device_object import DeviceObjectError, device_to_inventory
+    from kubegpu.model.device_object import DeviceObjectError, device_to_inventory
 
     problems: list[str] = []
     what = "Device"

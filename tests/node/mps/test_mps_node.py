@@ -12,9 +12,9 @@ from typing import Any
 import grpc
 import pytest
 
-from kubegpu.node.device_object import device_object, inventory_from_device
 from kubegpu.model.allocation import DeviceGrant
-from kubegpu.node.resolver import ResolvedAllocation
+from kubegpu.model.device_object import device_object, inventory_from_device
+from kubegpu.node.deviceplugin.resolver import ResolvedAllocation
 from kubegpu_standins.kubelet import StandinKubelet
 from kubegpu_standins.mps_control import PID_FILE, connect_client
 

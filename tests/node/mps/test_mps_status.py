@@ -8,7 +8,7 @@ from rich.console import Console
 
 from kubegpu.cli.status import render_table
 from kubegpu.inventory.fake import FakeBackend
-from kubegpu.node.device_object import device_object, inventory_from_device
+from kubegpu.model.device_object import device_object, inventory_from_device
 from kubegpu.status.view import build_view
 
 

@@ -37,8 +37,8 @@ from kubegpu.node.dra.slices import (
     pool_content,
     slice_bodies,
 )
-from kubegpu.node.health import HealthMonitor
-from kubegpu.node.health_state import HealthState
+from kubegpu.node.health.monitor import HealthMonitor
+from kubegpu.node.health.state import HealthState
 from kubegpu.node.mps.dra import DraEnforcement
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """The node side of the handoff: state, fresh-enough reads, acknowledgements, reports.
 
-:class:`HandoffResolver` implements :class:`~kubegpu.node.resolver.AllocationResolver`. It keeps
+:class:`HandoffResolver` implements :class:`~kubegpu.node.deviceplugin.resolver.AllocationResolver`. It keeps
 a view of the pods bound to this node (fed by a watch: the informer cache), and for every ``Allocate``:
 
 1. matches the kubelet's device IDs to the one waiting record of that (resource, device count) naming
@@ -42,6 +42,7 @@ from kubegpu.model.inventory import NodeInventory
 from kubegpu.model.records import Ack, encode_acks, request_shapes
 from kubegpu.model.request import parse_pod
 from kubegpu.model.versions import version_number as _rv
+from kubegpu.node.deviceplugin.resolver import AllocationRefused, ResolvedAllocation
 from kubegpu.node.handoff import matching as M
 from kubegpu.node.handoff.acks import AckWriter
 from kubegpu.node.handoff.entries import Entry, PodView, is_live_here, pod_view
@@ -54,7 +55,6 @@ from kubegpu.node.handoff.verify import (
     group,
     list_pod_resources,
 )
-from kubegpu.node.resolver import AllocationRefused, ResolvedAllocation
 
 log = logging.getLogger(__name__)
 

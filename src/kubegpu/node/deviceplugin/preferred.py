@@ -13,8 +13,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from kubegpu.model.inventory import Gpu
-from kubegpu.node.allocate import shown
-from kubegpu.node.plugin_model import AdvertisedDevice
+from kubegpu.node.deviceplugin.allocate import shown
+from kubegpu.node.deviceplugin.plugin_model import AdvertisedDevice
 
 
 class PreferenceError(ValueError):

@@ -1,7 +1,7 @@
 """Config + inventory -> the resources this node serves and their device IDs.
 
 Pure functions, NVIDIA's rules (``internal/rm`` of k8s-device-plugin), in the plugin's own
-types (:mod:`kubegpu.node.plugin_model`):
+types (:mod:`kubegpu.node.deviceplugin.plugin_model`):
 
 - ``resources.gpus`` patterns (default ``* -> nvidia.com/gpu``) name whole GPUs by model;
 - MIG strategy ``none``: every GPU whole, MIG mode ignored; ``single``: MIG devices served as
@@ -28,8 +28,8 @@ from kubegpu.inventory.mig import PROFILE_RE
 from kubegpu.model import resources as R
 from kubegpu.model.inventory import Gpu, MigDevice, NodeInventory
 from kubegpu.node.config import Config, ReplicaDevices, ReplicatedResource, ResourcePattern
+from kubegpu.node.deviceplugin.plugin_model import REPLICA_SEPARATOR, AdvertisedDevice, PluginSettings, ResourcePlan
 from kubegpu.node.mps.capability import refusal as mps_refusal
-from kubegpu.node.plugin_model import REPLICA_SEPARATOR, AdvertisedDevice, PluginSettings, ResourcePlan
 
 
 class ResourceError(ValueError):

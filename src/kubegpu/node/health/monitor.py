@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from kubegpu.inventory.base import HealthEvent, InventoryBackend, InventoryError
 from kubegpu.node.config import XidPolicy
-from kubegpu.node.health_state import HealthState
+from kubegpu.node.health.state import HealthState
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,6 @@ import os
 import uuid as uuidlib
 from collections.abc import Mapping, Sequence
 
-from kubegpu.node.cdi import annotation_key, qualified_name
 from kubegpu.node.container_edits import (
     VISIBLE_DEVICES,
     VOLUME_MOUNTS_HOST,
@@ -28,10 +27,11 @@ from kubegpu.node.container_edits import (
     container_edits,
     unique,
 )
+from kubegpu.node.deviceplugin.cdi import annotation_key, qualified_name
+from kubegpu.node.deviceplugin.plugin_model import REPLICA_SEPARATOR, AdvertisedDevice, PluginSettings, ResourcePlan
+from kubegpu.node.deviceplugin.resolver import ResolvedAllocation
 from kubegpu.node.mps.spec import Binding
-from kubegpu.node.plugin_model import REPLICA_SEPARATOR, AdvertisedDevice, PluginSettings, ResourcePlan
 from kubegpu.node.proto import deviceplugin_pb2 as pb
-from kubegpu.node.resolver import ResolvedAllocation
 
 CDI_PLUGIN_NAME = "kubegpu-device-plugin"
 

@@ -21,16 +21,16 @@ from typing import Any
 
 from kubegpu.model import resources as R
 from kubegpu.model.inventory import NodeInventory
-from kubegpu.node import preferred as pref
 from kubegpu.node import rpc
-from kubegpu.node.allocate import AllocateError, build_response, check_request, container_edits_for
 from kubegpu.node.container_edits import MigMinors
-from kubegpu.node.health_state import HealthState
+from kubegpu.node.deviceplugin import preferred as pref
+from kubegpu.node.deviceplugin.allocate import AllocateError, build_response, check_request, container_edits_for
+from kubegpu.node.deviceplugin.plugin_model import AdvertisedDevice, PluginSettings, ResourcePlan
+from kubegpu.node.deviceplugin.resolver import AllocationRefused, AllocationResolver, ResolvedAllocation
+from kubegpu.node.health.state import HealthState
 from kubegpu.node.metrics import NodeMetrics
-from kubegpu.node.plugin_model import AdvertisedDevice, PluginSettings, ResourcePlan
 from kubegpu.node.proto import deviceplugin_grpc as dp_grpc
 from kubegpu.node.proto import deviceplugin_pb2 as pb
-from kubegpu.node.resolver import AllocationRefused, AllocationResolver, ResolvedAllocation
 
 log = logging.getLogger(__name__)
 
