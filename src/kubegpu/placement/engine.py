@@ -39,11 +39,15 @@ def pick_best(scores: np.ndarray, rng: np.random.Generator | None = None, rank: 
 
 
 def score_nodes(
-    cluster: ClusterState, demand: Demand, policy: str | Policy = "kubegpu", ctx: ScoreContext | None = None
+    cluster: ClusterState, demand: Demand, policy: str | Policy = "kubegpu", ctx: ScoreContext | None = None,
+    allowed: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(feasible node rows, their scores) for a demand; vectorised over every node."""
+    """(feasible node rows, their scores) for a demand; vectorised over every node. ``allowed`` ((N, G) bool)
+    narrows the GPUs a rule outside the free capacity admits (a GPU's share-shape lock)."""
     ctx = ctx or ScoreContext()
     cand = cluster.gpu_candidates(demand)
+    if allowed is not None:
+        cand = cand & allowed
     feasible = cluster.feasible(demand, cand)
     rows = np.flatnonzero(feasible)
     if len(rows) == 0:
@@ -57,6 +61,7 @@ def choose_gpus(
     demand: Demand,
     gpu_policy: str | Policy = "kubegpu",
     ctx: ScoreContext | None = None,
+    allowed: np.ndarray | None = None,
 ) -> tuple[int, ...]:
     """The GPU slots of ``node`` for ``demand`` (empty for CPU-only). Raises ValueError when it does not fit.
 
@@ -68,6 +73,8 @@ def choose_gpus(
         return ()
     ctx = ctx or ScoreContext()
     cand = cluster.gpu_candidates(demand)[node]
+    if allowed is not None:
+        cand = cand & allowed[node]
     slots = np.flatnonzero(cand)
     if len(slots) < demand.count:
         raise ValueError(f"{cluster.names[node]}: {len(slots)} GPUs can take this, {demand.count} needed")
@@ -94,10 +101,11 @@ def place(
     node_policy: str | Policy = "kubegpu",
     gpu_policy: str | Policy | None = None,
     ctx: ScoreContext | None = None,
+    allowed: np.ndarray | None = None,
 ) -> Placement | None:
     """Where ``demand`` goes under the given policies, or ``None`` when no node can take it.
 
-    ``gpu_policy`` defaults to the node policy's paired GPU-level policy.
+    ``gpu_policy`` defaults to the node policy's paired GPU-level policy; ``allowed``: see :func:`score_nodes`.
     """
     ctx = ctx or ScoreContext()
     npol = get_policy(node_policy)
@@ -105,13 +113,13 @@ def place(
         gpu_policy = npol.gpu_default
     if gpu_policy == npol.name:
         gpu_policy = npol  # the same instance: its kept per-GPU scores serve the GPU choice
-    rows, scores = score_nodes(cluster, demand, npol, ctx)
+    rows, scores = score_nodes(cluster, demand, npol, ctx, allowed)
     if len(rows) == 0:
         return None
     rank = None if ctx.node_rank is None else ctx.node_rank[rows]
     i = pick_best(scores, ctx.rng if ctx.random_ties else None, rank)
     node = int(rows[i])
-    gpus = choose_gpus(cluster, node, demand, gpu_policy, ctx)
+    gpus = choose_gpus(cluster, node, demand, gpu_policy, ctx, allowed)
     return Placement(node, gpus, float(scores[i]))
 
 

@@ -29,6 +29,7 @@ from kubegpu.placement.cluster import MILLI, ClusterState
 from kubegpu.placement.engine import place
 from kubegpu.placement.frag import node_frag
 from kubegpu.placement.policies import ScoreContext, get_policy
+from kubegpu.placement.shape_lock import ShapeLocks
 from kubegpu.placement.workload import LearnedWorkload, Workload
 from kubegpu.sim.trace import TraceNodes, TracePod
 
@@ -98,10 +99,12 @@ def replay(
     ties: str = "random",
     record: bool = False,
     order: Sequence[int] | None = None,
+    shape_locks: bool = False,
 ) -> ReplayResult:
     """Replay ``pods`` on an empty cluster of ``nodes`` under ``policy``; see the module docstring.
 
-    ``order`` replaces the seeded arrival order (pod indexes); ``record`` keeps every pod's placement.
+    ``order`` replaces the seeded arrival order (pod indexes); ``record`` keeps every pod's placement;
+    ``shape_locks`` places as strict MPS enforcement does (one share shape per GPU, placement/shape_lock.py).
     """
     if ties not in ("random", "name"):
         raise ValueError(f"ties must be 'random' or 'name', not {ties!r}")
@@ -112,6 +115,7 @@ def replay(
     gpol = gpu_policy or pol.gpu_default
     gpu = pol if gpol == pol.name else get_policy(gpol)  # one instance each, so their caches last the run
     cluster: ClusterState = nodes.cluster()
+    locks = ShapeLocks.of(cluster) if shape_locks else None
     capacity = int(cluster.gpu_ok.sum()) * MILLI
     if capacity <= 0:
         raise ValueError("the node list has no GPUs")
@@ -140,13 +144,15 @@ def replay(
         if learner is not None and learner.generation != ctx_gen:
             ctx = ScoreContext(workload=learner.current, rng=rng, node_rank=rank)
             ctx_gen = learner.generation
-        where = place(cluster, d, pol, gpu, ctx)
+        where = place(cluster, d, pol, gpu, ctx, locks.allowed(d) if locks is not None else None)
         if record:
             placements.append(None if where is None else (where.node, where.gpus))
         if where is None:
             failed[pod.kind] += 1
         else:
             cluster.take(where.node, where.gpus, d)
+            if locks is not None:
+                locks.take(where.node, where.gpus, d)
             cum_alloc += d.gpu_milli_total
             if learner is not None:
                 learner.add(LearnedWorkload.shape_of(d))
