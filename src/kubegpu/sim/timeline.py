@@ -66,7 +66,7 @@ class TimelineResult:
         }
 
 
-def _times(pods: Sequence[TracePod], load: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def arrival_times(pods: Sequence[TracePod], load: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(pod indexes with a creation time, their compressed arrivals, their departures; -1 = never leaves)."""
     idx = np.array([i for i, p in enumerate(pods) if p.creation >= 0], np.int64)
     if not len(idx):
@@ -81,7 +81,7 @@ def _times(pods: Sequence[TracePod], load: float) -> tuple[np.ndarray, np.ndarra
 
 def peak_demand(pods: Sequence[TracePod], load: float) -> int:
     """Peak concurrent GPU request (milli) with arrivals compressed by ``load``, wherever pods would fit."""
-    idx, arrive, leave = _times(pods, load)
+    idx, arrive, leave = arrival_times(pods, load)
     if not len(idx):
         return 0
     req = np.array([pods[i].demand.gpu_milli_total for i in idx], np.int64)
@@ -127,7 +127,7 @@ def replay_time(
         raise ValueError("the node list has no GPUs")
     ctx = ScoreContext(workload=target_workload(pods), rng=np.random.default_rng(0))
     gpu = pol if (gpu_policy or pol.gpu_default) == pol.name else get_policy(gpu_policy or pol.gpu_default)
-    idx, arrive, leave = _times(pods, load)
+    idx, arrive, leave = arrival_times(pods, load)
     timed = sorted(zip(arrive.tolist(), idx.tolist(), strict=True))
     ends = dict(zip(idx.tolist(), leave.tolist(), strict=True))
     skipped = len(pods) - len(timed)
