@@ -75,6 +75,27 @@ def test_every_device_key_is_refused_to_anyone_but_its_kubegpu_writer() -> None:
     assert review(gpu_pod({"kubegpu.io/team": "x"}), op="UPDATE", old=gpu_pod({}))["allowed"] is True
 
 
+def test_an_unknown_device_key_is_refused_as_unknown_and_a_record_as_kubegpus() -> None:
+    # A misspelt key is no record: its author is told the key is unknown and which ones exist, not that the
+    # extender wrote it.
+    message = review(gpu_pod({"kubegpu.io/device-foo": "x"}))["status"]["message"]
+    assert message.startswith("kubegpu.io/device-foo is not a kubegpu.io annotation kubegpu knows")
+    assert "written only by kubegpu" not in message and "extender" not in message
+    assert A.GPU_MODEL in message and A.REQUIRE_NVLINK in message and A.DEVICE_ALLOCATED in message
+    for key in (A.DEVICE_ALLOCATED, "kubegpu.io/device-allocated-signature"):
+        message = review(gpu_pod({key: "{}"}))["status"]["message"]
+        assert message.startswith(f"{key} is written only by kubegpu (the scheduler extender records")
+        assert "not a kubegpu.io annotation" not in message
+    both = review(gpu_pod({A.DEVICE_ASSIGNED: "{}", "kubegpu.io/device-x": "1", "kubegpu.io/device-y": "2"}),
+                  op="UPDATE", old=gpu_pod({}))["status"]["message"].splitlines()
+    assert len(both) == 2
+    assert both[0].startswith(f"{A.DEVICE_ASSIGNED} is written only by kubegpu")
+    assert both[1].startswith("kubegpu.io/device-x and kubegpu.io/device-y are not kubegpu.io annotations")
+    # A key as long as the API server allows is named, not echoed whole.
+    long_key = "kubegpu.io/device-" + "z" * 300
+    assert len(review(gpu_pod({long_key: "1"}))["status"]["message"]) < 600
+
+
 def test_an_update_that_sets_changes_or_removes_a_record_is_refused_unless_kubegpu_sends_it() -> None:
     bound = gpu_pod({A.DEVICE_ALLOCATED: FORGED})
     for new_ann in ({A.DEVICE_ALLOCATED: FORGED.replace("GPU-x", "GPU-y")}, {},
@@ -222,7 +243,7 @@ def test_kubegpu_check_notes_what_the_webhook_adds(tmp_path: Any) -> None:
     path.write_text(yaml.safe_dump(pod))
     (obj,) = json.loads(CliRunner().invoke(app, ["check", str(path), "--json"]).output)["objects"]
     assert any("schedulerName is not set" in n for n in obj["notes"])
-    assert any("may be written only by kubegpu" in n for n in obj["notes"])
+    assert any("written only by kubegpu" in n for n in obj["notes"])
     steered = gpu_pod(schedulerName="kubegpu-scheduler")
     path.write_text(yaml.safe_dump(steered))
     (obj,) = json.loads(CliRunner().invoke(app, ["check", str(path), "--json"]).output)["objects"]

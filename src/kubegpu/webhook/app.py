@@ -51,6 +51,8 @@ RECORD_WRITER_ACCOUNTS: dict[str, tuple[str, ...]] = {
 # Every kubegpu.io/device-* key is kubegpu's: the ones above by their writer, any other (no meaning today, but
 # a name a later kubegpu may give one) by kubegpu's own accounts only, never by anyone else.
 RECORD_PREFIX = "kubegpu.io/device-"
+# The kubegpu.io annotations a pod's author may set (model.annotations), named where a key is not known.
+POD_ANNOTATIONS = (A.GPU_MODEL, A.REQUIRE_NVLINK, A.NODE_POLICY, A.GPU_POLICY)
 DEFAULT_SCHEDULERS = frozenset({"", "default-scheduler"})
 
 
@@ -142,10 +144,8 @@ def decide(body: bytes, settings: WebhookSettings, *, mutate: bool) -> Verdict:
         who = f"{_object_namespace(req.object) or req.namespace}/{_object_name(req.object)}"
         log.info("pod %s refused: %s may not write %s", who, req.username[:256] or "(unknown user)",
                  ", ".join(changed))
-        return Verdict(write_response(req.uid, allowed=False, message=(
-            f"{' and '.join(changed)} {'is' if len(changed) == 1 else 'are'} written only by kubegpu "
-            "(the scheduler extender records the GPUs it chose, the node daemon acknowledges them); "
-            "remove the annotation from the pod or its template")), "denied", "record-write")
+        return Verdict(write_response(req.uid, allowed=False, message=record_refusal(changed)), "denied",
+                       "record-write")
     ephemeral = req.sub_resource == "ephemeralcontainers" and req.operation == "UPDATE"
     if req.sub_resource and not ephemeral:
         return Verdict(write_response(req.uid, allowed=True), "allowed", "subresource")
@@ -188,6 +188,24 @@ def _annotations(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
     meta = obj.get("metadata") if isinstance(obj, Mapping) else None
     ann = meta.get("annotations") if isinstance(meta, Mapping) else None
     return ann if isinstance(ann, Mapping) else {}
+
+
+def record_refusal(changed: list[str]) -> str:
+    """Why a pod may not set, change or remove the ``kubegpu.io/device-*`` keys ``changed``: kubegpu's records
+    are its own, and a key of that prefix that is no record is most likely a misspelt one."""
+    records = [k for k in changed if k in RECORD_WRITER_ACCOUNTS]
+    unknown = [k[:96] for k in changed if k not in RECORD_WRITER_ACCOUNTS]
+    out = []
+    if records:
+        out.append(f"{' and '.join(records)} {'is' if len(records) == 1 else 'are'} written only by kubegpu "
+                   "(the scheduler extender records the GPUs it chose, the node daemon acknowledges them); "
+                   "remove the annotation from the pod or its template")
+    if unknown:
+        what = "is not a kubegpu.io annotation" if len(unknown) == 1 else "are not kubegpu.io annotations"
+        out.append(f"{' and '.join(unknown)} {what} kubegpu knows, and the {RECORD_PREFIX}* keys are reserved for "
+                   f"its records ({', '.join(RECORD_WRITER_ACCOUNTS)}); a pod may set {', '.join(POD_ANNOTATIONS)}: "
+                   "remove the annotation or correct its name")
+    return "\n".join(out)
 
 
 def _record_changes(obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[str]:
@@ -248,7 +266,7 @@ def offline_warnings(pod: Mapping[str, Any], settings: WebhookSettings) -> list[
     if why := too_many_gpu_containers(pod, settings.max_gpu_containers, settings.policy.replica_resources):
         out.append(f"refused by the webhook: {why}")
     if changed := _record_changes(pod, None):
-        out.append(f"refused by the webhook: {' and '.join(changed)} may be written only by kubegpu")
+        out.extend(f"refused by the webhook: {line}" for line in record_refusal(changed).splitlines())
     if unplaced := unplaced_share(pod, parse_pod(pod, replica_resources=settings.policy.replica_resources),
                                   settings.scheduler_name):
         out.append(f"refused by the webhook: {unplaced}")
