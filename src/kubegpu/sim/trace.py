@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-import numpy as np
-
 from kubegpu.model.annotations import split_models
 from kubegpu.placement.cluster import MILLI, ClusterState, Demand
 
@@ -163,8 +161,3 @@ def load_pods(path: Path | str | None = None) -> list[TracePod]:
             )
         )
     return pods
-
-
-def gpu_request(pods: Sequence[TracePod]) -> np.ndarray:
-    """(len,) GPU milli each pod asks for."""
-    return np.array([p.demand.gpu_milli_total for p in pods], np.int64)
