@@ -57,7 +57,6 @@ HELPERS = {  # kube/writes.py helpers -> what they call
     "emit_event(": [("create", "Event")], "aemit_event(": [("create", "Event")],
     "bind_pod(": [("create", "Pod.Binding")], "abind_pod(": [("create", "Pod.Binding")],
 }
-HELPER_ON_KIND = {"update_with_retry": ("get", "replace"), "apatch_with_precondition": ("get", "patch")}
 
 
 def called(role: str) -> dict[tuple[str, str], set[str]]:
@@ -79,10 +78,6 @@ def called(role: str) -> dict[tuple[str, str], set[str]]:
             for helper, calls in HELPERS.items():
                 if re.search(rf"(?<![\w.]){re.escape(helper)}", text) and f"def {helper}" not in text:
                     for verb, kind in calls:
-                        add(verb, kind)
-            for helper, verbs in HELPER_ON_KIND.items():
-                for kind in re.findall(rf"\b{helper}\(\s*[\w.]+,\s*([A-Z]\w*)", text):
-                    for verb in verbs:
                         add(verb, kind)
     return out
 

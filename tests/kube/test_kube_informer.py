@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kubegpu.kube import EventType, Informer, Node, Pod, WatchEvent, make_async_client, make_client
 from kubegpu.kube.informer import Backoff
-from kubegpu.kube.writes import apatch_with_precondition, aupdate_with_retry, bind_pod, update_with_retry
+from kubegpu.kube.writes import bind_pod
 from kubegpu_standins.apiserver import ApiServer
 
 
@@ -127,55 +127,3 @@ def test_informer_survives_server_down_and_handler_errors(tmp_path: Path) -> Non
         return len(calls)
 
     assert asyncio.run(scenario()) == 1
-
-
-def test_update_with_retry_wins_against_concurrent_writers(kubeconfig: Path) -> None:
-    c = make_client(kubeconfig)
-    c.create(Pod.from_dict(_pod("p")))
-    interfered = {"n": 0}
-
-    def add_label(pod):
-        # Another writer sneaks in after our read, the first two times: our replace must get 409 and retry.
-        if interfered["n"] < 2:
-            interfered["n"] += 1
-            c.patch(Pod, "p", {"metadata": {"labels": {f"other{interfered['n']}": "x"}}}, namespace="default")
-        pod.metadata.labels = {**(pod.metadata.labels or {}), "mine": "yes"}
-        return pod
-
-    out = update_with_retry(c, Pod, "p", add_label, namespace="default")
-    assert out.metadata.labels == {"other1": "x", "other2": "x", "mine": "yes"}
-
-    async def many() -> dict:
-        ac = make_async_client(kubeconfig)
-
-        def bump(i: int):
-            def mutate(pod):
-                pod.metadata.annotations = {**(pod.metadata.annotations or {}), f"k{i}": str(i)}
-                return pod
-            return mutate
-
-        await asyncio.gather(*(aupdate_with_retry(ac, Pod, "p", bump(i), namespace="default", attempts=30)
-                               for i in range(6)))
-        return (await ac.get(Pod, "p", namespace="default")).metadata.annotations
-
-    annotations = asyncio.run(many())
-    assert annotations == {f"k{i}": str(i) for i in range(6)}  # no write was lost
-
-    async def patched() -> dict:
-        ac = make_async_client(kubeconfig)
-        seen: list[str] = []
-
-        def build(pod):
-            seen.append(pod.metadata.resourceVersion)
-            if len(seen) == 1:  # someone else writes between our read and our patch: 409, read again
-                c.patch(Pod, "p", {"metadata": {"labels": {"late": "1"}}}, namespace="default")
-            if (pod.metadata.annotations or {}).get("mine") == "1":
-                return None
-            return {"metadata": {"annotations": {"mine": "1"}}}
-
-        await apatch_with_precondition(ac, Pod, "p", build, namespace="default")
-        assert len(seen) == 2 and seen[0] != seen[1]
-        return (await ac.get(Pod, "p", namespace="default")).metadata.to_dict()
-
-    meta = asyncio.run(patched())
-    assert meta["annotations"]["mine"] == "1" and meta["labels"]["late"] == "1"

@@ -1,10 +1,11 @@
-"""Conflict-safe writes: read-modify-write with 409 retries, the pod Binding, and Events.
+"""Writes to the API server that take more than one plain call, and how their failures are told apart.
 
-Every write kubegpu makes either carries the resourceVersion it read (so a
-concurrent writer makes it fail with 409 instead of being overwritten) and is
-retried from a fresh read, or is a merge patch that cannot clobber other
-fields. The synchronous functions serve the node daemon and the CLI; the
-``a``-prefixed ones serve the extender's event loop. Object builders are shared.
+The pod Binding (the API server checks its UID and resourceVersion preconditions in the write that binds),
+Events, and :func:`retry_async` for transient failures. :func:`is_conflict` (409: the object changed
+between the read and a write that carried its resourceVersion, or the pod is bound already) and
+:func:`is_not_found` (404) let each caller decide what a failure means for it. The synchronous functions
+serve the node daemon and the CLI; the ``a``-prefixed ones serve the extender's event loop. Object
+builders are shared.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -24,7 +24,6 @@ from lightkube.core.exceptions import ApiError
 from lightkube.core.generic_client import GenericClient
 from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.types import PatchType
 
 from kubegpu.kube.client import lightkube_http
 from kubegpu.kube.kept_http import binding_client
@@ -34,11 +33,6 @@ from kubegpu.kube.slim import SlimBinding, SlimBindingMeta, SlimTarget
 T = TypeVar("T")
 _JSON = {"Content-Type": "application/json"}
 _encode_binding = msgspec.json.Encoder().encode
-CONFLICT_ATTEMPTS = 8
-
-
-class ConflictExhausted(RuntimeError):
-    """Still conflicting after every retry: someone else keeps writing the object."""
 
 
 def is_conflict(e: BaseException) -> bool:
@@ -49,7 +43,7 @@ def is_not_found(e: BaseException) -> bool:
     return isinstance(e, ApiError) and getattr(e.status, "code", None) == 404
 
 
-def _conflict_delay(attempt: int) -> float:
+def _backoff(attempt: int) -> float:
     return random.uniform(0, min(0.5, 0.01 * 2**attempt))
 
 
@@ -77,24 +71,6 @@ def event_object(*, namespace: str, kind: str, name: str, uid: str | None, reaso
 
 # --- synchronous ---------------------------------------------------------------------------------------
 
-def update_with_retry(client: Client, res: type, name: str, mutate: Callable[[Any], Any | None], *,
-                      namespace: str | None = None, attempts: int = CONFLICT_ATTEMPTS) -> Any:
-    """Read, ``mutate`` (returns the object to write, or None when nothing needs writing), replace
-    with the version read; on 409 read again and retry."""
-    for attempt in range(attempts):
-        obj: Any = client.get(res, name, namespace=namespace) if namespace else client.get(res, name)
-        new = mutate(obj)
-        if new is None:
-            return obj
-        try:
-            return client.replace(new)
-        except ApiError as e:
-            if not is_conflict(e):
-                raise
-            time.sleep(_conflict_delay(attempt))
-    raise ConflictExhausted(f"{res.__name__} {name}: still conflicting after {attempts} attempts")
-
-
 def bind_pod(client: Client, namespace: str, name: str, uid: str | None, node: str) -> None:
     """POST the Binding. Raises ApiError (409 when the pod is already bound)."""
     # The server answers a Binding with a Status (201), which lightkube cannot read as a Binding;
@@ -108,43 +84,6 @@ def emit_event(client: Client, **kw: Any) -> None:
 
 
 # --- asyncio -------------------------------------------------------------------------------------------
-
-async def aupdate_with_retry(client: AsyncClient, res: type, name: str, mutate: Callable[[Any], Any | None], *,
-                             namespace: str | None = None, attempts: int = CONFLICT_ATTEMPTS) -> Any:
-    for attempt in range(attempts):
-        obj: Any = await (client.get(res, name, namespace=namespace) if namespace else client.get(res, name))
-        new = mutate(obj)
-        if new is None:
-            return obj
-        try:
-            return await client.replace(new)
-        except ApiError as e:
-            if not is_conflict(e):
-                raise
-            await asyncio.sleep(_conflict_delay(attempt))
-    raise ConflictExhausted(f"{res.__name__} {name}: still conflicting after {attempts} attempts")
-
-
-async def apatch_with_precondition(client: AsyncClient, res: type, name: str,
-                                   build: Callable[[Any], dict[str, Any] | None], *,
-                                   namespace: str | None = None, attempts: int = CONFLICT_ATTEMPTS) -> Any:
-    """Read, ``build`` a merge patch from what was read (None = nothing to do), send it with the
-    read resourceVersion as a precondition; on 409 read again and retry. Lighter than a replace
-    of the whole object and just as safe."""
-    for attempt in range(attempts):
-        obj: Any = await client.get(res, name, namespace=namespace)
-        patch = build(obj)
-        if patch is None:
-            return obj
-        patch.setdefault("metadata", {})["resourceVersion"] = obj.metadata.resourceVersion
-        try:
-            return await client.patch(res, name, patch, namespace=namespace, patch_type=PatchType.MERGE)
-        except ApiError as e:
-            if not is_conflict(e):
-                raise
-            await asyncio.sleep(_conflict_delay(attempt))
-    raise ConflictExhausted(f"{res.__name__} {name}: still conflicting after {attempts} attempts")
-
 
 async def abind_pod(client: AsyncClient, namespace: str, name: str, uid: str | None, node: str,
                     annotations: dict[str, str] | None = None, *, resource_version: str | None = None) -> None:
@@ -181,5 +120,5 @@ async def retry_async(fn: Callable[[], Awaitable[T]], attempts: int = 3) -> T:
         except OSError:
             if attempt == attempts - 1:
                 raise
-        await asyncio.sleep(_conflict_delay(attempt + 2))
+        await asyncio.sleep(_backoff(attempt + 2))
     raise AssertionError("unreachable")
