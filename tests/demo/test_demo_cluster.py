@@ -3,10 +3,14 @@ a role that fails for any other reason is reported with its log, and nothing is 
 
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,3 +69,37 @@ def test_a_role_that_exits_is_reported_with_its_log(workdir: Path, monkeypatch: 
         pytest.fail("started")
     assert "gone.yaml" in str(err.value)  # the role's own log says why
     assert all(p.popen.poll() is not None for p in c.procs)
+
+
+def test_a_role_started_as_the_demo_is_interrupted_is_stopped_with_the_rest(
+        workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM lands while a role is being started, the moment its process exists: the demo's stop
+    still ends it (a handle lost to the interrupt would leave it running after the demo)."""
+    started: list[subprocess.Popen[bytes]] = []
+    real = subprocess.Popen
+
+    def popen_then_interrupted(*args: Any, **kw: Any) -> subprocess.Popen[bytes]:
+        p = real(*args, **kw)
+        started.append(p)
+        signal.raise_signal(signal.SIGTERM)
+        return p
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    monkeypatch.setattr(cluster_mod.subprocess, "Popen", popen_then_interrupted)
+    (workdir / "logs").mkdir()
+    cluster = LocalCluster(workdir, [])
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            cluster._spawn("sleeper", [sys.executable, "-c", "import time; time.sleep(120)"])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        cluster.stop()
+        for p in started:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+                pytest.fail("the role started as the demo was interrupted is still running after its stop")
+    assert len(started) == 1

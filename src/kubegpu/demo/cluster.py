@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,8 @@ class LocalCluster:
     procs: list[Proc] = field(default_factory=list)
     inboxes: dict[str, Path] = field(default_factory=dict)
     scheduler: StandinScheduler | None = None
+    _starter: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="demo-start"), repr=False)
 
     def __enter__(self) -> LocalCluster:
         try:
@@ -157,6 +160,13 @@ class LocalCluster:
                                           ignored=set(IGNORED_BY_SCHEDULER))
 
     def _spawn(self, name: str, argv: list[str]) -> Proc:
+        """Start a role and list it in :attr:`procs`, off the main thread: a Ctrl-C or SIGTERM becomes a
+        KeyboardInterrupt in the main thread only, so it can never fall between the process existing and
+        its entry here (a process the demo has no handle on would outlive it); :meth:`stop` waits for a
+        start in progress before it signals the roles."""
+        return self._starter.submit(self._start_process, name, argv).result()
+
+    def _start_process(self, name: str, argv: list[str]) -> Proc:
         log_path = self.workdir / "logs" / f"{name}.log"
         env = {**os.environ, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())}
         env.pop("KUBECONFIG", None)
@@ -289,6 +299,7 @@ class LocalCluster:
     # --- stop -----------------------------------------------------------------------------------
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        self._starter.shutdown(wait=True)  # a role being started is in procs once this returns
         if self.scheduler is not None:
             self.scheduler.http.close()  # an idle keep-alive connection would hold up the extender's stop
             self.scheduler = None
@@ -304,8 +315,7 @@ class LocalCluster:
                 log.warning("%s did not stop in %.0f s: killed", proc.name, timeout_s)
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.popen.pid, signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.popen.wait(2)
+                proc.popen.wait()  # a killed process always ends; until it has, the role is still running
         for kubelet in self.kubelets.values():
             with contextlib.suppress(Exception):
                 kubelet.stop()
