@@ -243,6 +243,12 @@ class Records:
                   size: int) -> Sequence[str] | None:
         return None
 
+    def set_inventory(self, inventory: Any) -> None:
+        pass
+
+    def kubelet_registered(self, resource: str) -> None:
+        pass
+
 
 @contextmanager
 def node_daemon(backend_factory: Callable[[], Any], work: Path, flags: dict[str, str], resolver: Any = None

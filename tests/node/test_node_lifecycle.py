@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
+from kubegpu.model.inventory import NodeInventory
 from kubegpu.node.daemon import DaemonInitError
 from kubegpu.node.deviceplugin.server import STOP_GRACE_S
 from kubegpu.node.proto import deviceplugin_pb2 as pb
@@ -127,6 +128,12 @@ class Declines:
 
     def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str], size: int) -> None:
         return None
+
+    def set_inventory(self, inventory: NodeInventory) -> None:
+        pass
+
+    def kubelet_registered(self, resource: str) -> None:
+        pass
 
 
 def _stop_during_allocate(kubelet: StandinKubelet, d: Any, stop: Callable[[], None]) -> list[object]:

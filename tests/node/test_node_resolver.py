@@ -11,6 +11,7 @@ import grpc
 import pytest
 
 from kubegpu.model.allocation import DeviceGrant
+from kubegpu.model.inventory import NodeInventory
 from kubegpu.node.deviceplugin.resolver import AllocationRefused, ResolvedAllocation
 from kubegpu_standins.kubelet import AllocationFailed, StandinKubelet
 
@@ -47,6 +48,12 @@ class RecordedChoices:
                 out.append(i)
                 want.discard(u)
         return out
+
+    def set_inventory(self, inventory: NodeInventory) -> None:
+        pass
+
+    def kubelet_registered(self, resource: str) -> None:
+        pass
 
 
 def test_slots_follow_the_recorded_choice(kubelet: StandinKubelet, make_daemon: Any) -> None:

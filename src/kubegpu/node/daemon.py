@@ -185,9 +185,8 @@ class NodeDaemon:
         state.apply({u: h for u, h in prev.items() if not h and u in set(state.uuids())})
         state.add_listener(self._on_health_change)
         self.inventory, self.state = inv, state
-        set_inventory = getattr(self.resolver, "set_inventory", None)
-        if set_inventory is not None:  # the handoff acknowledges pods by their GPUs' minor and memory
-            set_inventory(inv)
+        if self.resolver is not None:
+            self.resolver.set_inventory(inv)
         if not self._write_cdi(inv):
             return
         minors = read_mig_minors(opts.settings.mig_minors_file) if any(

@@ -14,6 +14,7 @@ import pytest
 
 from kubegpu.model.allocation import DeviceGrant
 from kubegpu.model.device_object import device_object, inventory_from_device
+from kubegpu.model.inventory import NodeInventory
 from kubegpu.node.deviceplugin.resolver import ResolvedAllocation
 from kubegpu_standins.kubelet import StandinKubelet
 from kubegpu_standins.mps_control import PID_FILE, connect_client
@@ -37,6 +38,12 @@ class Records:
     def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str],
                   size: int) -> Sequence[str] | None:
         return None
+
+    def set_inventory(self, inventory: NodeInventory) -> None:
+        pass
+
+    def kubelet_registered(self, resource: str) -> None:
+        pass
 
 
 def _host(resp: Any, container_path: str) -> str:

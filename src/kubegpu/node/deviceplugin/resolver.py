@@ -24,6 +24,9 @@ chose (slot IDs are ``<gpu-uuid>::<k>``, whole GPUs and MIG devices are UUIDs). 
   with that message (the kubelet then fails the pod with ``UnexpectedAdmissionError``), which is
   better than handing a container GPUs its record does not name (docs/handoff.md lists every case).
 
+``set_inventory(inventory)`` gives the node's GPUs at start and on every reload, and
+``kubelet_registered(resource)`` says the kubelet (re)registered a resource.
+
 ``preferred(resource, available, must_include, size)`` is called for
 ``GetPreferredAllocation``: return device IDs (a subset of ``available``, containing
 ``must_include``, at most ``size`` long) that steer the kubelet onto the recorded GPUs, or
@@ -39,6 +42,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kubegpu.model.allocation import DeviceGrant
+from kubegpu.model.inventory import NodeInventory
 
 
 class AllocationRefused(Exception):
@@ -60,6 +64,18 @@ class ResolvedAllocation:
 
 
 class AllocationResolver(Protocol):
+    """The handoff as the device plugins use it; every implementation provides every member."""
+
+    def set_inventory(self, inventory: NodeInventory) -> None:
+        """The node's GPUs, at start and after each reload: the handoff acknowledges pods by their GPUs'
+        minor and memory."""
+        ...
+
+    def kubelet_registered(self, resource: str) -> None:
+        """``resource`` was (re)registered with the kubelet: a restarted kubelet fails the pods it admitted
+        before, without calling the plugin, so the resolver must not take its view's word that they wait."""
+        ...
+
     def resolve(self, resource: str, device_ids: Sequence[str]) -> ResolvedAllocation | None:
         """The recorded allocation this ``Allocate`` call serves; raises AllocationRefused."""
         ...

@@ -27,7 +27,7 @@ from kubegpu.node.deviceplugin import preferred as pref
 from kubegpu.node.deviceplugin.allocate import AllocateError, build_response, check_request, container_edits_for
 from kubegpu.node.deviceplugin.plugin_model import AdvertisedDevice, PluginSettings, ResourcePlan
 from kubegpu.node.deviceplugin.resolver import AllocationRefused, AllocationResolver, ResolvedAllocation
-from kubegpu.node.health.state import HealthState
+from kubegpu.node.health.state import HealthReader
 from kubegpu.node.metrics import NodeMetrics
 from kubegpu.node.proto import deviceplugin_grpc as dp_grpc
 from kubegpu.node.proto import deviceplugin_pb2 as pb
@@ -87,7 +87,7 @@ STOP_GRACE_S = 5.0
 class PluginServer:
     """The gRPC server for one :class:`ResourcePlan`."""
 
-    def __init__(self, plan: ResourcePlan, settings: PluginSettings, state: HealthState,
+    def __init__(self, plan: ResourcePlan, settings: PluginSettings, state: HealthReader,
                  inventory: NodeInventory, plugin_dir: str | os.PathLike[str], *,
                  resolver: AllocationResolver | None = None, metrics: NodeMetrics | None = None,
                  mig_minors: MigMinors | None = None,
@@ -218,8 +218,8 @@ class PluginServer:
         log.info("registered %s with the kubelet (endpoint %s)", self.resource, self.plan.socket_name)
         # A (re)started kubelet fails the pods it admitted before this registration, without calling us: the
         # resolver must not take its view's word that they still wait (docs/handoff.md).
-        if (registered := getattr(self.resolver, "kubelet_registered", None)) is not None:
-            registered(self.resource)
+        if self.resolver is not None:
+            self.resolver.kubelet_registered(self.resource)
 
     # ----- the handlers: a refusal is INVALID_ARGUMENT with its reason, as the kubelet reports it -----
 

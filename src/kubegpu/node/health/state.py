@@ -7,8 +7,8 @@ Keys are device UUIDs: physical GPUs (``GPU-…``) and MIG devices (``MIG-…``)
 Besides the GPUs' own health, a *scope* (one served resource) can hold devices back with a reason
 (:meth:`HealthState.set_blocked`): MPS-enforced resources are Unhealthy on a GPU while the MPS daemon
 that enforces them there is down, while the same GPU stays Healthy for the resources that need no daemon.
-Each server reads its resource's :meth:`HealthState.view`; one version counter covers both, so a
-stream wakes for either.
+Each server reads its resource's :meth:`HealthState.view` through the :class:`HealthReader` interface;
+one version counter covers both, so a stream wakes for either.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
 
 from kubegpu.model.inventory import NodeInventory
 
@@ -177,11 +178,29 @@ class HealthState:
             self.set_health([u], h, "carried over from before reload" if not h else "")
 
 
-class HealthView(HealthState):
-    """One resource's view of a :class:`HealthState`: a device is healthy when its GPU is and the resource
-    does not hold it back. Reads go to the shared state; writes go to it unchanged."""
+class HealthReader(Protocol):
+    """What a device-plugin server reads of the node's health: its devices' health, the reason a device is
+    held back, and the version to wait on for a change. It never writes health."""
 
-    def __init__(self, base: HealthState, scope: str) -> None:  # no super().__init__: it shares ``base``
+    @property
+    def version(self) -> int: ...
+
+    def snapshot(self) -> dict[str, bool]: ...
+
+    def is_healthy(self, uuid: str) -> bool: ...
+
+    def reason(self, uuid: str) -> str: ...
+
+    def wait_changed(self, since: int, timeout_s: float) -> int: ...
+
+    def wake(self) -> None: ...
+
+
+class HealthView:
+    """One resource's reading of a :class:`HealthState` (a :class:`HealthReader`): a device is healthy when
+    its GPU is and the resource does not hold it back."""
+
+    def __init__(self, base: HealthState, scope: str) -> None:
         self._base = base
         self._scope = scope
 
@@ -194,18 +213,6 @@ class HealthView(HealthState):
     def version(self) -> int:
         return self._base.version
 
-    def uuids(self) -> tuple[str, ...]:
-        return self._base.uuids()
-
-    def gpu_uuids(self) -> tuple[str, ...]:
-        return self._base.gpu_uuids()
-
-    def children(self, uuid: str) -> tuple[str, ...]:
-        return self._base.children(uuid)
-
-    def parent(self, uuid: str) -> str | None:
-        return self._base.parent(uuid)
-
     def is_healthy(self, uuid: str) -> bool:
         return self._base.is_healthy(uuid) and not self._held(uuid)
 
@@ -217,36 +224,8 @@ class HealthView(HealthState):
     def reason(self, uuid: str) -> str:
         return self._base.reason(uuid) or self._held(uuid)
 
-    def unhealthy(self) -> tuple[str, ...]:
-        return tuple(u for u, h in self.snapshot().items() if not h)
-
-    def add_listener(self, fn: Listener) -> None:
-        self._base.add_listener(fn)
-
-    def set_health(self, uuids: Iterable[str], healthy: bool, reason: str = "") -> list[str]:
-        return self._base.set_health(uuids, healthy, reason)
-
-    def set_blocked(self, scope: str, blocked: Mapping[str, str]) -> bool:
-        return self._base.set_blocked(scope, blocked)
-
-    def blocked(self, scope: str) -> dict[str, str]:
-        return self._base.blocked(scope)
-
-    def view(self, scope: str) -> HealthView:
-        return self._base.view(scope)
-
     def wait_changed(self, since: int, timeout_s: float) -> int:
         return self._base.wait_changed(since, timeout_s)
 
     def wake(self) -> None:
         self._base.wake()
-
-    def close(self) -> None:
-        self._base.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._base.closed
-
-    def apply(self, healthy: Mapping[str, bool]) -> None:
-        self._base.apply(healthy)
