@@ -378,7 +378,7 @@ class StandinKubelet:
             st.stop_time = None
         if old_channel is not None:
             # Re-registration replaces the endpoint: the old client is disconnected (closed off
-            # this thread: grpcio's close() can block for ~200 ms).
+            # this thread: grpcio's close() can block, and Register must answer).
             threading.Thread(target=old_channel.close, daemon=True).start()
         stream = stub.ListAndWatch(pb.Empty())
         with self._cond:

@@ -7,8 +7,8 @@ topology file path served by :class:`~kubegpu.inventory.fake.FakeBackend`.
 
 The fake backend and the topology loader are imported on first use, not with this package: the
 node daemon on a GPU node imports :mod:`kubegpu.inventory.nvml`, and through it this package, and
-has no use for them or for what they load (YAML, ``importlib.resources``, ``tempfile``): about
-3 MB of the node daemon's resident memory (issue 23).
+has no use for them or for what they load (YAML, ``importlib.resources``, ``tempfile``), which would
+count against its memory budget (``docs/performance.md``).
 """
 
 from __future__ import annotations

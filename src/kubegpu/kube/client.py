@@ -44,9 +44,10 @@ def _without_tls_store(single: SingleConfig) -> SingleConfig:
     """A cluster served over plain HTTP (a local API server, the stand-ins) with no CA of its own.
 
     lightkube builds an SSL context for every client, and without a CA it loads the system's whole
-    certificate store into it (about 140 certificates, 1.3 MB of resident memory in the node daemon,
-    issue 23), which plain HTTP never uses: marking the cluster as not verified skips the load and
-    changes nothing else, since there is no TLS to verify. An ``https://`` server is left as it is.
+    certificate store into it: memory the node daemon would hold for nothing (its budget is in
+    ``docs/performance.md``), since plain HTTP never uses it. Marking the cluster as not verified skips
+    the load and changes nothing else, since there is no TLS to verify. An ``https://`` server is left
+    as it is.
     """
     cluster = single.cluster
     if not cluster.server.lower().startswith("http://") or cluster.insecure \

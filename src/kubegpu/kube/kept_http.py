@@ -1,13 +1,13 @@
 """The extender's Binding writes, over HTTP/1.1 connections kept for them alone.
 
 A Binding is one small POST per placed pod, on the extender's hot path (kube-scheduler waits for it). Through
-lightkube's httpx2 client it cost about 0.5 ms of CPU, most of it httpcore2's connection pool and the anyio
-cancel scopes around each of its reads and writes, not the exchange. :class:`KeptConnections` is an httpx2
-transport that makes the same exchange with h11 (the HTTP/1.1 state machine httpcore2 itself drives) over
-plain asyncio streams: a bind costs about 0.25 ms of CPU less (``docs/performance.md``).
+lightkube's httpx2 client most of its CPU goes to httpcore2's connection pool and the anyio cancel scopes
+around each of its reads and writes, not to the exchange. :class:`KeptConnections` is an httpx2 transport
+that makes the same exchange with h11 (the HTTP/1.1 state machine httpcore2 itself drives) over plain
+asyncio streams, which leaves that overhead out (the figures are in ``docs/performance.md``).
 :func:`binding_client` puts it under an httpx2 client with everything of lightkube's own: base URL, default
 headers, timeouts, credentials (its auth flows, token refresh and exec plugins included) and its TLS
-context, so whom the extender is and whom it trusts do not change, and errors are httpx2's as before. Where
+context, so whom the extender is and whom it trusts are lightkube's, and errors are httpx2's. Where
 lightkube's client would go through a proxy, Bindings stay on it.
 
 What it keeps of httpcore2's behaviour: a connection per request in flight (binds run concurrently), idle

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-# libyaml's parser when PyYAML was built with it (about 7x faster on big manifests), else pure Python.
+# libyaml's parser when PyYAML was built with it (much faster on big manifests), else pure Python.
 _Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 # libyaml's composer recurses in C without Python's recursion guard: a hostile file nested deeply enough
 # overflows the C stack (a segfault, not an error). Depth is checked first on the event stream, which is

@@ -9,7 +9,7 @@ webhook build a number with millions of digits.
 
 :mod:`decimal` is imported by the first parse, not with this module: the node
 daemon imports the model (through the inventory) but on a GPU node may never
-parse a quantity, and ``decimal`` is 0.3 MB of its resident memory (issue 23).
+parse a quantity, and would hold ``decimal``'s memory for nothing.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ if TYPE_CHECKING:
     from kubegpu.placement.workload import Workload, WorkloadShape
 
 # Each name's module, imported on first use (PEP 562): the node daemon needs only the NVLink choice
-# (`topology`, pure Python) and should not load numpy (about 13 MB resident) with the array API.
+# (`topology`, pure Python) and should not pay numpy's memory with the array API.
 _WHERE = {
     "MILLI": "cluster", "ClusterState": "cluster", "Demand": "cluster",
     "Placement": "engine", "choose_gpus": "engine", "pick_best": "engine", "place": "engine",
