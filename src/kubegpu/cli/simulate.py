@@ -105,6 +105,29 @@ def simulate(
             "of capacity, so policies meet contention. 1 replays the recorded times.",
         ),
     ] = "auto",
+    reservations: Annotated[
+        bool,
+        typer.Option(
+            "--reservations",
+            help="With --replay-time: pods that fit nowhere wait in a queue instead of being dropped, and each "
+            "policy runs twice, without and with reservations for wide pods; reports waits per pod width, "
+            "pods never placed and the GPU-hours reservations left idle.",
+        ),
+    ] = False,
+    reserve_min_gpus: Annotated[
+        int, typer.Option("--reserve-min-gpus", min=1, max=64, metavar="N",
+                          help="With --reservations: a pod asking N or more whole GPUs is wide (default 4).")
+    ] = 4,
+    reserve_wait: Annotated[
+        float, typer.Option("--reserve-wait", min=0.0, metavar="SECONDS",
+                            help="With --reservations: a wide pod gets a reservation after waiting this long "
+                            "(default 60).")
+    ] = 60.0,
+    reserve_max_share: Annotated[
+        float, typer.Option("--reserve-max-share", min=0.0, max=1.0, metavar="FRACTION",
+                            help="With --reservations: reservations hold at most this fraction of the GPUs "
+                            "(default 0.25).")
+    ] = 0.25,
     include_cpu_nodes: Annotated[
         bool, typer.Option("--include-cpu-nodes", help="Keep nodes without GPUs (the paper uses GPU nodes only).")
     ] = False,
@@ -163,10 +186,20 @@ def simulate(
                 _fail(f"--load must be 'auto' or a number from 1 to 1e9, not {load!r}", as_json)
         trace["load"] = round(factor, 3)
         trace.pop("inflate", None)
+        if reservations:
+            from kubegpu.placement.reservations import ReservationConfig
+
+            config = ReservationConfig(reserve_min_gpus, reserve_wait, reserve_max_share)
+            trace["reservation"] = {"min_gpus": reserve_min_gpus, "wait_seconds": reserve_wait,
+                                    "max_share": reserve_max_share}
+            _run_reservations(node_list, pod_list, policies, gpu_policy, trace, config, as_json)
+            return
         _run_timeline(node_list, pod_list, policies, gpu_policy, trace, as_json)
         return
     if load != "auto":
         _fail("--load applies to --replay-time only", as_json)
+    if reservations:
+        _fail("--reservations applies to --replay-time only", as_json)
     if ties not in ("random", "name"):
         _fail(f"--ties must be random or name, not {ties!r}", as_json)
     trace["workload"] = "learned" if learned_workload else "pod list"
@@ -414,6 +447,68 @@ def _run_timeline(
     keep = ["policy", "failed GPU %", "mean alloc %", "free GPU % when dropping", "peak alloc %", "pods",
             "failed pods", "s"]
     console.print(_table("Time replay", cols, keep, _target_width(console)))
+
+
+def _run_reservations(
+    node_list: Any, pod_list: Any, policies: list[str], gpu_policy: str | None, trace: dict[str, Any],
+    config: Any, as_json: bool,
+) -> None:
+    from kubegpu.sim.queue import WIDTHS, replay_queue, trace_queue
+    from kubegpu.sim.replay import target_workload
+
+    queued = trace_queue(pod_list, trace["load"])
+    workload = target_workload(pod_list)
+    bar = _progress_bar(as_json)
+    results: dict[str, dict[str, Any]] = {}
+    for name in policies:
+        for label, cfg in (("without", None), ("with", config)):
+            def run(advance: Any = None, _cfg: Any = cfg, _name: str = name) -> Any:
+                return replay_queue(node_list.cluster(), queued, _name, gpu_policy, _cfg, workload=workload,
+                                    progress=advance)
+
+            if bar is None:
+                results.setdefault(name, {})[label] = run()
+                continue
+            with bar:
+                task = bar.add_task(f"{name}, {label} reservations", total=len(queued))
+
+                def advance(done: int, total: int, _task: Any = task) -> None:
+                    bar.update(_task, completed=done, total=total)
+
+                results.setdefault(name, {})[label] = run(advance)
+    if as_json:
+        print(json.dumps({"trace": trace, "policies": {
+            n: {k: r.to_json() for k, r in by.items()} for n, by in results.items()}}))
+        return
+    from kubegpu.cli.console import make_console
+
+    console = make_console()
+    console.print(
+        f"Replayed [bold]{trace['pods']}[/] in time with a waiting queue on {trace['node_count']} nodes, "
+        f"{trace['gpus']} GPUs, arrivals compressed {trace['load']:g}x; reservations for pods of "
+        f"{config.min_gpus}+ whole GPUs after {config.wait_seconds:g} s, at most {config.max_share:.0%} of the GPUs."
+    )
+    rows = [(n, label, r) for n, by in results.items() for label, r in by.items()]
+
+    def width_cell(r: Any, w: str) -> str:
+        s = r.stats((w,))
+        if not s.pods:
+            return "-"
+        never = f", {s.never_placed} never" if s.never_placed else ""
+        return f"{s.wait_p50_s:.0f} / {s.wait_p99_s:.0f}{never}"
+
+    cols: list[tuple[str, str, list[str]]] = [
+        ("policy", "right", [n for n, _, _ in rows]),
+        ("reservations", "left", [label for _, label, _ in rows]),
+        *((f"{w} wait p50/p99 s", "right", [width_cell(r, w) for _, _, r in rows]) for w in WIDTHS),
+        ("held idle GPU-h", "right", [f"{r.held_idle_gpu_s / 3600:.2f}" for _, _, r in rows]),
+        ("idle cost %", "right", [f"{r.idle_gpu_cost_pct:.2f}" for _, _, r in rows]),
+        ("s", "right", [f"{r.seconds:.1f}" for _, _, r in rows]),
+    ]
+    keep = ["policy", "reservations", *(f"{w} wait p50/p99 s" for w in reversed(WIDTHS)), "idle cost %",
+            "held idle GPU-h", "s"]
+    console.print(_table("Waits by pod width (never: still waiting at the end)", cols, keep,
+                         _target_width(console)))
 
 
 if __name__ == "__main__":  # pragma: no cover
