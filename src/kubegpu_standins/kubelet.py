@@ -74,6 +74,15 @@ class AllocationFailed(RuntimeError):
     """Pod admission failed the way the kubelet fails it (UnexpectedAdmissionError)."""
 
 
+def go_status(exc: grpc.RpcError) -> str:
+    """A failed call as the kubelet's error text shows it: grpc-go's ``rpc error: code = ... desc = ...``, the
+    code in Go's spelling. The code is what tells a plugin that could not be reached, or went away mid-call
+    (Unavailable), from the plugin's own answer; the description is grpcio's, not grpc-go's."""
+    code = exc.code()  # type: ignore[attr-defined]
+    go = "Canceled" if code is grpc.StatusCode.CANCELLED else code.name.title().replace("_", "")
+    return f"rpc error: code = {go} desc = {exc.details()}"  # type: ignore[attr-defined]
+
+
 def is_extended_resource_name(name: str) -> bool:
     """The kubelet's check: ``<domain>/<name>``, not in the ``kubernetes.io`` domain, not ``requests.``."""
     if name.count("/") != 1:
@@ -556,7 +565,8 @@ class StandinKubelet:
             try:
                 resp = self._unary(resource, "GetPreferredAllocation", stub.GetPreferredAllocation, req, timeout_s)
             except grpc.RpcError as exc:
-                raise AllocationFailed(f"GetPreferredAllocation failed: {exc.details()}") from None  # type: ignore[attr-defined]
+                raise AllocationFailed(
+                    f"device plugin GetPreferredAllocation rpc failed with err: {go_status(exc)}") from None
             preferred = tuple(resp.container_responses[0].deviceIDs) if resp.container_responses else ()
             avail_set = set(available)
             for d in preferred:
@@ -577,10 +587,7 @@ class StandinKubelet:
         try:
             aresp = self._unary(resource, "Allocate", stub.Allocate, areq, timeout_s)
         except grpc.RpcError as exc:
-            # The kubelet fails admission with grpc-go's error text (code names in Go's spelling).
-            code = exc.code()  # type: ignore[attr-defined]
-            go = "Canceled" if code is grpc.StatusCode.CANCELLED else code.name.title().replace("_", "")
-            raise AllocationFailed(f"rpc error: code = {go} desc = {exc.details()}") from None  # type: ignore[attr-defined]
+            raise AllocationFailed(go_status(exc)) from None
         if not aresp.container_responses:
             raise AllocationFailed(f"Allocate for {resource} returned no container response")
         if reserve:

@@ -20,9 +20,15 @@ from kubegpu.kube import Pod
 from kubegpu.model import annotations as A
 from kubegpu.model import resources as R
 from kubegpu_standins.gpu_cluster import ContainerCheck, GpuCluster, NodeSpec, pod, share, whole
+from kubegpu_standins.handoff_seams import pending_count
 
 MIG = {"nvidia.com/mig-1g.10gb": "1"}
 REPLICA = {R.NVIDIA_GPU_SHARED: "1"}
+# What the kubelet refuses by itself while a node's plugin is away (a node-daemon or kubelet restart): no
+# devices to offer until the plugin lists them again ("devices unavailable", as the recorded
+# dp-nodename-before-rereg), or a call that could not reach the plugin or lost it mid-call, which gRPC
+# reports as Unavailable whatever the transport's own words (a refused dial, a GOAWAY as the server stops).
+PLUGIN_AWAY = ("devices unavailable", "code = Unavailable")
 # node-c: every GPU time-sliced 4 ways under nvidia.com/gpu.shared (NVIDIA's renameByDefault), no kubegpu slots.
 TIME_SLICING = ("version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n    resources:\n"
                 "    - name: nvidia.com/gpu\n      replicas: 4\n")
@@ -43,7 +49,7 @@ def assert_truthful(c: GpuCluster, names: set[str], forged: dict[str, str]) -> l
     assert checks
     for k in checks:
         assert not k.divergent, k
-        assert not k.swapped, k  # exactly its own record, never another pod's (issue 24)
+        assert not k.swapped, k  # exactly its own record, never another pod's
         if k.outcome == "refused":
             assert k.reason.strip(), k  # the kubelet's message carries kubegpu's reason
         name = k.pod.split("/")[1]
@@ -53,6 +59,14 @@ def assert_truthful(c: GpuCluster, names: set[str], forged: dict[str, str]) -> l
     assert c.records_on_replicated() == []
     assert c.double_held() == []
     return checks
+
+
+def plugin_away_only_on(c: GpuCluster, refused: list[ContainerCheck], restarted: set[str]) -> list[str]:
+    """Refusals the kubelet made while a plugin was away, on a node where nothing restarted."""
+    node_of = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": (p.get("spec") or {}).get("nodeName")
+               for p in c.api.objects("pods")}
+    return [f"{k.pod} on {node_of.get(k.pod)}: {k.reason}" for k in refused
+            if any(w in k.reason for w in PLUGIN_AWAY) and node_of.get(k.pod) not in restarted]
 
 
 def admitted_within(c: GpuCluster, node: str, names: set[str], k: int, timeout_s: float) -> bool:
@@ -68,7 +82,6 @@ def test_bursts_with_lag_swaps_and_restarts_never_diverge() -> None:
              NodeSpec("node-b", "a100-mig", flags={"mig-strategy": "mixed"}, watch_lag_s=0.5),
              NodeSpec("node-c", "t4x4", flags={"shared-slots": 0}, config_yaml=TIME_SLICING, watch_lag_s=1.0)]
     with GpuCluster(nodes, swap_prob=0.4, seed=7) as c:
-        t0 = time.monotonic()
         # Burst 1: identical shares, whole GPUs, MIG, a default-scheduler pod.
         b1 = [pod(f"s{i}", share(25)) for i in range(12)] + [pod(f"w{i}", whole(1)) for i in range(3)]
         b1 += [pod("w2x", whole(2)), pod("m0", MIG), pod("m1", MIG), pod("plain", whole(1), scheduler=None)]
@@ -108,16 +121,16 @@ def test_bursts_with_lag_swaps_and_restarts_never_diverge() -> None:
         legit = {p["metadata"]["name"] for p in b2}
         refused = [k for k in checks if k.pod.split("/")[1] in legit and k.outcome != "served"]
         # Pods bound just before the restart may reach the kubelet while the plugin is away: the kubelet
-        # refuses those itself ("devices unavailable", "failed to connect"). A share the extender placed on
-        # the GPU the forged (default-scheduler) pod got whole before its acknowledgement reached the
-        # extender is refused by the node. All say why; most of the burst runs.
-        known = ("unavailable", "failed to connect", "which the extender did not place",
-                 "no waiting record names", "without a kubegpu record")
+        # refuses those itself (PLUGIN_AWAY), on node-a only. A share the extender placed on the GPU the
+        # forged (default-scheduler) pod got whole before its acknowledgement reached the extender is
+        # refused by the node. All say why; most of the burst runs.
+        known = (*PLUGIN_AWAY, "which the extender did not place", "no waiting record names",
+                 "without a kubegpu record")
         assert all(any(w in k.reason for w in known) for k in refused), [k.reason for k in refused]
+        assert plugin_away_only_on(c, refused, {"node-a"}) == []
         # How many the kubelet refuses while the plugin is away depends on how long the restart takes against
-        # the burst (this machine's load: 9-11 of 14 seen on a slow hour, before and after any change here);
-        # what kubegpu itself refuses does not, and most of the burst still runs.
-        by_node = [k for k in refused if not any(w in k.reason for w in ("unavailable", "failed to connect"))]
+        # the burst, that is on the machine's load; what kubegpu itself refuses does not.
+        by_node = [k for k in refused if not any(w in k.reason for w in PLUGIN_AWAY)]
         assert len(by_node) <= len(legit) // 2, by_node
         assert len(refused) < len(legit), refused
         # Burst 3: free burst 2, then identical halves, whole GPUs and replicas with an extender restart
@@ -170,11 +183,11 @@ def test_bursts_with_lag_swaps_and_restarts_never_diverge() -> None:
         # Pods the kubelets admit after their restart and before the plugins registered again fail the
         # way the recorded kubelet failed dp-nodename-before-rereg ("devices unavailable").
         assert all(any(w in k.reason for w in known) for k in refused), [k.reason for k in refused]
+        assert plugin_away_only_on(c, refused, {"node-a", "node-c"}) == []
         assert len(refused) <= len(n3) // 3, refused
         assert sum(k.replica and k.outcome == "served" for k in checks) >= 3
         total = len(b1) + len(b2) + len(b3) + len(forged)
         assert total >= 50
-        assert time.monotonic() - t0 < 55
 
 
 @pytest.mark.timeout(60)
@@ -195,14 +208,13 @@ def test_a_share_deleted_before_admission_never_hands_its_record_to_the_next_one
     2 s behind), then deleted before the kubelet admits it; the next share of its kind is bound at once by the
     extender, which sees the deletion, and admitted at once by the kubelet. Without the node's published
     progress (A.HANDOFF_SEEN) its call met a view still showing the deleted pod waiting and was served that
-    pod's 40 % (the stress test caught it once in 16 runs). Now the bind waits until the node has seen the end,
-    and the second pod gets exactly its own 10 %."""
+    pod's 40 %. The bind waits until the node has seen the end, so the second pod gets exactly its own 10 %."""
     with GpuCluster([NodeSpec("node-w", "dgx-a100", watch_lag_s=2.0)], seed=5) as c:
         node = c.nodes["node-w"]
         with node.admitter.pause():
             c.create(pod("first", share(40)))
             assert until(lambda: any(k == "default/first" for _t, k, _n in c.binds), 20, 0.02)
-            assert until(lambda: node.resolver.pending_count(R.GPU_SLOTS, 1) == 1, 10, 0.02)  # shown waiting there
+            assert until(lambda: pending_count(node.resolver, R.GPU_SLOTS, 1) == 1, 10, 0.02)  # shown waiting there
             c.api.store.delete(c.api.kind("pods"), "default", "first")
             deleted_at = time.monotonic()
             c.create(pod("second", share(10)))
