@@ -41,6 +41,7 @@ from kubegpu.node.kube_publisher import KubeNodePublisher
 from kubegpu.node.options import load_node_options
 from kubegpu.scheduler.service import ServiceThread
 from kubegpu_standins.apiserver import ApiServer
+from kubegpu_standins.handoff_seams import lagging
 from kubegpu_standins.kubelet import PodAdmitter, StandinKubelet
 from kubegpu_standins.scheduler import SchedulingQueue
 
@@ -65,8 +66,8 @@ class NodeSpec:
 
 class LaggedClient:
     """A lightkube ``Client`` behind a slow link: every request waits a round trip (``2 × one_way_s``) before
-    it is sent, a watch waits one way before it opens (its events are delayed by the resolver's
-    ``watch_delay_s``)."""
+    it is sent, a watch waits one way before it opens (its events are delayed through
+    ``make_resolver``'s ``watch_feed``)."""
 
     REQUESTS = frozenset({"list", "get", "patch", "create", "replace", "delete", "apply"})
 
@@ -120,7 +121,7 @@ class SimNode:
         inv = self.backend.discover()
         self.resolver: HandoffResolver = make_resolver(
             client, self.name, pod_resources_socket=str(self.dir / "pr.sock"), verify_interval_s=0.3,
-            key=self.key, inventory=inv, watch_delay_s=self.spec.watch_lag_s)
+            key=self.key, inventory=inv, watch_feed=lagging(self.spec.watch_lag_s, f"handoff-lag-{self.name}"))
         publisher = KubeNodePublisher(client, self.name, load_config(flags=self.flags, env={}))
         settings = {"cdi_dir": str(self.dir / "cdi"), "mig_minors_file": str(self.dir / "mig-minors")}
 

@@ -23,6 +23,7 @@ from kubegpu.node.handoff import HandoffResolver, make_resolver
 from kubegpu.node.handoff.entries import is_live_here, pod_view
 from kubegpu.node.handoff.pods import HandoffPod, tombstone
 from kubegpu_standins.apiserver import ApiServer
+from kubegpu_standins.handoff_seams import pending_count
 
 KEY = b"a-test-record-key-of-32-bytes-ok"
 NODE = "n1"
@@ -88,11 +89,11 @@ def test_the_watch_keeps_only_a_tombstone_and_a_pod_found_gone_is_forgotten() ->
                               "spec": full["spec"], "status": full["status"]}  # no annotations, no record
     resolver = HandoffResolver(NODE, key=KEY)
     resolver.observe(pod.to_dict())
-    assert resolver.pending_count(R.GPU_SLOTS, 1) == 1
+    assert pending_count(resolver, R.GPU_SLOTS, 1) == 1
     resolver.observe(kept.to_dict(), deleted=True)  # what a relist hands over for a pod no longer listed
-    assert resolver.pending_count(R.GPU_SLOTS, 1) == 0
+    assert pending_count(resolver, R.GPU_SLOTS, 1) == 0
     resolver.observe(pod.to_dict())  # and a lagging watch never brings it back
-    assert resolver.pending_count(R.GPU_SLOTS, 1) == 0
+    assert pending_count(resolver, R.GPU_SLOTS, 1) == 0
 
 
 def test_the_resolver_watch_caches_tombstones_and_serves_from_slim_pods() -> None:
@@ -111,8 +112,8 @@ def test_the_resolver_watch_caches_tombstones_and_serves_from_slim_pods() -> Non
             assert sorted(cache) == ["default/p1", "default/p2"]
             assert all(set(p.to_dict()["metadata"]) == {"name", "namespace", "uid", "resourceVersion"}
                        and set(p.to_dict()["spec"]["containers"][0]) == {"name", "resources"} for p in cache.values())
-            assert resolver.pending_count(R.GPU_SLOTS, 1) == 1
-            assert resolver.consistent_read() and resolver.pending_count(R.GPU_SLOTS, 1) == 1
+            assert pending_count(resolver, R.GPU_SLOTS, 1) == 1
+            assert resolver.consistent_read() and pending_count(resolver, R.GPU_SLOTS, 1) == 1
             # Served, and acknowledged through a patch whose answer decodes as a HandoffPod.
             got = resolver.resolve(R.GPU_SLOTS, ["GPU-aaaa::3"])
             assert got is not None and got.pod == "default/p1"

@@ -15,6 +15,8 @@ from typing import Any
 from kubegpu.inventory.fake import FakeBackend
 from kubegpu.kube.client import make_client
 from kubegpu.node.dra.daemon import DraDaemon, DraOptions
+from kubegpu.node.dra.kube import ApiClaimReader
+from kubegpu.node.dra.prepare import ClaimReader, PrepareError
 from kubegpu.node.dra.slices import DraSettings
 from kubegpu_standins.apiserver import ApiServer
 from kubegpu_standins.dra_allocator import Allocator, ClaimController
@@ -54,6 +56,20 @@ RECORDED_BUSES = {"0000:07:00.0": "pci0000:00", "0000:0f:00.0": "pci0000:00",
                   "0000:87:00.0": "pci0000:80", "0000:90:00.0": "pci0000:80"}
 
 
+class FailingReader:
+    """The API server's claims, except that a claim named in ``fail`` answers its error, as a driver fault
+    would: the test's way to make one prepare fail."""
+
+    def __init__(self, reader: ClaimReader, fail: dict[str, str]) -> None:
+        self.reader = reader
+        self.fail = fail
+
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        err = self.fail.get(name)
+        if err:
+            raise PrepareError(err)
+        return self.reader.get_claim(namespace, name)
+
 @dataclass
 class Bed:
     root: Path
@@ -79,7 +95,7 @@ class Bed:
                           registry_dir=str(self.root / "kubelet" / "plugins_registry"),
                           cdi_dir=str(self.cdi_dir), resync_s=5.0, socket_check_s=0.1, recovery_interval_s=0.3,
                           health_wait_s=0.05, **{**self.opts, **kw})
-        d = DraDaemon(self.backend, opts, client, fail=lambda ns, name: self.fail.get(name))
+        d = DraDaemon(self.backend, opts, client, reader=FailingReader(ApiClaimReader(client), self.fail))
         d.start()
         self.daemon = d
         self.daemons.append(d)

@@ -147,11 +147,6 @@ class PluginServer:
         return pb.DevicePluginOptions(pre_start_required=self.settings.pre_start_required,
                                       get_preferred_allocation_available=True)
 
-    @property
-    def serving_inode(self) -> int | None:
-        """The inode of the socket being served (None when not serving)."""
-        return None if self._server is None else self._server.inode
-
     def may_block(self) -> bool:
         """Whether Allocate or GetPreferredAllocation may wait: a resolver reads the API server and the
         kubelet's PodResources (a call on the gRPC loop, which from the loop's own thread would wait on

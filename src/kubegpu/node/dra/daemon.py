@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -73,15 +72,13 @@ def _now() -> str:
 
 class DraDaemon:
     def __init__(self, backend: InventoryBackend, options: DraOptions, client: Client | None, *,
-                 reader: ClaimReader | None = None,
-                 fail: Callable[[str, str], str | None] | None = None) -> None:
+                 reader: ClaimReader | None = None) -> None:
         if client is None and reader is None:
             raise ValueError("the DRA plugin needs an API client (to read claims and publish slices)")
         self.backend = backend
         self.options = options
         self.client = client
         self.reader: ClaimReader = reader or ApiClaimReader(client)  # type: ignore[arg-type]
-        self.fail = fail
         self.inventory: NodeInventory | None = None
         self.state: HealthState | None = None
         self.monitor: HealthMonitor | None = None
@@ -200,7 +197,7 @@ class DraDaemon:
             self.mps.start(self.inventory)
             self._rebuild()
         self.preparer = Preparer(self.reader, self.table, opts.settings, cdi_dir=opts.cdi_dir,
-                                 state_dir=opts.state_path, fail=self.fail, enforcer=self.mps)
+                                 state_dir=opts.state_path, enforcer=self.mps)
         if self.client is not None:
             self.publisher = SlicePublisher(self.client, opts.settings.node_name, self.desired,
                                             resync_s=opts.resync_s, watch=opts.watch_slices,

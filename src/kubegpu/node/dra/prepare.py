@@ -216,7 +216,6 @@ class Preparer:
 
     def __init__(self, reader: ClaimReader, table: Callable[[], Mapping[str, PublishedDevice]],
                  settings: DraSettings, *, cdi_dir: str | os.PathLike[str], state_dir: str | os.PathLike[str],
-                 fail: Callable[[str, str], str | None] | None = None,
                  enforcer: DraEnforcement | None = None) -> None:
         self.reader = reader
         self.enforcer = enforcer  # MPS: what holds a share to its limits (node/mps)
@@ -224,7 +223,6 @@ class Preparer:
         self.settings = settings
         self.cdi_dir = Path(cdi_dir)
         self.checkpoint = Checkpoint(Path(state_dir) / "claims")
-        self.fail = fail  # test hook: (namespace, name) -> an error to answer, as a driver fault would
         self._lock = threading.Lock()
         self._claim_locks: dict[str, threading.Lock] = {}
         self.claims: dict[str, PreparedClaim] = self.checkpoint.load()
@@ -246,10 +244,6 @@ class Preparer:
                     log.info("claim %s/%s: CDI spec gone; writing it again", namespace, name)
                     self._write_spec(uid, have.spec_file)
                 return have.devices
-            if self.fail is not None:
-                err = self.fail(namespace, name)
-                if err:
-                    raise PrepareError(err)
             claim = self.reader.get_claim(namespace, name)
             prepared = self._build(claim, namespace, uid, name)
             self._write_spec(uid, prepared.spec_file)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -714,10 +713,8 @@ class HandoffResolver:
         except Exception as e:
             log.warning("pod %s: cannot emit the %s Event: %s", pod_key, reason, e)
 
-    # ---- introspection (tests, bench) ----------------------------------------------------------
-    def pending_count(self, resource: str, count: int) -> int:
-        with self._lock:
-            return len(M.pending(self._pods.values(), self._served, resource, count))
+
+WatchHandler = Callable[[WatchEvent], None]
 
 
 class Listed(list[dict[str, Any]]):
@@ -726,42 +723,14 @@ class Listed(list[dict[str, Any]]):
     resource_version: str | None = None
 
 
-def _delayed(apply: Callable[[WatchEvent], None], delay_s: float, name: str) -> Callable[[WatchEvent], None]:
-    """``apply`` each event ``delay_s`` after it came, in the order they came, on one thread: a watch that lags
-    still delivers in order."""
-    queue: deque[tuple[float, WatchEvent]] = deque()
-    ready = threading.Condition()
-
-    def run() -> None:
-        while True:
-            with ready:
-                while not queue:
-                    ready.wait()
-                due, ev = queue[0]
-                wait = due - time.monotonic()
-                if wait > 0:
-                    ready.wait(wait)
-                    continue
-                queue.popleft()
-            apply(ev)
-
-    threading.Thread(target=run, name=name, daemon=True).start()
-
-    def feed(ev: WatchEvent) -> None:
-        with ready:
-            queue.append((time.monotonic() + delay_s, ev))
-            ready.notify()
-    return feed
-
-
 def make_resolver(client: Client, node: str, *, pod_resources_socket: str = POD_RESOURCES_SOCKET,
                   verify_interval_s: float = 30.0, registry: CollectorRegistry | None = None,
                   key: bytes | None = None, inventory: NodeInventory | None = None,
-                  watch_delay_s: float = 0.0) -> HandoffResolver:
+                  watch_feed: Callable[[WatchHandler], WatchHandler] | None = None) -> HandoffResolver:
     """The resolver the node daemon plugs into its device plugins: a watch of this node's pods feeds it,
     a fresh LIST backs every decision the watch cannot make, PodResources verifies it. The record
-    key defaults to the environment's (:func:`kubegpu.model.signing.load_key`). ``watch_delay_s``
-    delays every watch event (tests and the benchmark: a node whose watch lags the kubelet's)."""
+    key defaults to the environment's (:func:`kubegpu.model.signing.load_key`). ``watch_feed`` wraps
+    the handler the pod watch feeds (a stand-in cluster delays it, as a watch that lags the kubelet's)."""
 
     def refresh() -> Iterable[dict[str, Any]]:
         listing = client.list(HandoffPod, namespace="*", fields={"spec.nodeName": node})
@@ -774,9 +743,7 @@ def make_resolver(client: Client, node: str, *, pod_resources_socket: str = POD_
 
     resolver = HandoffResolver(node, client=client, refresh=refresh, metrics=HandoffMetrics(registry),
                                key=key if key is not None else signing.load_key(), inventory=inventory)
-    feed: Callable[[WatchEvent], None] = resolver.on_event
-    if watch_delay_s > 0:
-        feed = _delayed(resolver.on_event, watch_delay_s, f"handoff-lag-{node}")
+    feed = watch_feed(resolver.on_event) if watch_feed is not None else resolver.on_event
     # The pods' handoff fields only, and a tombstone of each in the watch's cache (kubegpu.node.handoff.pods).
     resolver.watch = InformerThread(client, HandoffPod, feed, fields={"spec.nodeName": node},
                                     name=f"handoff-{node}", keep=tombstone, announce_relists=True).start()

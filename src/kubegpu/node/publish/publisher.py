@@ -28,15 +28,9 @@ class NodePublisher(Protocol):
 
 
 class NullPublisher:
-    """Standalone mode: nothing to publish; remembers the last call for tests and the CLI."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.last: tuple[NodeInventory, dict[str, int]] | None = None
+    """Standalone mode: no API server, nothing to publish."""
 
     def publish(self, inventory: NodeInventory, resources: Mapping[str, int]) -> None:
-        self.calls += 1
-        self.last = (inventory, dict(resources))
         log.debug("standalone: not publishing node %s (%d GPUs)", inventory.name, len(inventory.gpus))
 
     def close(self) -> None:
