@@ -26,9 +26,10 @@ MIG = {"nvidia.com/mig-1g.10gb": "1"}
 REPLICA = {R.NVIDIA_GPU_SHARED: "1"}
 # What the kubelet refuses by itself while a node's plugin is away (a node-daemon or kubelet restart): no
 # devices to offer until the plugin lists them again ("devices unavailable", as the recorded
-# dp-nodename-before-rereg), or a call that could not reach the plugin or lost it mid-call, which gRPC
-# reports as Unavailable whatever the transport's own words (a refused dial, a GOAWAY as the server stops).
-PLUGIN_AWAY = ("devices unavailable", "code = Unavailable")
+# dp-nodename-before-rereg), or a call that could not reach the plugin or that the plugin cut off as it
+# stopped, told by its gRPC code whatever the transport's own words: Unavailable (a refused dial, a GOAWAY)
+# or Canceled (the stream reset; tests/node/test_node_lifecycle.py shows both).
+PLUGIN_AWAY = ("devices unavailable", "code = Unavailable", "code = Canceled")
 # node-c: every GPU time-sliced 4 ways under nvidia.com/gpu.shared (NVIDIA's renameByDefault), no kubegpu slots.
 TIME_SLICING = ("version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n    resources:\n"
                 "    - name: nvidia.com/gpu\n      replicas: 4\n")
