@@ -77,7 +77,7 @@ def admitted_within(c: GpuCluster, node: str, names: set[str], k: int, timeout_s
 
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)  # a guard against a hang, not a bound on speed: a busy machine slows every step
 def test_bursts_with_lag_swaps_and_restarts_never_diverge() -> None:
     nodes = [NodeSpec("node-a", "dgx-a100", watch_lag_s=2.0),
              NodeSpec("node-b", "a100-mig", flags={"mig-strategy": "mixed"}, watch_lag_s=0.5),
