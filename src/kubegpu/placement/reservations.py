@@ -174,37 +174,38 @@ class ReservationPlan:
         }
 
 
-def _gpu_release(
-    cluster: ClusterState, running: Sequence[RunningPod], now: float
-) -> tuple[np.ndarray, dict[tuple[int, int], list[str]]]:
-    """(N, G) time each GPU is whole-free (now when free now, inf when a holder's end is unknown), and holders."""
+def _gpu_release(cluster: ClusterState, running: Sequence[RunningPod], now: float) -> np.ndarray:
+    """(N, G) time each GPU is whole-free: now when free now, inf when a holder's end is unknown."""
     release = np.full((cluster.n_nodes, cluster.n_slots), now, np.float64)
-    holders: dict[tuple[int, int], list[str]] = defaultdict(list)
-    for p in running:
-        if not 0 <= p.node < cluster.n_nodes:
-            continue
-        end = INF if p.ends is None else max(now, p.ends)
-        for g in p.gpus:
-            if 0 <= g < cluster.n_slots:
-                release[p.node, g] = max(release[p.node, g], end)
-                holders[(p.node, g)].append(p.key)
+    cells = [(p.node, g, INF if p.ends is None else p.ends) for p in running for g in p.gpus
+             if 0 <= p.node < cluster.n_nodes and 0 <= g < cluster.n_slots]
+    if cells:
+        node, slot, end = (np.asarray(c) for c in zip(*cells, strict=True))
+        np.maximum.at(release, (node.astype(np.int64), slot.astype(np.int64)), end.astype(np.float64))
     # A GPU not whole-free that no known pod holds (a pod outside kubegpu's view) ends at an unknown time.
     busy = (cluster.core_free < MILLI) | (cluster.gmem_free < cluster.gmem_cap)
-    release = np.where(busy & (release <= now), INF, release)
-    return release, holders
+    return np.where(busy & (release <= now), INF, release)
 
 
-def _pick_on_node(
-    release: np.ndarray, used: np.ndarray, usable: np.ndarray, count: int
-) -> tuple[np.ndarray, tuple[float, int, int]] | None:
-    """The ``count`` usable slots that free up soonest, then hold the least; with the node's sort key."""
-    slots = np.flatnonzero(usable)
-    if len(slots) < count:
+def _best_node(
+    release: np.ndarray, used: np.ndarray, usable: np.ndarray, count: int, rows: np.ndarray, keep: int | None
+) -> tuple[int, np.ndarray] | None:
+    """The node of ``rows`` to hold ``count`` GPUs on, and which: on each node the usable slots that free up
+    soonest, then hold the least; between nodes the soonest start, then the fewest busy GPUs, then the least in
+    use, then the lowest row; ``keep`` (a reservation's previous node) first when it is among them."""
+    rows = rows[usable[rows].sum(axis=1) >= count]
+    if not len(rows):
         return None
-    order = np.lexsort((slots, used[slots], release[slots]))
-    chosen = np.sort(slots[order[:count]])
-    busy = int((used[chosen] > 0).sum())
-    return chosen, (float(release[chosen].max()), busy, int(used[chosen].sum()))
+    rel, use, ok = release[rows], used[rows], usable[rows]
+    slot = np.broadcast_to(np.arange(rel.shape[1]), rel.shape)
+    order = np.lexsort((slot, use, rel, ~ok), axis=-1)[:, :count]  # usable slots first
+    chosen_rel = np.take_along_axis(rel, order, axis=-1)
+    chosen_use = np.take_along_axis(use, order, axis=-1)
+    start, busy, in_use = chosen_rel.max(axis=1), (chosen_use > 0).sum(axis=1), chosen_use.sum(axis=1)
+    # The node it had keeps it: the GPUs drained there so far are not thrown away by a switch.
+    first = rows != keep if keep is not None else np.ones(len(rows), bool)
+    best = int(np.lexsort((rows, in_use, busy, start, first))[0])
+    return int(rows[best]), np.sort(order[best])
 
 
 def choose_reservations(
@@ -234,7 +235,7 @@ def choose_reservations(
     )
     if not wide:
         return plan
-    release, holders = _gpu_release(cluster, running, now)
+    release = _gpu_release(cluster, running, now)
     used = np.where(cluster.gpu_ok, MILLI - cluster.core_free, 0).astype(np.int64)
     budget = int(config.max_share * int(cluster.gpu_ok.sum()))
     sticky: Mapping[str, int] = {} if previous is None else {r.pod: r.node for r in previous.items}
@@ -252,27 +253,18 @@ def choose_reservations(
             cluster.model_mask(d.models)
             & (cluster.cpu_cap >= d.cpu_milli)
             & (cluster.mem_cap >= d.memory_bytes)
-            & ((cluster.gpu_ok & ~held).sum(axis=1) >= d.count)
         )
-        best: tuple[tuple[float, int, int, int], int, np.ndarray] | None = None
-        for node in np.flatnonzero(fits_ever).tolist():
-            got = _pick_on_node(release[node], used[node], cluster.gpu_ok[node] & ~held[node], d.count)
-            if got is None:
-                continue
-            chosen, (soonest, busy, in_use) = got
-            # The node it had keeps it: the GPUs drained there so far are not thrown away by a switch.
-            order = (-INF, 0, 0, node) if sticky.get(pod.key) == node else (soonest, busy, in_use, node)
-            if best is None or order < best[0]:
-                best = (order, node, chosen)
+        best = _best_node(release, used, cluster.gpu_ok & ~held, d.count, np.flatnonzero(fits_ever),
+                          sticky.get(pod.key))
         if best is None:
             unreserved.append(pod.key)
             continue
-        _, node, chosen = best
+        node, chosen = best
         gslots = tuple(int(g) for g in chosen)
         held[node, list(gslots)] = True
         owner[node, list(gslots)] = len(items)
         start = float(release[node, list(gslots)].max())
-        names = sorted({k for g in gslots for k in holders.get((node, g), ())})
+        names = sorted({p.key for p in running if p.node == node and set(p.gpus) & set(gslots)})
         free = int(sum(1 for g in gslots if release[node, g] <= now))
         items.append(Reservation(
             pod.key, d.count, pod.priority, node, cluster.names[node], gslots, free, tuple(names),

@@ -159,9 +159,10 @@ class _Run:
     plan: ReservationPlan | None = None
     reserved_for: set[str] | None = None
 
-    def waiting(self) -> list[WaitingPod]:
+    def waiting(self, config: ReservationConfig) -> list[WaitingPod]:
+        """The waiting pods the reservation policy may serve (the others it would skip anyway)."""
         return [WaitingPod(self.pods[i].key, self.pods[i].demand, self.pods[i].arrive, self.pods[i].priority)
-                for _, _, i in self.queue]
+                for _, _, i in self.queue if config.is_wide(self.pods[i].demand)]
 
     def replan(self, now: float) -> bool:
         """Recompute the reservations; whether the held GPUs changed."""
@@ -173,7 +174,7 @@ class _Run:
         )
         if has_wide:
             self.plan = choose_reservations(
-                self.cluster, self.waiting(), list(self.running.values()), now, self.config, before
+                self.cluster, self.waiting(self.config), list(self.running.values()), now, self.config, before
             )
         else:
             self.plan = None
