@@ -6,9 +6,9 @@ benchmarks measure is what a node gets.
 ``MALLOC_ARENA_MAX=2``: glibc gives each thread that allocates its own malloc arena (up to eight
 per core), and each arena keeps its own free memory. The daemon's threads (gRPC workers, the
 lifecycle loop, the health monitor, the metrics server) run Python under one interpreter lock, so
-separate arenas buy no parallelism, only resident memory: measured on the 8-GPU bench, about 2 MB
-of a 60 MB budget after kubelet restarts (new servers, new worker threads). Two arenas keep the
-main thread's allocations apart from the workers'.
+separate arenas buy no parallelism, only resident memory, which grows after kubelet restarts (new
+servers, new worker threads; docs/performance.md). Two arenas keep the main thread's allocations apart
+from the workers'.
 """
 
 from __future__ import annotations

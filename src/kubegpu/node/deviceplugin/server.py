@@ -51,7 +51,7 @@ class SocketGone(RegistrationError):
 
 class _Service(dp_grpc.DevicePluginBase):
     """``DevicePlugin`` on the node's gRPC loop. ``executor`` is None when the handlers never block: they
-    answer on the loop, ~0.2 ms a call sooner than from a thread. Otherwise (:meth:`PluginServer.may_block`)
+    answer on the loop, sparing the hand-off to a thread and back. Otherwise (:meth:`PluginServer.may_block`)
     Allocate and GetPreferredAllocation run in ``executor``."""
 
     def __init__(self, server: PluginServer, executor: futures.Executor | None) -> None:
@@ -113,8 +113,8 @@ class PluginServer:
         self._pool: futures.ThreadPoolExecutor | None = None
         self._totals = pref.replica_totals(plan.devices)
         # The memo of whole-device preferences, keyed by the available IDs as a bitmask over the plan's devices
-        # and holding the plan's own ID strings: about 300 bytes an entry, where a frozenset of the request's
-        # strings took up to 8 kB (56 MIG devices), times up to 4096 entries (issue 23: memory).
+        # and holding the plan's own ID strings, not the request's: an entry stays small whatever the number
+        # of devices, and the memo holds up to 4096 of them (the daemon's memory, docs/performance.md).
         self._bit: dict[str, int] = {d.id: 1 << i for i, d in enumerate(plan.devices)}
         self._whole_cache: dict[tuple[int, tuple[str, ...], int], tuple[str, ...]] = {}
         self._stopping = threading.Event()

@@ -13,10 +13,10 @@ A per-claim failure is answered inside the response (``error``), never as an RPC
 other claims of the call still prepare; the kubelet retries the failed one (~every 13 s, recorded).
 If the registration socket is deleted the plugin serves it again (:meth:`DraPlugin.ensure_sockets`).
 
-The services run on grpclib through :mod:`kubegpu.node.rpc` (issue 23: grpcio's C core alone is
-~10 MB of the daemon's 60 MB), so this module never imports ``grpc``. Prepare and unprepare read the
-API server and write CDI specs and the checkpoint: they run in the plugin's own small thread pool,
-never on the process's one gRPC loop; ``GetInfo`` only formats a message and answers on the loop.
+The services run on grpclib through :mod:`kubegpu.node.rpc` (grpcio's C core alone would be a large
+part of the daemon's memory budget, docs/performance.md), so this module never imports ``grpc``. Prepare
+and unprepare read the API server and write CDI specs and the checkpoint: they run in the plugin's own
+small thread pool, never on the process's one gRPC loop; ``GetInfo`` only formats a message and answers on the loop.
 """
 
 from __future__ import annotations

@@ -93,8 +93,8 @@ class PreparedClaim:
     name: str
     uid: str
     devices: list[PreparedDevice] = field(default_factory=list)
-    # The CDI spec written for it, kept as the file's bytes: about 1 kB where its dicts and strings took
-    # about 4 kB, for every claim prepared on the node (issue 23: the daemon's memory grows with them).
+    # The CDI spec written for it, kept as the file's bytes, a fraction of its dicts and strings: the
+    # daemon keeps one for every claim prepared on the node, so its memory grows with them.
     spec_file: bytes = b""
 
     @property

@@ -5,8 +5,8 @@ but the container's GPUs are decided by the answer alone. So the resolver only *
 acknowledgement to be written; this writer does it on its own thread, one pod at a time (every write carries
 the pod's full current acknowledgement, so a later one supersedes an earlier one), and retries a failed write
 with back-off (``first_s`` doubling to ``max_s``) for as long as the pod lives: an API server or a validating
-webhook that is down only delays the acknowledgement, it never loses it (issue 24: an acknowledgement refused
-during a webhook outage was never written again).
+webhook that is down only delays the acknowledgement, it never loses it (an acknowledgement refused during a
+webhook outage would otherwise never be written).
 """
 
 from __future__ import annotations

@@ -2,11 +2,10 @@
 watch keeps of each pod once the resolver has its own view.
 
 The resolver watches and lists every pod bound to its node, GPU or not (a node runs up to 110). Decoded
-into lightkube's full ``Pod`` model, a workload's pod is ~25 KB of Python objects (containers' env,
-probes, mounts, status, managed fields), and every consistent read decoded all of them again: measured
-on the 8-GPU bench with 110 such pods (``bench/node.py --cluster --node-pods 110``), the informer's cache
-of full pods and the LISTs' garbage (in allocator arenas a few long-lived objects pin) made the daemon
-6.7 MB larger once registered and 8-9 MB larger after the load. :class:`HandoffPod` is the extender's
+into lightkube's full ``Pod`` model, a workload's pod is many kilobytes of Python objects (containers' env,
+probes, mounts, status, managed fields) the handoff never reads, decoded again at every consistent read,
+and the informer's cache of them grows the daemon's memory with the node's pods (``bench/node.py --cluster
+--node-pods 110``, docs/performance.md). :class:`HandoffPod` is the extender's
 :class:`~kubegpu.kube.slim.SlimPod` (what ``model.request.parse_pod`` and ``model.records.read_pod``
 consult: identity, version, annotations, containers' resources, node, phase) plus the creation time
 that ranks the node's waiting records (:func:`kubegpu.node.handoff.entries.pod_view`); its ``to_dict``
