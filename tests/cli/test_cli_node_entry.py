@@ -1,11 +1,12 @@
-"""``kubegpu node``'s lean entry (issue 23): it reads the command's options exactly as the typer command
-does, hands what it does not take to typer, and a node daemon process loads neither typer nor rich,
+"""``kubegpu node``'s entry: one argparse command line made from the node config's option table (every flag,
+its environment variable in ``--help``), and a node daemon process that loads neither typer nor rich,
 pydantic, click or numpy, nor grpcio (its gRPC is grpclib's)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -17,77 +18,64 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 import kubegpu.cli.node as node_cli
 from kubegpu.cli.main import app
-from kubegpu.cli.node_entry import ENVS, FLAGS, VALUES, NodeArgs, parse_node_argv
-
-ARGVS: list[list[str]] = [
-    [],
-    ["--standalone", "--inventory", "dgx1-v100", "--shared-slots", "100", "--metrics-address", "0"],
-    ["--mig-strategy", "mixed", "--standalone", "--pass-device-specs", "--inventory=t4x4", "--x=y", "value"],
-    ["--node-name", "a", "--node-name=b", "--run-for", "2.5", "--log-level", "debug", "--dry-run", "--json"],
-    ["--kubelet-plugin", "dra", "--dra-shared-gpus", "4-7", "--kubeconfig", "/k", "--inventory", ""],
-    ["--inventory=", "--run-for=3", "--standalone", "--standalone", "--config-file", "f.yaml"],
-    ["stray", "--fail-on-init-error=false"],
-]
-ENVIRONS: list[dict[str, str]] = [
-    {},
-    {"NODE_NAME": "env-node", "KUBECONFIG": "/env/kc", "KUBEGPU_KUBELET_PLUGIN": "dra"},
-    {"NODE_NAME": "", "KUBECONFIG": ""},  # empty: as if unset (click's rule)
-]
-# What the lean reader leaves to typer: help, option ends, short options, missing or odd values.
-TYPER_ONLY: list[list[str]] = [
-    ["--help"], ["--standalone", "--help"], ["--", "--standalone"], ["-h"], ["-"], ["--inventory"],
-    ["--inventory", "--standalone"], ["--standalone=true"], ["--run-for", "x"], ["--run-for", "1e3"],
-    ["--run-for=-1"], ["--log-level", "-v"],
-]
+from kubegpu.cli.node_entry import NodeArgs, UsageError, parse_node_args
+from kubegpu.node.config import OPTIONS, ConfigError, load_config
 
 
-def typer_args(argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> NodeArgs:
-    """The NodeArgs the typer command hands to run_node for ``kubegpu node <argv>`` under ``env``."""
-    seen: list[NodeArgs] = []
-
-    def record(args: NodeArgs, backend: Any) -> int:
-        seen.append(args)
-        return 0
-
-    monkeypatch.setattr(node_cli, "run_node", record)
-    for var in ENVS.values():
-        monkeypatch.delenv(var, raising=False)
-    result = CliRunner().invoke(app, ["node", *argv], env=env)
-    assert result.exit_code == 0, result.output
-    (args,) = seen
-    return args
-
-
-@pytest.mark.parametrize("env", ENVIRONS, ids=["no-env", "env", "empty-env"])
-@pytest.mark.parametrize("argv", ARGVS, ids=[str(i) for i in range(len(ARGVS))])
-def test_lean_reader_reads_what_the_typer_command_reads(argv: list[str], env: dict[str, str],
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    assert parse_node_argv(argv, env) == typer_args(argv, env, monkeypatch)
+def test_every_config_option_is_a_flag_under_the_name_given() -> None:
+    # The parser is made from the option table: each flag and alias of every option parses, and reaches the
+    # config loader under the name given (so giving an alias and its setting together stays the loader's error).
+    for o in OPTIONS:
+        for name in (o.flag, *o.aliases):
+            value = [] if o.kind == "bool" else ["v"]
+            args = parse_node_args([f"--{name}", *value], {})
+            assert dict(args.config_flags) == {name: "true" if o.kind == "bool" else "v"}, name
+    args = parse_node_args(["--fail-on-init-error=false", "--mig-strategy", "mixed", "--driver-root", "/a",
+                            "--nvidia-driver-root=/b", "--config-file", "f.yaml", "--standalone"], {})
+    assert dict(args.config_flags) == {"fail-on-init-error": "false", "mig-strategy": "mixed", "driver-root": "/a",
+                                       "nvidia-driver-root": "/b", "config-file": "f.yaml"}
+    assert args.standalone
+    with pytest.raises(ConfigError, match="same setting"):
+        load_config(args.config_flags, {})
 
 
-@pytest.mark.parametrize("argv", TYPER_ONLY, ids=[" ".join(a) for a in TYPER_ONLY])
-def test_what_the_lean_reader_cannot_take_as_it_is_goes_to_typer(argv: list[str]) -> None:
-    assert parse_node_argv(argv, {}) is None
+def test_the_commands_own_options_and_their_environment() -> None:
+    env = {"NODE_NAME": "env-node", "KUBECONFIG": "/env/kc", "KUBEGPU_KUBELET_PLUGIN": "dra"}
+    assert parse_node_args([], env) == NodeArgs(node_name="env-node", kubeconfig="/env/kc", kubelet_plugin="dra")
+    assert parse_node_args([], {"NODE_NAME": "", "KUBECONFIG": ""}) == NodeArgs()  # empty: as if unset
+    got = parse_node_args(["--node-name", "a", "--node-name=b", "--run-for", "2.5", "--log-level", "DEBUG",
+                           "--dry-run", "--json", "--inventory="], env)
+    assert got == NodeArgs(node_name="b", kubeconfig="/env/kc", kubelet_plugin="dra", run_for=2.5,
+                           log_level="debug", dry_run=True, as_json=True, inventory="")
 
 
-def test_option_tables_are_the_typer_commands_options() -> None:
-    command = typer.main.get_command(app).commands["node"]  # type: ignore[attr-defined]
-    declared = {p.opts[0]: p for p in command.params if p.opts and p.opts[0] != "--help"}
-    assert set(declared) == set(FLAGS) | set(VALUES)
-    for opt, p in declared.items():
-        assert p.is_flag == (opt in FLAGS), opt
-        field = FLAGS.get(opt) or VALUES[opt]
-        assert p.name == field or (p.name, field) == ("as_json", "as_json"), opt
-        assert p.envvar == ENVS.get(field), opt
-        assert p.default == getattr(NodeArgs(), field), opt
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--no-such-flag", "1"], "--no-such-flag: unknown flag"),
+    (["--mig"], "--mig: unknown flag"),  # no abbreviations: a flag is its whole name
+    (["stray"], "unexpected argument 'stray'"),
+    (["--inventory"], "expected one argument"),
+    (["--run-for", "soon"], "'soon' is not a number of seconds"),
+    (["--run-for=-1"], "'-1' is not a number of seconds"),
+    (["--log-level", "loud"], "invalid choice"),
+    (["--kubelet-plugin", "vfio"], "expected device-plugin or dra"),
+])
+def test_a_command_line_it_cannot_take_is_refused_with_the_reason(argv: list[str], message: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(message)):
+        parse_node_args(argv, {})
 
 
-# grpcio too (issue 23: its C core is ~10 MB resident): the node daemon serves and calls gRPC through grpclib.
+def test_the_typer_command_forwards_everything(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[list[str]] = []
+    monkeypatch.setattr(node_cli, "main", lambda argv: seen.append(argv) or 3)
+    result = CliRunner().invoke(app, ["node", "--help", "--mig-strategy=mixed", "-x", "stray"])
+    assert result.exit_code == 3 and seen == [["--help", "--mig-strategy=mixed", "-x", "stray"]]
+
+
+# grpcio too (its C core is large and resident): the node daemon serves and calls gRPC through grpclib.
 HEAVY = ("typer", "rich", "pydantic", "click", "numpy", "kubegpu.cli.node", "kubegpu.placement.cluster", "grpc")
 
 
@@ -97,8 +85,9 @@ def start_kubegpu(args: list[str], cwd: Path) -> subprocess.Popen[str]:
             f"atexit.register(lambda: print(json.dumps(sorted(m for m in {HEAVY!r} "
             "if sys.modules.get(m) is not None)), file=sys.stderr))\n"
             "import json\n"
-            "from kubegpu.cli.main import app\n"
-            "sys.exit(app())\n")
+            "from kubegpu.cli.main import main\n"
+            "sys.argv[0] = 'kubegpu'\n"
+            "main()\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     return subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, cwd=cwd)
@@ -211,13 +200,20 @@ def test_node_daemon_serves_a_grpcio_kubelet_without_grpcio(cluster: bool, sockd
     assert loaded(subprocess.CompletedProcess(proc.args, 0, out, err)) == []
 
 
-def test_node_help_and_bad_input_still_get_typers_answers(tmp_path: Path) -> None:
+def test_node_help_explains_every_option_and_bad_input_is_refused(tmp_path: Path) -> None:
     helped = run_kubegpu(["node", "--help"], tmp_path)
     assert helped.returncode == 0 and "--kubelet-plugin KIND" in helped.stdout
-    assert "--mig-strategy VALUE" in helped.stdout  # the node config's options, in the epilog
+    text = " ".join(helped.stdout.split())  # argparse wraps lines
+    for o in OPTIONS:
+        assert f"--{o.flag}" in text and all(env in text for env in o.envs), o.flag
+    assert "--mig-strategy VALUE" in text and "[env MIG_STRATEGY]" in text
+    assert loaded(helped) == []  # help is the daemon's own parser's: no CLI framework
     bad = run_kubegpu(["node", "--run-for", "soon"], tmp_path)
-    assert bad.returncode == 2 and "Invalid value for '--run-for'" in bad.stderr
+    assert bad.returncode == 2 and "not a number of seconds" in bad.stderr
     unknown = run_kubegpu(["node", "--standalone", "--inventory", "t4x4", "--dry-run", "--no-such-flag", "1"],
                           tmp_path)
-    assert unknown.returncode == 2 and "configuration error:" in unknown.stderr
-    assert "typer" not in loaded(unknown)  # a config error is the daemon's answer, not typer's
+    assert unknown.returncode == 2 and "--no-such-flag: unknown flag" in unknown.stderr
+    wrong = run_kubegpu(["node", "--standalone", "--inventory", "t4x4", "--dry-run", "--mig-strategy", "odd"],
+                        tmp_path)
+    assert wrong.returncode == 2 and "configuration error: --mig-strategy" in wrong.stderr
+    assert loaded(wrong) == []

@@ -1,6 +1,6 @@
 """The node DaemonSet is scrapeable and probed: Prometheus annotations and a headless Service on the metrics
 port the daemon is told to serve, and probes on the paths node/metrics.py answers (ready only once the GPUs
-are served)."""
+are served); the DRA driver's DaemonSet the same."""
 
 from __future__ import annotations
 
@@ -80,15 +80,27 @@ def test_dra_on_every_node_drops_the_scrape_service_with_the_daemonset() -> None
     assert _node(kept)[2]["spec"]["selector"]["app.kubernetes.io/component"] == "node"
 
 
+@pytest.mark.parametrize("raw", [{}, {"metricsPort": 9500}])
+def test_the_dra_daemonset_is_probed_and_scraped_as_the_device_plugin_one(raw: Obj) -> None:
+    v = values_from_dict(raw)
+    objs = apply_dra(render(v), v)
+    _, node, _ = _node(objs)
+    ds = _one(objs, "DaemonSet", "kubegpu-dra-node")
+    (c,) = ds["spec"]["template"]["spec"]["containers"]
+    assert c["args"][c["args"].index("--metrics-address") + 1] == f":{v.metrics_port}"
+    assert c["ports"] == [{"name": "metrics", "containerPort": v.metrics_port}]
+    assert (c["readinessProbe"], c["livenessProbe"]) == (node["readinessProbe"], node["livenessProbe"])
+    assert ds["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == str(v.metrics_port)
+
+
 class _Daemon:
     """What the probes read, in the two states that matter to the kubelet."""
 
     def __init__(self, registered: bool) -> None:
         self.registered = registered
 
-    def status(self) -> dict[str, Any]:
-        return {"waiting": "", "resources": [{"name": "nvidia.com/gpu", "devices": 4, "healthy": 4,
-                                              "registered": self.registered}]}
+    def readiness(self) -> dict[str, str]:
+        return {"kubelet:nvidia.com/gpu": "ok" if self.registered else "not registered with the kubelet"}
 
     def liveness(self) -> dict[str, str]:
         return {"lifecycle": "ok"}

@@ -17,7 +17,7 @@ import pytest
 from kubegpu_standins.kubelet import StandinKubelet
 
 GPU = "nvidia.com/gpu"
-RUN = [sys.executable, "-c", "from kubegpu.cli.main import app; app()", "node"]
+RUN = [sys.executable, "-c", "from kubegpu.cli.main import main; main()", "node"]
 
 
 def _spawn(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:

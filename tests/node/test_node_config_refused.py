@@ -79,14 +79,12 @@ def test_node_help_describes_every_option() -> None:
         return "".join(fragment.split()) in text
 
     for o in OPTIONS:
-        names = " / ".join(f"--{n}" for n in (o.flag, *o.aliases))
-        assert o.help and has(o.help), o.key
+        value = "[BOOL]" if o.kind == "bool" else "VALUE"  # a flag alone, or a flag with a value
+        names = ", ".join(f"--{n} {value}" for n in (o.flag, *o.aliases))
+        assert o.help and has(f"{names} {o.help}"), o.key
         if o.key in REFUSED:
-            assert has(f"{names}: {o.help}; accepted only at NVIDIA's default")
-        elif o.kind == "bool":  # a flag, not a flag with a value
-            assert has(f"{names}{'=false' if o.default else ''}: {o.help}")
-        else:
-            assert has(f"{names} VALUE: {o.help}")
-        for env in o.envs:
-            assert env in text
+            assert has(f"{o.help}; accepted only at NVIDIA's default"), o.key
+        elif o.kind == "bool":
+            assert has(f"{o.help}; {'on by default (=false turns it off)' if o.default else 'off unless given'}")
+        assert has(f"[env {', '.join(o.envs)}]"), o.key
     assert has("--config-dir DIR") and has("nvidia.com/device-plugin.config")

@@ -119,14 +119,15 @@ def test_node_cli_exits_with_one_line_when_the_metrics_port_is_taken(sockdir: Pa
         taken.listen()
         port = taken.getsockname()[1]
         proc = subprocess.run(
-            [sys.executable, "-c", "from kubegpu.cli.main import app; app()", "node", "--standalone",
+            [sys.executable, "-c", "from kubegpu.cli.main import main; main()", "node", "--standalone",
              "--inventory", "t4x4", "--device-plugin-dir", str(sockdir / "dp"), "--cdi-spec-dir",
              str(sockdir / "cdi"), "--metrics-address", f"127.0.0.1:{port}", "--run-for", "30"],
             capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1, proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert errors == [f"error: cannot serve metrics on 127.0.0.1:{port}: address already in use (set "
-                      "--metrics-address, or 0 to serve no metrics)"], proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1, proc.stderr
+    assert errors[0].endswith(f"cannot serve metrics on 127.0.0.1:{port}: address already in use (set "
+                              "--metrics-address, or 0 to serve no metrics)"), proc.stderr
     assert "Traceback" not in proc.stderr
 
 

@@ -1,17 +1,16 @@
 """The ``kubegpu`` command. Each role registers its command here; imports stay lazy so
 ``kubegpu --help`` and the light commands start fast.
 
-A process started as ``kubegpu node ...`` (the node daemon, on every GPU node for its whole life)
-does not load typer, rich or the other commands at all: ``app`` is then a small entry that runs the
-node through :func:`kubegpu.cli.node_entry.lean_main` and builds the full CLI only for what that
-does not take (``--help``, a malformed option), so every input behaves as before (about 12 MB less
-resident memory; the node's budget is 60 MB).
+:func:`main` is the console script. A process started as ``kubegpu node ...`` (the node daemon, on every
+GPU node for its whole life) goes straight to :func:`kubegpu.cli.node_entry.main`, which reads its command
+line with argparse, so it never loads typer, rich or the other commands (its memory budget is close to
+NVIDIA's plugin's). Every other command is the typer app, :data:`app`, built on first use.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import typer
@@ -60,6 +59,7 @@ def _build() -> typer.Typer:
 
 
 _full: typer.Typer | None = None
+app: typer.Typer  # set by full_app(); until then the module's __getattr__ builds it
 
 
 def full_app() -> typer.Typer:
@@ -83,25 +83,13 @@ def _register() -> None:
                 raise
 
 
-def _started_as_node() -> bool:
-    return sys.argv[1:2] == ["node"]
+def main() -> None:
+    """The ``kubegpu`` console script."""
+    if sys.argv[1:2] == ["node"]:
+        from kubegpu.cli.node_entry import main as node_main
 
-
-class _NodeEntry:
-    """``app`` in a process started as ``kubegpu node``: the console script calls it with no arguments."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not args and not kwargs and _started_as_node():
-            from kubegpu.cli.node_entry import lean_main
-
-            code = lean_main(sys.argv[2:])
-            if code is not None:
-                sys.exit(code)
-        return full_app()(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        # A command module imported some other way still registers on (and reads) the full app.
-        return getattr(full_app(), name)
+        sys.exit(node_main())
+    full_app()()
 
 
 def kubectl_gpu() -> None:
@@ -110,9 +98,9 @@ def kubectl_gpu() -> None:
     full_app()()
 
 
-app: typer.Typer
-if _started_as_node():
-    # Called by the console script (`app()`); any other use of it is the full app's (see __getattr__).
-    app = cast("typer.Typer", _NodeEntry())
-else:
-    full_app()
+def __getattr__(name: str) -> Any:
+    # `app` is built when first asked for (a command module registering itself, a test), never on import:
+    # the node process imports this module and must not load typer.
+    if name == "app":
+        return full_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

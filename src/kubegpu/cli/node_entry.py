@@ -1,58 +1,41 @@
-"""``kubegpu node`` without the CLI framework: what the node daemon runs, and its lean entry point.
+"""``kubegpu node``: its command line, and the node process from its environment to its exit code.
 
-The node daemon lives on every GPU node for the node's lifetime, beside NVIDIA's plugin budget
-(20-30 MB); its target is 60 MB resident. typer (with the pydantic it parses options with), rich and
-the other commands' modules cost about 12 MB of that and do nothing once the options are read. So
-``kubegpu.cli.main`` hands a process started as ``kubegpu node ...`` to :func:`lean_main`, which reads
-the command's own options exactly as the typer command declares them (:mod:`kubegpu.cli.node`) and
-runs :func:`run_node`; any argument list it does not take as it is (``--help``, a malformed or
-missing value, ``--``, a short option) goes to the typer command instead, which then prints the same
-help and the same errors as it always did. Both paths run the same :func:`run_node`.
+The node daemon lives on every GPU node for the node's lifetime, within a memory budget close to NVIDIA's
+plugin's, so this entry loads no CLI framework: the command line is read by argparse (standard library), the
+command's own options declared here and every configuration flag made from the node config's option table
+(:func:`kubegpu.node.config.argv.add_config_arguments`), which ``--help`` prints with its environment
+variables. ``kubegpu.cli.main.main`` hands a process started as ``kubegpu node`` straight to :func:`main`;
+the typer app's ``node`` command (``kubegpu.cli.node``) only forwards its arguments here.
+
+This is the only place the node reads its process environment: :func:`main` takes it once and passes it to
+everything that needs a variable (the config loader, the node label, the backend).
 """
 
 from __future__ import annotations
 
-import gc
+import argparse
 import json
 import logging
 import os
-import re
-import signal
 import sys
-import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
-EXIT_OK, EXIT_INIT, EXIT_CONFIG = 0, 1, 2
+from kubegpu.node.lifecycle import EXIT_CONFIG, EXIT_INIT, EXIT_OK
+
 log = logging.getLogger("kubegpu.node")
 
+KUBELET_PLUGINS = ("device-plugin", "dra")
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
-def parse_extra_flags(args: list[str]) -> dict[str, Any]:
-    """``["--mig-strategy", "mixed", "--pass-device-specs", "--x=y"]`` -> ``{"mig-strategy": "mixed", ...}``.
-
-    A flag followed by another flag (or nothing) is a boolean ``true``. Validation of names
-    and values is the config loader's."""
-    out: dict[str, Any] = {}
-    i = 0
-    while i < len(args):
-        a = args[i]
-        if not a.startswith("--") or a == "--":
-            raise ValueError(f"unexpected argument {a!r} (options look like --name value)")
-        name, eq, value = a[2:].partition("=")
-        if not eq:
-            if i + 1 < len(args) and not args[i + 1].startswith("--"):
-                value = args[i + 1]
-                i += 1
-            else:
-                value = "true"
-        out[name] = value
-        i += 1
-    return out
+# (inventory or None, node name or None, the driver root as mounted here) -> an inventory backend
+BackendFactory = Callable[[str | None, str | None, str | None], Any]
 
 
-def _backend(inventory: str | None, node_name: str | None, driver_root: str | None = None) -> Any:
+def default_backend(inventory: str | None, node_name: str | None, driver_root: str | None) -> Any:
+    """A topology file's GPUs (``--inventory``), else NVML's, loaded from the host's driver root where it is
+    mounted in this container (as NVIDIA's plugin finds it), else from the library path."""
     if inventory:
         from kubegpu.inventory.fake import FakeBackend
 
@@ -62,159 +45,13 @@ def _backend(inventory: str | None, node_name: str | None, driver_root: str | No
     except ImportError as exc:
         raise RuntimeError(f"the NVML backend is not available ({exc}); use --inventory for a topology file") \
             from None
-    # NVML from the host driver root mounted in the container (as NVIDIA's plugin), else the library path.
     return NvmlBackend(node_name=node_name, driver_root=driver_root)
-
-
-def _cluster_seams(kubeconfig: str | None, node_name: str, flags: Mapping[str, Any],
-                   env: Mapping[str, str], registry: Any = None) -> tuple[Any, Any]:
-    """(publisher, resolver) for full mode; raises RuntimeError without credentials."""
-    try:
-        from kubegpu.kube.client import make_client
-    except ImportError as exc:
-        raise RuntimeError(f"the Kubernetes adapter is not available ({exc}); run with --standalone") from None
-    try:
-        client = make_client(kubeconfig)
-    except Exception as exc:
-        raise RuntimeError(f"no Kubernetes credentials ({exc}); give --kubeconfig, run in-cluster, "
-                           "or use --standalone") from None
-    from kubegpu.node.config import load_config
-    from kubegpu.node.handoff import make_resolver
-    from kubegpu.node.kube_publisher import KubeNodePublisher
-
-    config = load_config(flags=flags, env=env)
-    publisher = KubeNodePublisher(client, node_name, config)
-    resolver = make_resolver(client, node_name, pod_resources_socket=config.kubegpu.pod_resources_socket,
-                             registry=registry)
-    return publisher, resolver
-
-
-class NodeConfigLabel:
-    """The node's ``nvidia.com/device-plugin.config`` label, read from its Node (never in standalone mode).
-
-    ``watch`` polls it and asks the daemon to reload when it changes, as NVIDIA's config-manager restarts
-    the plugin."""
-
-    POLL_S = 30.0
-
-    def __init__(self, kubeconfig: str | bool | None, node_name: str | None) -> None:
-        # False: standalone; None: in-cluster credentials where they exist; a path: that kubeconfig.
-        self.enabled = kubeconfig is not False and (
-            isinstance(kubeconfig, str) or bool(os.environ.get("KUBERNETES_SERVICE_HOST")))
-        self.kubeconfig = kubeconfig if isinstance(kubeconfig, str) else None
-        self.node_name = node_name or os.environ.get("NODE_NAME") or ""
-        self.value: str | None = None
-        self._client: Any = None
-
-    def _fetch(self) -> str | None:
-        from kubegpu.kube.client import make_client
-        from kubegpu.kube.resources import Node
-        from kubegpu.node.config.select import CONFIG_LABEL
-
-        if self._client is None:
-            self._client = make_client(self.kubeconfig)
-        node = self._client.get(Node, self.node_name)
-        return (node.metadata.labels or {}).get(CONFIG_LABEL)
-
-    def read(self) -> str | None:
-        if not self.enabled or not self.node_name:
-            return None
-        try:
-            self.value = self._fetch()
-        except Exception as exc:  # the API server is briefly away: keep the last known selection
-            log.warning("cannot read this node's config label (%s); keeping %r", exc, self.value)
-        return self.value
-
-    def watch(self, stop: threading.Event, reload: threading.Event) -> None:
-        if not self.enabled or not self.node_name:
-            return
-
-        def loop() -> None:
-            while not stop.wait(self.POLL_S):
-                before = self.value
-                try:
-                    now = self._fetch()
-                except Exception:
-                    continue
-                if now != before:
-                    log.info("node label nvidia.com/device-plugin.config changed %r -> %r: reloading", before, now)
-                    reload.set()
-
-        threading.Thread(target=loop, name="config-label", daemon=True).start()
-
-
-def _print_plans(console: Any, plans: list[Any], as_json: bool) -> None:
-    if as_json:
-        print(json.dumps([{"resource": p.name, "socket": p.socket_name, "devices": [d.id for d in p.devices],
-                           "sharing": p.sharing, "replicas": p.replicas} for p in plans]))
-        return
-    from rich.table import Table
-
-    table = Table(title="resources")
-    for col in ("resource", "socket", "devices", "sharing"):
-        table.add_column(col)
-    for p in plans:
-        table.add_row(p.name, p.socket_name, str(len(p.devices)),
-                      p.sharing + (f" x{p.replicas}" if p.shared else ""))
-    console.print(table)
-
-
-def _metrics(address: str, metrics: Any, daemon: Any = None) -> None:
-    """Serve /metrics, /healthz and /readyz; raises MetricsAddressError (the address is taken, ...)."""
-    if not address or address in ("0", "off", "none"):
-        return
-    from kubegpu.node.metrics import MetricsAddressError, serve
-
-    host, _, port = address.rpartition(":")
-    try:
-        number = int(port or 0)
-    except ValueError:
-        raise MetricsAddressError(f"cannot serve metrics on {address!r}: the port is not a number") from None
-    server, _ = serve(metrics, number, host or "0.0.0.0", daemon)
-    log.info("metrics on http://%s:%d/metrics (and /healthz, /readyz)", host or "0.0.0.0", server.server_port)
-
-
-def run_daemon(daemon: Any, *, stop: threading.Event, reload: threading.Event,
-               run_for: float | None = None, on_tick: Callable[[], None] | None = None) -> int:
-    """Start the daemon and serve until ``stop`` (or ``run_for`` seconds); reload on ``reload``."""
-    from kubegpu.node.config import ConfigError
-    from kubegpu.node.daemon import DaemonInitError
-
-    try:
-        daemon.start()
-    except DaemonInitError as exc:
-        log.error("%s", exc)
-        return EXIT_INIT
-    # Everything allocated so far lives as long as the process: keep it out of the cyclic
-    # collector so full collections do not stall Allocate (tail latency).
-    gc.collect()
-    gc.freeze()
-    deadline = time.monotonic() + run_for if run_for else None
-    try:
-        while not stop.is_set():
-            stop.wait(0.2)
-            if reload.is_set():
-                reload.clear()
-                try:
-                    daemon.reload()
-                except ConfigError as exc:
-                    log.error("reload refused, keeping the running config: %s", exc)
-                except DaemonInitError as exc:
-                    log.error("%s", exc)
-                    return EXIT_INIT
-            if on_tick is not None:
-                on_tick()
-            if deadline is not None and time.monotonic() >= deadline:
-                break
-    finally:
-        daemon.stop()
-    return EXIT_OK
 
 
 @dataclass(frozen=True)
 class NodeArgs:
-    """The options of ``kubegpu node`` itself (declared in :func:`kubegpu.cli.node.node_command`); every
-    other argument is a node config flag, kept in ``extra`` in the order given."""
+    """``kubegpu node``'s command line: the command's own options, and the configuration flags given
+    (flag name -> value as typed) for the config loader."""
 
     standalone: bool = False
     inventory: str | None = None
@@ -225,173 +62,245 @@ class NodeArgs:
     run_for: float | None = None
     log_level: str = "info"
     kubelet_plugin: str = "device-plugin"
-    extra: tuple[str, ...] = field(default=())
+    config_flags: Mapping[str, str] = field(default_factory=dict)
 
 
-def _error(markup: str) -> None:
-    """One error line on stderr, through the same rich console as every command (imported only here)."""
+class UsageError(ValueError):
+    """A command line ``kubegpu node`` cannot take; the message says what is wrong."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # raised, so a caller (the demo) can say which node it was
+        raise UsageError(message)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds")
+    return value
+
+
+def node_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    """The parser of ``kubegpu node``; options with an environment variable default to it when it is set."""
+    from kubegpu.node.config.argv import add_config_arguments
+
+    def from_env(name: str) -> str | None:
+        return env.get(name) or None  # an empty variable counts as unset
+
+    p = _Parser(
+        prog="kubegpu node", usage="kubegpu node [options]", allow_abbrev=False,
+        description="Serve this node's GPUs to the kubelet (device plugins, or a DRA driver with --kubelet-plugin "
+                    "dra), watch their health, export metrics and probes. Takes NVIDIA's device-plugin flags, "
+                    "environment variables and config file unchanged: each configuration option below is also read "
+                    "from the environment variable named and from the config file (flag > environment > file > "
+                    "default). SIGHUP reloads the config, SIGTERM stops; exit codes: 0 stopped, 1 init failure, "
+                    "2 bad configuration.")
+    own = p.add_argument_group("kubegpu node")
+    own.add_argument("--standalone", action="store_true",
+                     help="run without an API server (node-only mode, a drop-in for NVIDIA's plugin)")
+    own.add_argument("--inventory", metavar="TOPOLOGY",
+                     help="a topology file or shipped name (dgx-a100, dgx1-v100, ...) instead of NVML")
+    own.add_argument("--node-name", metavar="NAME", default=from_env("NODE_NAME"),
+                     help="this node's name [env NODE_NAME]")
+    own.add_argument("--kubeconfig", metavar="FILE", default=from_env("KUBECONFIG"),
+                     help="kubeconfig for full mode (in-cluster credentials otherwise) [env KUBECONFIG]")
+    own.add_argument("--dry-run", action="store_true", help="print the resources that would be served, then exit")
+    own.add_argument("--json", dest="as_json", action="store_true", help="with --dry-run: JSON output for scripts")
+    own.add_argument("--run-for", metavar="SECONDS", type=_seconds, help="stop by itself after this many seconds")
+    own.add_argument("--log-level", metavar="LEVEL", default="info", type=str.lower, choices=LOG_LEVELS,
+                     help=", ".join(LOG_LEVELS))
+    own.add_argument("--kubelet-plugin", metavar="KIND",
+                     default=from_env("KUBEGPU_KUBELET_PLUGIN") or KUBELET_PLUGINS[0],
+                     help="device-plugin, or dra (Kubernetes 1.34+: ResourceSlices and claims) "
+                          "[env KUBEGPU_KUBELET_PLUGIN]")
+    add_config_arguments(p)
+    return p
+
+
+def parse_node_args(argv: Sequence[str], env: Mapping[str, str]) -> NodeArgs:
+    """``kubegpu node <argv>`` read; raises :class:`UsageError` (``--help`` prints the help and exits 0)."""
+    parser = node_parser(env)
+    ns, rest = parser.parse_known_args(list(argv))
+    if rest:
+        first = rest[0]
+        parser.error(f"{first.partition('=')[0]}: unknown flag (kubegpu node --help lists them)"
+                     if first.startswith("-") else f"unexpected argument {first!r} (options look like --name value)")
+    if ns.kubelet_plugin not in KUBELET_PLUGINS:
+        parser.error(f"--kubelet-plugin {ns.kubelet_plugin!r}: expected device-plugin or dra")
+    values = vars(ns)
+    return NodeArgs(config_flags=values.pop("config_flags") or {},
+                    **{k: v for k, v in values.items() if k in NodeArgs.__dataclass_fields__})
+
+
+def _fail(prefix: str, exc: BaseException) -> None:
+    print(f"{prefix}: {exc}", file=sys.stderr)
+
+
+def _print_plans(plans: list[Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps([{"resource": p.name, "socket": p.socket_name, "devices": [d.id for d in p.devices],
+                           "sharing": p.sharing, "replicas": p.replicas} for p in plans]))
+        return
+    from rich.table import Table
+
     from kubegpu.cli.console import make_console
 
-    make_console(stderr=True).print(markup)
+    table = Table(title="resources")
+    for col in ("resource", "socket", "devices", "sharing"):
+        table.add_column(col)
+    for p in plans:
+        table.add_row(p.name, p.socket_name, str(len(p.devices)),
+                      p.sharing + (f" x{p.replicas}" if p.shared else ""))
+    make_console(stderr=True).print(table)
 
 
-def run_node(args: NodeArgs, backend_factory: Callable[..., Any] = _backend) -> int:
+def run_node(args: NodeArgs, env: Mapping[str, str], backend_factory: BackendFactory = default_backend) -> int:
     """Serve this node's GPUs until stopped; the exit code (0 clean stop, 1 init failure, 2 bad configuration).
 
-    ``backend_factory`` is ``_backend`` unless a caller (the demo) replaced :data:`kubegpu.cli.node._backend`."""
+    The configuration is loaded once here, with the ``config.map`` entry the node's label selects, and each
+    part of the node is built from that one :class:`~kubegpu.node.config.Config`."""
+    from kubegpu.node.config import ConfigError
+    from kubegpu.node.config.source import ConfigSource, NodeConfigLabel
+
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    inventory, node_name, kubeconfig = args.inventory, args.node_name, args.kubeconfig
+    in_cluster = bool(env.get("KUBERNETES_SERVICE_HOST"))
+    label = NodeConfigLabel(None if args.standalone or not (args.kubeconfig or in_cluster) else args.kubeconfig or "",
+                            args.node_name or "")
+    source = ConfigSource(args.config_flags, env, label.read)
     try:
-        flags = parse_extra_flags(list(args.extra))
-    except ValueError as exc:
-        _error(f"[red]error:[/red] {exc}")
-        return EXIT_CONFIG
-    env: Mapping[str, str] = dict(os.environ)
-    if args.kubelet_plugin not in ("device-plugin", "dra"):
-        _error(f"[red]error:[/red] --kubelet-plugin {args.kubelet_plugin!r}: expected device-plugin or dra")
-        return EXIT_CONFIG
-    if args.kubelet_plugin == "dra":  # the node serves its GPUs through DRA only (never both ways)
-        from kubegpu.node.dra.cli import run_dra
-
-        try:
-            dra_backend = backend_factory(inventory, node_name)
-        except Exception as exc:
-            _error(f"[red]error:[/red] {exc}")
-            return EXIT_INIT
-        return run_dra(flags, env, backend=dra_backend, kubeconfig=kubeconfig, node_name=node_name,
-                       run_for=args.run_for, dry_run=args.dry_run, as_json=args.as_json)
-
-    # Imported past the DRA branch: a DRA node never loads the device-plugin servers.
-    from kubegpu.node.config import ConfigError
-    from kubegpu.node.config.select import with_node_config
-    from kubegpu.node.daemon import NodeDaemon
-    from kubegpu.node.metrics import NodeMetrics
-    from kubegpu.node.options import load_node_options
-
-    # NVIDIA's per-node selection: the node's nvidia.com/device-plugin.config label names the config entry.
-    label = NodeConfigLabel(False if args.standalone else kubeconfig, node_name)
-
-    def load() -> Any:
-        return load_node_options(with_node_config(flags, env, label.read()), env)
-
-    try:
-        options = load()
+        config = source.load()
     except ConfigError as exc:
-        _error(f"[red]configuration error:[/red] {exc}")
+        _fail("configuration error", exc)
         return EXIT_CONFIG
     try:
-        from kubegpu.node.config import load_config
-
-        if inventory:  # a topology file: no driver to find (the demo replaces this two-argument call)
-            backend = backend_factory(inventory, node_name)
-        else:
-            backend = backend_factory(inventory, node_name, load_config(
-                flags=with_node_config(flags, env, label.value), env=env).flags.plugin.container_driver_root)
+        backend = backend_factory(args.inventory, args.node_name, config.flags.plugin.container_driver_root)
     except Exception as exc:
-        _error(f"[red]error:[/red] {exc}")
+        _fail("error", exc)
         return EXIT_INIT
+    try:
+        if args.kubelet_plugin == "dra":  # the node serves its GPUs through DRA only (never both ways)
+            return _run_dra(args, config, backend)
+        return _run_device_plugins(args, source, config, backend, label)
+    finally:
+        backend.close()
+
+
+def _run_dra(args: NodeArgs, config: Any, backend: Any) -> int:
+    from kubegpu.node.dra.cli import dra_options, print_slices
+    from kubegpu.node.lifecycle import Controls, run
+
+    try:
+        inv = backend.discover()
+    except Exception as exc:
+        _fail("error: discovery failed", exc)
+        return EXIT_INIT
+    try:
+        options = dra_options(config, args.node_name or inv.name)
+    except ValueError as exc:
+        _fail("configuration error", exc)
+        return EXIT_CONFIG
+    if args.dry_run:
+        print_slices(inv, options, args.as_json)
+        return EXIT_OK
+    from kubegpu.kube.client import make_client
+    from kubegpu.node.dra.daemon import DraDaemon
+    from kubegpu.node.metrics import NodeMetrics
+
+    try:
+        client = make_client(args.kubeconfig)
+    except Exception as exc:
+        _fail("error: the DRA driver needs the API server (claims, ResourceSlices)", exc)
+        return EXIT_INIT
+    metrics = NodeMetrics()
+    controls = Controls()
+    controls.install_signals()
+    return run(DraDaemon(backend, options, client, metrics=metrics), controls, metrics=metrics,
+               metrics_address=config.kubegpu.metrics_address, run_for=args.run_for)
+
+
+def _run_device_plugins(args: NodeArgs, source: Any, config: Any, backend: Any, label: Any) -> int:
+    from kubegpu.node.daemon import NodeDaemon, NodeOptions
+    from kubegpu.node.lifecycle import Controls, run
+    from kubegpu.node.metrics import NodeMetrics
+    from kubegpu.node.options import node_options
 
     if args.dry_run:
         try:
-            plans = list(options.expand(backend.discover()))
+            plans = list(node_options(config).expand(backend.discover()))
         except Exception as exc:
-            _error(f"[red]error:[/red] {exc}")
+            _fail("error", exc)
             return EXIT_INIT
-        if args.as_json:
-            _print_plans(None, plans, True)
-        else:
-            from kubegpu.cli.console import make_console
-
-            _print_plans(make_console(stderr=True), plans, False)
+        _print_plans(plans, args.as_json)
         return EXIT_OK
 
     metrics = NodeMetrics()
     publisher = resolver = None
     if not args.standalone:
         try:
-            publisher, resolver = _cluster_seams(kubeconfig, node_name or backend.discover().name, flags, env,
-                                                 metrics.registry)
+            publisher, resolver = _cluster_seams(args.kubeconfig, args.node_name or backend.discover().name,
+                                                 config, metrics.registry)
         except Exception as exc:
-            _error(f"[red]error:[/red] {exc}")
+            _fail("error", exc)
             return EXIT_INIT
 
-    daemon = NodeDaemon(backend, load, publisher=publisher, resolver=resolver, metrics=metrics)
-    try:
-        from kubegpu.node.config import load_config
+    pending = [config]  # loaded above: the daemon's first call takes it
 
-        _metrics(load_config(flags=flags, env=env).kubegpu.metrics_address, metrics, daemon)
-    except OSError as exc:  # the address is taken or not this host's: say which, and stop
-        _error(f"[red]error:[/red] {exc} (set --metrics-address, or 0 to serve no metrics)")
-        return EXIT_INIT
-    stop, reload = threading.Event(), threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGHUP, lambda *_: reload.set())
-    label.watch(stop, reload)
+    def load_options() -> NodeOptions:
+        # A reload loads the whole config again (the node label may name another entry now), and the GFD
+        # labels the publisher writes follow the same config as the plugins the daemon serves.
+        whole = pending.pop() if pending else source.load()
+        if publisher is not None:
+            publisher.configure(whole)
+        return node_options(whole)
+
+    daemon = NodeDaemon(backend, load_options, publisher=publisher, resolver=resolver, metrics=metrics)
+    controls = Controls()
+    controls.install_signals()
+    label.watch(controls.stop, controls.ask_reload)
     log.info("kubegpu node starting (%s mode, plugin dir %s)", "standalone" if args.standalone else "cluster",
-             options.plugin_dir)
-    code = run_daemon(daemon, stop=stop, reload=reload, run_for=args.run_for)
-    backend.close()
-    return code
+             daemon.options.plugin_dir)
+    return run(daemon, controls, metrics=metrics, metrics_address=config.kubegpu.metrics_address,
+               run_for=args.run_for)
 
 
-# The command's own options as `kubegpu.cli.node.node_command` declares them (a test keeps the two equal).
-FLAGS = {"--standalone": "standalone", "--dry-run": "dry_run", "--json": "as_json"}
-VALUES = {"--inventory": "inventory", "--node-name": "node_name", "--kubeconfig": "kubeconfig",
-          "--run-for": "run_for", "--log-level": "log_level", "--kubelet-plugin": "kubelet_plugin"}
-ENVS = {"node_name": "NODE_NAME", "kubeconfig": "KUBECONFIG", "kubelet_plugin": "KUBEGPU_KUBELET_PLUGIN"}
-_SECONDS = re.compile(r"[0-9]+(\.[0-9]*)?|\.[0-9]+")
-
-
-def parse_node_argv(argv: Sequence[str], environ: Mapping[str, str]) -> NodeArgs | None:
-    """``kubegpu node``'s arguments as click reads them for the typer command, or None where this reader
-    does not take them as they are (help, ``--``, a short option, an option without its value, a value
-    that is not a plain number of seconds ...): the typer command then decides, with its own messages.
-
-    As click does there: the command's options may come anywhere and the last occurrence wins, an option's
-    value may follow as the next argument or after ``=``, everything else (NVIDIA's flags and their
-    values) is kept in order for :func:`parse_extra_flags`, and an unset option falls back to its
-    environment variable when that is not empty."""
-    got: dict[str, Any] = {}
-    extra: list[str] = []
-    i = 0
-    while i < len(argv):
-        a = argv[i]
-        i += 1
-        name, eq, value = a.partition("=")
-        if a.startswith("-") and (not a.startswith("--") or a == "--" or name == "--help"):
-            return None
-        if name in FLAGS:
-            if eq:
-                return None  # click: "option does not take a value"
-            got[FLAGS[name]] = True
-        elif name in VALUES:
-            if not eq:
-                if i >= len(argv) or argv[i].startswith("-"):
-                    return None
-                value = argv[i]
-                i += 1
-            got[VALUES[name]] = value
-        else:
-            extra.append(a)
-    for key, var in ENVS.items():
-        if key not in got and environ.get(var):
-            got[key] = environ[var]
-    if "run_for" in got:
-        if not _SECONDS.fullmatch(got["run_for"]):
-            return None
-        got["run_for"] = float(got["run_for"])
-    return NodeArgs(extra=tuple(extra), **got)
-
-
-def lean_main(argv: Sequence[str]) -> int | None:
-    """Run ``kubegpu node <argv>`` and return its exit code, or None to leave ``argv`` to the typer command."""
-    args = parse_node_argv(argv, os.environ)
-    if args is None:
-        return None
+def _cluster_seams(kubeconfig: str | None, node_name: str, config: Any, registry: Any) -> tuple[Any, Any]:
+    """(publisher, resolver) for full mode; raises RuntimeError without credentials."""
     try:
-        return run_node(args)
-    except (EOFError, KeyboardInterrupt):  # as click ends a command interrupted before its handlers are set
+        from kubegpu.kube.client import make_client
+    except ImportError as exc:
+        raise RuntimeError(f"the Kubernetes adapter is not available ({exc}); run with --standalone") from None
+    try:
+        client = make_client(kubeconfig)
+    except Exception as exc:
+        raise RuntimeError(f"no Kubernetes credentials ({exc}); give --kubeconfig, run in-cluster, "
+                           "or use --standalone") from None
+    from kubegpu.node.handoff import make_resolver
+    from kubegpu.node.kube_publisher import KubeNodePublisher
+
+    publisher = KubeNodePublisher(client, node_name, config)
+    resolver = make_resolver(client, node_name, pod_resources_socket=config.kubegpu.pod_resources_socket,
+                             registry=registry)
+    return publisher, resolver
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
+         backend_factory: BackendFactory = default_backend) -> int:
+    """``kubegpu node <argv>`` (default: this process's arguments past ``node``) under ``env`` (default:
+    this process's environment, read here and nowhere else); the exit code."""
+    environ: Mapping[str, str] = dict(os.environ) if env is None else env
+    try:
+        args = parse_node_args(sys.argv[2:] if argv is None else argv, environ)
+    except UsageError as exc:
+        print(f"usage: kubegpu node [options] (--help lists them)\nkubegpu node: error: {exc}",
+              file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        return run_node(args, environ, backend_factory)
+    except KeyboardInterrupt:  # before the signal handlers are in place
         print("\nAborted!", file=sys.stderr)
         return 1

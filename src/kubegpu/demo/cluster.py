@@ -86,11 +86,11 @@ def free_port() -> int:
 
 def expected_resources(spec: NodeSpec) -> set[str]:
     """The device-plugin resources ``kubegpu node`` will register for this node (its own expansion)."""
-    from kubegpu.cli.node import parse_extra_flags
+    from kubegpu.cli.node_entry import parse_node_args
     from kubegpu.inventory.fake import FakeBackend
     from kubegpu.node.options import load_node_options
 
-    options = load_node_options(parse_extra_flags(list(spec.flags)), {})
+    options = load_node_options(parse_node_args(list(spec.flags), {}).config_flags, {})
     inv = FakeBackend(spec.topology, node_name=spec.name).discover()
     return {p.name for p in options.expand(inv) if p.devices}
 

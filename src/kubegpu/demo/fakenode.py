@@ -113,23 +113,20 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     inbox = Path(args.pop(0))
     die_with_parent()
-    import kubegpu.cli.node as node_cli
+    from kubegpu.cli.node_entry import default_backend
+    from kubegpu.cli.node_entry import main as node_main
     from kubegpu.inventory.fake import FakeBackend
 
-    build = node_cli._backend
-
-    def backend_with_inbox(inventory: str | None, node_name: str | None, driver_root: str | None = None) -> Any:
-        backend = build(inventory, node_name, driver_root)
+    def backend_with_inbox(inventory: str | None, node_name: str | None, driver_root: str | None) -> Any:
+        backend = default_backend(inventory, node_name, driver_root)
         if isinstance(backend, FakeBackend):
             FaultInbox(inbox, backend).start()
         return backend
 
-    # The command looks the factory up at call time, so the daemon itself runs unchanged.
-    node_cli._backend = backend_with_inbox
-    from kubegpu.cli.main import app
-
-    app(args, prog_name="kubegpu")
-
+    if args[:1] != ["node"]:
+        print("usage: python -m kubegpu.demo.fakenode INBOX node [kubegpu node options]", file=sys.stderr)
+        raise SystemExit(2)
+    raise SystemExit(node_main(args[1:], backend_factory=backend_with_inbox))
 
 if __name__ == "__main__":
     main()

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any, cast
 
 from kubegpu.inventory.base import InventoryBackend, InventoryError
 from kubegpu.model.inventory import NodeInventory
@@ -35,6 +36,7 @@ from kubegpu.node.deviceplugin.resolver import AllocationResolver
 from kubegpu.node.deviceplugin.server import KUBELET_SOCKET, PluginServer, RegistrationError, SocketGone, device_health
 from kubegpu.node.health.monitor import HealthMonitor, XidPolicy
 from kubegpu.node.health.state import HealthState
+from kubegpu.node.lifecycle import DaemonInitError
 from kubegpu.node.metrics import NodeMetrics
 from kubegpu.node.mps import MODE_MPS, MpsManager, find_binary, replica_spec
 from kubegpu.node.mps.enforcer import ShareEnforcer
@@ -43,10 +45,6 @@ from kubegpu.node.publish.publisher import NodePublisher, NullPublisher
 log = logging.getLogger(__name__)
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins/"
-
-
-class DaemonInitError(RuntimeError):
-    """Initialisation failed and ``failOnInitError`` is set: the process should exit non-zero."""
 
 
 def _whole_gpus_only(inv: NodeInventory) -> list[ResourcePlan]:
@@ -153,7 +151,15 @@ class NodeDaemon:
         return Path(self.options.plugin_dir)
 
     def start(self) -> None:
-        """Discover, serve and register. Raises :class:`DaemonInitError` (failOnInitError)."""
+        """Discover, serve and register. Raises :class:`DaemonInitError` (failOnInitError), having stopped what
+        had started."""
+        try:
+            self._start()
+        except DaemonInitError:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
         self._stop.clear()
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         self._start_plugins()
@@ -510,6 +516,24 @@ class NodeDaemon:
             monitor = self.monitor
             alive = monitor is not None and monitor.alive()
             checks["nvml-events"] = "ok" if alive else "the health monitor (NVML event loop) is not running"
+        return checks
+
+    def readiness(self) -> dict[str, str]:
+        """Whether the kubelet can use this node: GPUs discovered (NVML / inventory) with at least one healthy,
+        and every resource registered with the kubelet ("ok" or what is missing)."""
+        status = self.status()
+        resources = cast(list[dict[str, Any]], status["resources"])
+        checks: dict[str, str] = {}
+        if status["waiting"]:
+            checks["inventory"] = str(status["waiting"])
+        elif not resources:
+            checks["inventory"] = "not discovered yet"
+        else:
+            healthy = sum(int(r["healthy"]) for r in resources)
+            total = sum(int(r["devices"]) for r in resources)
+            checks["inventory"] = "ok" if healthy else f"no healthy device ({total} advertised, all unhealthy)"
+        for r in resources:
+            checks[f"kubelet:{r['name']}"] = "ok" if r["registered"] else "not registered with the kubelet"
         return checks
 
     def status(self) -> dict[str, object]:

@@ -31,6 +31,10 @@ class KubeNodePublisher:
         self.published = 0
         self.failures = 0
 
+    def configure(self, config: Config) -> None:
+        """The config the node serves now (a reload's): the next publication labels the node by it."""
+        self.config = config
+
     def publish(self, inventory: NodeInventory, resources: Mapping[str, int]) -> None:
         import httpx2  # lightkube's HTTP client
         from lightkube.core.exceptions import ApiError

@@ -1,11 +1,13 @@
 """Prometheus metrics of the node daemon (GPU health, allocations, Xids, registrations, latencies) and its
-HTTP endpoint: ``/metrics``, ``/healthz`` and ``/readyz``.
+HTTP endpoint: ``/metrics``, ``/healthz`` and ``/readyz``, the same for both kubelet paths (device plugins and
+the DRA driver, which adds its prepare latencies and prepared claims to the same ``kubegpu_node_*`` series).
 
 One :class:`NodeMetrics` per daemon, on its own registry (so tests and several daemons in one process never
 collide), served over HTTP by :func:`serve`. The probes tell the truth about the daemon, not about the HTTP
 server: ``/healthz`` fails when the daemon's lifecycle loop or its NVML event loop has died (restarting the
 container is the cure); ``/readyz`` fails while the GPUs could not be discovered (NVML or the inventory) or
-a resource is not registered with the kubelet. Each answers a JSON object naming what failed.
+a resource (or the DRA driver) is not registered with the kubelet. Each answers a JSON object naming what
+failed; the checks are the daemon's own (``liveness()``, ``readiness()``).
 """
 
 from __future__ import annotations
@@ -58,6 +60,14 @@ class NodeMetrics:
         self.mps_daemon_restarts = Gauge("kubegpu_node_mps_daemon_restarts",
                                          "times the MPS control daemon was started again after it stopped "
                                          "answering", ["daemon"], registry=r)
+        self.dra_prepare_seconds = Histogram("kubegpu_node_dra_prepare_seconds",
+                                             "NodePrepareResources latency (DRA)", buckets=_LATENCY_BUCKETS,
+                                             registry=r)
+        self.dra_unprepare_seconds = Histogram("kubegpu_node_dra_unprepare_seconds",
+                                               "NodeUnprepareResources latency (DRA)", buckets=_LATENCY_BUCKETS,
+                                               registry=r)
+        self.dra_prepared_claims = Gauge("kubegpu_node_dra_prepared_claims",
+                                         "ResourceClaims prepared on this node (DRA)", registry=r)
         self._labels: dict[str, dict[str, str]] = {}
 
     def set_inventory(self, inv: NodeInventory) -> None:
@@ -102,35 +112,14 @@ class Probe:
 
 
 class ProbeSource(Protocol):
-    """What the probes read; :class:`kubegpu.node.daemon.NodeDaemon` is one."""
-
-    def status(self) -> dict[str, Any]: ...
+    """What the probes read: a kubelet path (:class:`kubegpu.node.lifecycle.KubeletPath`) names its checks."""
 
     def liveness(self) -> dict[str, str]: ...
 
-
-def liveness(daemon: ProbeSource) -> Probe:
-    """``/healthz``: the daemon's loops are alive (each check "ok" or what died)."""
-    checks = daemon.liveness()
-    return Probe(all(v == "ok" for v in checks.values()), checks)
+    def readiness(self) -> dict[str, str]: ...
 
 
-def readiness(daemon: ProbeSource) -> Probe:
-    """``/readyz``: GPUs discovered (NVML / inventory) and every resource registered with the kubelet."""
-    status = daemon.status()
-    checks: dict[str, str] = {}
-    waiting = str(status.get("waiting") or "")
-    resources = list(status.get("resources") or [])
-    if waiting:
-        checks["inventory"] = waiting
-    elif not resources:
-        checks["inventory"] = "not discovered yet"
-    else:
-        healthy = sum(int(r.get("healthy", 0)) for r in resources)
-        total = sum(int(r.get("devices", 0)) for r in resources)
-        checks["inventory"] = "ok" if healthy else f"no healthy device ({total} advertised, all unhealthy)"
-    for r in resources:
-        checks[f"kubelet:{r['name']}"] = "ok" if r.get("registered") else "not registered with the kubelet"
+def _probe(checks: Mapping[str, str]) -> Probe:
     return Probe(all(v == "ok" for v in checks.values()), checks)
 
 
@@ -211,7 +200,7 @@ def serve(metrics: NodeMetrics, port: int, addr: str = "0.0.0.0", daemon: ProbeS
     (port 0 = ephemeral; read it from ``server.server_port``). Raises :class:`MetricsAddressError`."""
     probes: dict[str, Callable[[], Probe]] = {}
     if daemon is not None:
-        probes = {"/healthz": lambda: liveness(daemon), "/readyz": lambda: readiness(daemon)}
+        probes = {"/healthz": lambda: _probe(daemon.liveness()), "/readyz": lambda: _probe(daemon.readiness())}
     where = f"{addr}:{port}"
     try:
         server = _Server((addr, port), _handler(metrics, probes))
@@ -221,3 +210,19 @@ def serve(metrics: NodeMetrics, port: int, addr: str = "0.0.0.0", daemon: ProbeS
     thread = threading.Thread(target=server.serve_forever, name="kubegpu-node-metrics", daemon=True)
     thread.start()
     return server, thread
+
+
+def serve_address(address: str, metrics: NodeMetrics, daemon: ProbeSource | None = None,
+                  ) -> ThreadingHTTPServer | None:
+    """:func:`serve` on ``host:port`` as the ``--metrics-address`` option gives it (``:9400`` is every
+    address); None for ``""``, ``0``, ``off`` or ``none`` (no endpoint). Raises :class:`MetricsAddressError`."""
+    if not address or address in ("0", "off", "none"):
+        return None
+    host, _, port = address.rpartition(":")
+    try:
+        number = int(port or 0)
+    except ValueError:
+        raise MetricsAddressError(f"cannot serve metrics on {address!r}: the port is not a number") from None
+    server, _ = serve(metrics, number, host or "0.0.0.0", daemon)
+    log.info("metrics on http://%s:%d/metrics (and /healthz, /readyz)", host or "0.0.0.0", server.server_port)
+    return server

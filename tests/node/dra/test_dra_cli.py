@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +19,7 @@ from typing import Any
 
 import pytest
 from dra_harness import FIXTURES, NODE
+from polling import until
 
 from kubegpu.install.dra import device_classes
 from kubegpu.install.values import Values
@@ -25,7 +29,7 @@ from kubegpu_standins.dra_allocator import Allocator, ClaimController
 from kubegpu_standins.dra_kubelet import DraKubelet
 from kubegpu_standins.dra_validation import validate
 
-KUBEGPU = [sys.executable, "-c", "from kubegpu.cli.main import app; app()"]
+KUBEGPU = [sys.executable, "-c", "from kubegpu.cli.main import main; main()"]
 
 
 @pytest.fixture
@@ -58,7 +62,10 @@ def test_dry_run_prints_valid_slices() -> None:
     (["--kubelet-plugin", "vfio"], 2, "expected device-plugin or dra"),
     (["--kubelet-plugin", "dra", "--inventory", "t4x4", "--dra-shared-gpus", "some", "--dry-run"], 2,
      "expected all, none or GPU indexes"),
-    (["--kubelet-plugin", "dra", "--inventory", "t4x4", "--dra-resync", "soon", "--dry-run"], 2, "expected seconds"),
+    (["--kubelet-plugin", "dra", "--inventory", "t4x4", "--dra-resync", "soon", "--dry-run"], 2,
+     "--dra-resync: 'soon' is not a duration"),
+    (["--kubelet-plugin", "dra", "--inventory", "t4x4", "--dra-resync", "0", "--dry-run"], 2,
+     "--dra-resync: must be more than 0 seconds"),
     (["--kubelet-plugin", "dra", "--inventory", "t4x4", "--no-such-flag", "1", "--dry-run"], 2, "unknown flag"),
     (["--kubelet-plugin", "dra", "--inventory", "t4x4", "--kubeconfig", "/nonexistent"], 1, "needs the API server"),
 ])
@@ -82,23 +89,45 @@ def _pod_with_claim(api: ApiServer, name: str) -> tuple[dict[str, Any], str]:
     return pod, claim["metadata"]["uid"]
 
 
+def _http(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return int(r.status), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return int(e.code), e.read().decode()
+
+
 def test_process_serves_the_kubelet_without_grpcio_and_stops_cleanly(root: Path) -> None:
     """The daemon as a node runs it, against the stand-in kubelet: a grpcio client, as the real kubelet's
     grpc-go is another implementation than the daemon's grpclib. It registers, streams health, prepares
-    and unprepares, and never loads grpcio (issue 23: its C core alone is ~10 MB of the 60 MB budget)."""
+    and unprepares, and never loads grpcio (its C core alone is a large part of the node's memory budget).
+    It serves /metrics, /healthz and /readyz as the device-plugin node does, with the kubegpu_node_* series."""
     api = ApiServer().start()
     kubelet = DraKubelet(api, root / "kubelet", NODE)
     kubelet.start()
+    log = root / "node.log"
     proc = subprocess.Popen([*KUBEGPU, "node", "--kubelet-plugin", "dra", "--inventory",
                              str(FIXTURES / "gpu-node-1.yaml"), "--node-name", NODE, "--kubeconfig",
                              str(api.write_kubeconfig(root / "kubeconfig")),
                              "--dra-plugins-dir", str(root / "kubelet" / "plugins"),
                              "--dra-registry-dir", str(root / "kubelet" / "plugins_registry"),
-                             "--cdi-spec-dir", str(root / "cdi")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--cdi-spec-dir", str(root / "cdi"), "--metrics-address", "127.0.0.1:0"],
+                            stdout=subprocess.DEVNULL, stderr=log.open("w"), text=True)
     try:
+        assert until(lambda: re.search(r"metrics on http://127\.0\.0\.1:(\d+)/", log.read_text()), 30), \
+            log.read_text()
+        found = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/", log.read_text())
+        assert found is not None
+        port = int(found.group(1))
         assert kubelet.wait(lambda: DRIVER in kubelet.plugins and
                             len(api.objects("resourceslices", "resource.k8s.io")) == 1, 30)
+        # Ready once registered with the kubelet and the slices are written: poll, the two land apart.
+        assert until(lambda: _http(port, "/readyz")[0] == 200, 30), _http(port, "/readyz")
+        ready = json.loads(_http(port, "/readyz")[1])
+        assert ready == {"ok": True, "checks": {"inventory": "ok", f"kubelet:{DRIVER}": "ok",
+                                                "resourceslices": "ok"}}
+        assert _http(port, "/healthz") == (200, json.dumps({"ok": True, "checks": {
+            "lifecycle": "ok", "nvml-events": "ok"}}) + "\n")
         plugin = kubelet.plugins[DRIVER]
         assert kubelet.wait(lambda: len(plugin.health) == 4)
         assert set(plugin.health.values()) == {"HEALTHY"}
@@ -114,13 +143,22 @@ def test_process_serves_the_kubelet_without_grpcio_and_stops_cleanly(root: Path)
         assert [d.device_name for d in prepare.response.claims[claim_uid].devices] == ["gpu-0"]
         assert kubelet.remove_pod(pod) == [claim_uid]
         assert kubelet.calls[-1].method == "NodeUnprepareResources"
+        status, metrics = _http(port, "/metrics")
+        assert status == 200
+        assert metrics.count("kubegpu_node_gpu_healthy{") == 4
+        assert f'kubegpu_node_registrations_total{{resource="{DRIVER}"}} 1.0' in metrics
+        assert f'kubegpu_node_devices{{health="Healthy",resource="{DRIVER}"}}' in metrics
+        assert "kubegpu_node_dra_prepare_seconds_count 1.0" in metrics
+        assert "kubegpu_node_dra_unprepare_seconds_count 1.0" in metrics
+        assert "kubegpu_node_dra_prepared_claims 0.0" in metrics
         # grpcio's C extension is mapped into any process that imported grpc.
         maps = Path(f"/proc/{proc.pid}/maps").read_text()
         assert "cygrpc" not in maps, "the DRA daemon loaded grpcio"
         proc.send_signal(signal.SIGHUP)  # rediscovery: same GPUs, nothing republished, still serving
         assert not kubelet.wait(lambda: proc.poll() is not None, 1.0)
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
+        proc.wait(timeout=30)
+        err = log.read_text()
         assert proc.returncode == 0, err
         assert "Traceback" not in err, err
         assert not (root / "kubelet" / "plugins_registry" / f"{DRIVER}-reg.sock").exists()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from kubegpu.install.render import node_probes, scrape_annotations
 from kubegpu.install.values import Values, default_affinity, node_fullname
 from kubegpu.node.dra.names import DRIVER, MODE_LABEL, TYPE_GPU, TYPE_MIG, TYPE_SHARED
 from kubegpu.node.runtime_env import env_entries as node_runtime_env
@@ -156,8 +157,11 @@ def daemonset(v: Values, *, all_nodes: bool = False, shared_gpus: str = "all") -
         "name": "dra-node", "image": v.image.ref, "imagePullPolicy": v.image.pull_policy, "command": ["kubegpu"],
         "args": ["node", "--kubelet-plugin", "dra", "--dra-plugins-dir", f"{kubelet}/plugins",
                  "--dra-registry-dir", f"{kubelet}/plugins_registry", "--cdi-spec-dir", "/var/run/cdi",
-                 "--dra-shared-gpus", shared_gpus],
+                 "--dra-shared-gpus", shared_gpus, "--metrics-address", f":{v.metrics_port}"],
         "env": env, "volumeMounts": mounts, "resources": v.resources,
+        # The same endpoint and probes as the device-plugin node: a hung driver is restarted, and a node
+        # whose driver is not registered with the kubelet shows not ready.
+        "ports": [{"name": "metrics", "containerPort": v.metrics_port}], **node_probes(),
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}},
     }
@@ -175,13 +179,15 @@ def daemonset(v: Values, *, all_nodes: bool = False, shared_gpus: str = "all") -
     return {"apiVersion": "apps/v1", "kind": "DaemonSet",
             "metadata": {"name": NAME, "namespace": v.namespace, "labels": _labels(v)},
             "spec": {"selector": {"matchLabels": sel}, "updateStrategy": {"type": "RollingUpdate"},
-                     "template": {"metadata": {"labels": sel}, "spec": spec}}}
+                     "template": {"metadata": {"labels": sel, "annotations": scrape_annotations(v.metrics_port)},
+                                  "spec": spec}}}
 
 
 def apply_dra(objs: list[Obj], v: Values, *, extended_resource: bool = False, all_nodes: bool = False,
               shared_gpus: str = "all") -> list[Obj]:
     """``objs`` (the rendered install) with the DRA objects added and the device-plugin DaemonSet kept
-    off DRA nodes (or dropped, with ``all_nodes``)."""
+    off DRA nodes (or dropped, with ``all_nodes``), and the values' ResourceClaimTemplates."""
+    from kubegpu.install.dra.claim_templates import claim_templates
     from kubegpu.node.dra.slices import DraSettings
 
     DraSettings.parse_shared(shared_gpus)  # refuse a bad value here, not in every node's log
@@ -198,7 +204,8 @@ def apply_dra(objs: list[Obj], v: Values, *, extended_resource: bool = False, al
                 **o["spec"]["template"]["spec"], "affinity": _affinity(v, "NotIn")}}}}
         out.append(o)
     return out + device_classes(v, extended_resource=extended_resource) + rbac(v) + [
-        daemonset(v, all_nodes=all_nodes, shared_gpus=shared_gpus)] + claim_webhook(out)
+        daemonset(v, all_nodes=all_nodes, shared_gpus=shared_gpus)] + claim_webhook(out) + \
+        claim_templates(v, _labels(v))
 
 
 def _whole_gpus_past_the_extender(cm: Obj) -> Obj:

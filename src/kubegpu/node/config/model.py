@@ -224,6 +224,17 @@ class XidPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class DraConfig:
+    """The DRA driver's settings (``kubegpu.dra`` in the file), read only with ``--kubelet-plugin dra``."""
+
+    shared_gpus: str = "all"  # all, none, or GPU indexes (0,2-3) that take shares beside whole claims
+    plugins_dir: str = "/var/lib/kubelet/plugins"
+    registry_dir: str = "/var/lib/kubelet/plugins_registry"
+    state_dir: str = ""  # "" = the plugin's own directory under plugins_dir
+    resync_s: float = 30.0  # seconds between full ResourceSlice reconciles (the watch repairs sooner)
+
+
+@dataclass(frozen=True, slots=True)
 class KubegpuSettings:
     """kubegpu's own settings (``kubegpu:`` in the file)."""
 
@@ -240,6 +251,7 @@ class KubegpuSettings:
     # docs/sharing.md) or "none" (the KUBEGPU_* variables only: a label, not a limit).
     share_enforcement: str = "none"
     mps_control_binary: str = ""  # "" = nvidia-cuda-mps-control under the driver root
+    dra: DraConfig = field(default_factory=DraConfig)
 
     @property
     def kubelet_socket(self) -> str:

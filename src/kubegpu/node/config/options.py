@@ -117,6 +117,17 @@ OPTIONS: Final[tuple[Option, ...]] = (
            "or none (environment variables only)", SHARE_ENFORCEMENTS),
     Option("kubegpu.mpsControlBinary", "mps-control-binary", "KUBEGPU_MPS_CONTROL_BINARY", "str", "",
            "the nvidia-cuda-mps-control to run ('' = the one under the driver root)"),
+    # The DRA driver's own settings (--kubelet-plugin dra); the device plugins ignore them.
+    Option("kubegpu.dra.sharedGpus", "dra-shared-gpus", "KUBEGPU_DRA_SHARED_GPUS", "str", "all",
+           "DRA: the GPUs that take shares beside whole claims: all, none (whole GPUs only) or indexes (0,2-3)"),
+    Option("kubegpu.dra.pluginsDir", "dra-plugins-dir", "KUBEGPU_DRA_PLUGINS_DIR", "str",
+           "/var/lib/kubelet/plugins", "DRA: the kubelet's plugins directory (the driver's socket goes there)"),
+    Option("kubegpu.dra.registryDir", "dra-registry-dir", "KUBEGPU_DRA_REGISTRY_DIR", "str",
+           "/var/lib/kubelet/plugins_registry", "DRA: the kubelet's plugin registration directory"),
+    Option("kubegpu.dra.stateDir", "dra-state-dir", "KUBEGPU_DRA_STATE_DIR", "str", "",
+           "DRA: where prepared claims are checkpointed ('' = the driver's directory under the plugins dir)"),
+    Option("kubegpu.dra.resync", "dra-resync", "KUBEGPU_DRA_RESYNC", "duration", 30.0,
+           "DRA: time between two full ResourceSlice reconciles (the slice watch repairs sooner)"),
 )
 
 OPTIONS_BY_KEY: Final = {o.key: o for o in OPTIONS}

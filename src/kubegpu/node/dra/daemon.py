@@ -6,6 +6,9 @@ CDI), the gRPC :class:`~.plugin.DraPlugin` and the :class:`~.kube.SlicePublisher
 change taints or untaints devices (republished at once) and is streamed to the kubelet on
 ``NodeWatchResources``. A lifecycle thread serves again any socket deleted under the plugin.
 In this mode no device plugin is served: a GPU is served by one or the other, never both.
+
+It is a :class:`~kubegpu.node.lifecycle.KubeletPath`: the node's one lifecycle starts, reloads (discovers
+again) and stops it, and serves its metrics and probes as it serves the device plugins'.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 
 from lightkube import Client
 
-from kubegpu.inventory.base import InventoryBackend
+from kubegpu.inventory.base import InventoryBackend, InventoryError
 from kubegpu.model.inventory import NodeInventory
 from kubegpu.node.config import XidPolicy
 from kubegpu.node.dra.kube import ApiClaimReader, SlicePublisher
@@ -38,6 +41,8 @@ from kubegpu.node.dra.slices import (
 )
 from kubegpu.node.health.monitor import HealthMonitor
 from kubegpu.node.health.state import HealthState
+from kubegpu.node.lifecycle import DaemonInitError, ReloadRefused
+from kubegpu.node.metrics import NodeMetrics
 from kubegpu.node.mps.dra import DraEnforcement
 
 log = logging.getLogger(__name__)
@@ -72,13 +77,15 @@ def _now() -> str:
 
 class DraDaemon:
     def __init__(self, backend: InventoryBackend, options: DraOptions, client: Client | None, *,
-                 reader: ClaimReader | None = None) -> None:
+                 reader: ClaimReader | None = None,
+                 metrics: NodeMetrics | None = None) -> None:
         if client is None and reader is None:
             raise ValueError("the DRA plugin needs an API client (to read claims and publish slices)")
         self.backend = backend
         self.options = options
         self.client = client
         self.reader: ClaimReader = reader or ApiClaimReader(client)  # type: ignore[arg-type]
+        self.metrics = metrics or NodeMetrics()
         self.inventory: NodeInventory | None = None
         self.state: HealthState | None = None
         self.monitor: HealthMonitor | None = None
@@ -132,6 +139,7 @@ class DraDaemon:
     def _on_health(self, _snapshot: dict[str, bool]) -> None:
         self.health_changed_at = time.monotonic()
         self._rebuild()
+        self._update_gauges()
         if self.publisher is not None:
             self.publisher.wake()
         if self.plugin is not None:
@@ -143,7 +151,24 @@ class DraDaemon:
             self.last_publish_after_change_s = time.monotonic() - self.health_changed_at
             self.health_changed_at = None
 
+    def _update_gauges(self) -> None:
+        """The device series the device-plugin node exports, for the devices this driver publishes."""
+        if self.state is None:
+            return
+        health = self.state.snapshot()
+        self.metrics.set_health(health)
+        rows = self.health_snapshot()
+        ok = sum(1 for _pool, _name, healthy, _why in rows if healthy)
+        self.metrics.devices.labels(resource=DRIVER, health="Healthy").set(ok)
+        self.metrics.devices.labels(resource=DRIVER, health="Unhealthy").set(len(rows) - ok)
+
     def _observe(self, what: str, seconds: float) -> None:
+        if what == "prepare":
+            self.metrics.dra_prepare_seconds.observe(seconds)
+        elif what == "unprepare":
+            self.metrics.dra_unprepare_seconds.observe(seconds)
+        if self.preparer is not None:
+            self.metrics.dra_prepared_claims.set(len(self.preparer.claims))
         lst = self.timings.setdefault(what, [])
         lst.append(seconds)
         if len(lst) > 10000:
@@ -158,11 +183,14 @@ class DraDaemon:
             state.apply({u: h for u, h in previous.items() if not h and u in set(state.uuids())})
         with self._lock:
             self.inventory, self.state = inv, state
+        self.metrics.set_inventory(inv)
         self._rebuild()
+        self._update_gauges()
         state.add_listener(self._on_health)
         placement = {m.uuid: (m.gi, m.ci) for g in inv.gpus for m in g.mig_devices}
         self.monitor = HealthMonitor(self.backend, state, policy=opts.xid_policy, wait_timeout_s=opts.health_wait_s,
-                                     recovery_interval_s=opts.recovery_interval_s, mig_placement=placement)
+                                     recovery_interval_s=opts.recovery_interval_s, mig_placement=placement,
+                                     on_xid=lambda xid, _uuid: self.metrics.xid_events.labels(xid=str(xid)).inc())
         self.monitor.start()
 
     def rediscover(self) -> bool:
@@ -188,7 +216,22 @@ class DraDaemon:
             self.plugin.health_changed()
         return True
 
+    def reload(self) -> None:
+        """SIGHUP: :meth:`rediscover`; GPUs that cannot be discovered now leave the published ones served."""
+        try:
+            self.rediscover()
+        except InventoryError as exc:
+            raise ReloadRefused(f"rediscovery failed, keeping the published devices: {exc}") from None
+
     def start(self) -> None:
+        """Discover, publish and serve; raises :class:`DaemonInitError` (after stopping what had started)."""
+        try:
+            self._start()
+        except Exception as exc:
+            self.stop()
+            raise DaemonInitError(f"DRA driver start failed: {exc}") from exc
+
+    def _start(self) -> None:
         opts = self.options
         self._watch_health(self.backend.discover())
         if opts.settings.mps and self.inventory is not None:  # shares enforced by MPS daemons (node/mps)
@@ -214,6 +257,7 @@ class DraDaemon:
                  DRIVER, opts.settings.node_name, len(self.table()), len(self.preparer.claims))
 
     def _on_registered(self) -> None:
+        self.metrics.registrations.labels(resource=DRIVER).inc()
         # The kubelet deletes the node's slices right after a (re-)registration: look again soon.
         if self.publisher is not None:
             self.publisher.wake()
@@ -240,6 +284,34 @@ class DraDaemon:
             self.mps.stop()
         if self.state is not None:
             self.state.close()
+
+    def liveness(self) -> dict[str, str]:
+        """Whether the loops that keep the driver served run: "ok" or what died."""
+        checks = {"lifecycle": "ok" if self._thread is not None and self._thread.is_alive()
+                  else "the lifecycle loop is not running"}
+        if self.inventory is not None and self.inventory.gpus:
+            alive = self.monitor is not None and self.monitor.alive()
+            checks["nvml-events"] = "ok" if alive else "the health monitor (NVML event loop) is not running"
+        return checks
+
+    def readiness(self) -> dict[str, str]:
+        """Whether claims can be prepared here: GPUs discovered with one healthy, the driver registered with
+        the kubelet and the node's ResourceSlices written ("ok" or what is missing)."""
+        rows = self.health_snapshot()
+        if self.inventory is None:
+            inventory = "not discovered yet"
+        elif not rows:
+            inventory = "no devices to publish"
+        elif not any(healthy for _pool, _name, healthy, _why in rows):
+            inventory = f"no healthy device ({len(rows)} published, all tainted)"
+        else:
+            inventory = "ok"
+        registered = self.plugin is not None and self.plugin.registered
+        synced = self.publisher is not None and self.publisher.last_error == "" and self.publisher.generation > 0
+        return {"inventory": inventory,
+                f"kubelet:{DRIVER}": "ok" if registered else "not registered with the kubelet",
+                "resourceslices": "ok" if synced else (self.publisher.last_error if self.publisher is not None
+                                                       and self.publisher.last_error else "not published yet")}
 
     def status(self) -> dict[str, Any]:
         prepared = self.preparer.prepared() if self.preparer else {}
