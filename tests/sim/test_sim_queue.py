@@ -89,3 +89,24 @@ def test_cli_reports_waits_by_width_with_and_without(tmp_path) -> None:
     refused = CliRunner().invoke(app, ["simulate", "--nodes", str(nodes), "--pods", str(pods), "--reservations",
                                        "--json"])
     assert refused.exit_code == 2 and "--replay-time" in refused.output
+
+
+def test_lists_without_times_borrow_them_or_are_refused(tmp_path) -> None:
+    from kubegpu.sim.trace import load_pods, with_times_from
+
+    nodes = tmp_path / "n.csv"
+    nodes.write_text(NODE_HEADER + "a,64000,65536,8,V100M16\n")
+    donor = tmp_path / "d.csv"
+    donor.write_text(POD_HEADER + "p0,1000,1024,1,1000,,LS,R,5,50,0\np1,1000,1024,8,1000,,LS,R,7,70,0\n")
+    bare = tmp_path / "b.csv"
+    bare.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,1024,1,1000\nx,1000,1024,8,1000\n")
+    pods = with_times_from(load_pods(bare), load_pods(donor))
+    assert [(p.creation, p.deletion) for p in pods] == [(5, 50), (7, 70)]  # by name; else the same GPU count
+    args = ["simulate", "--nodes", str(nodes), "--pods", str(bare), "--replay-time", "--load", "1", "-p", "bestfit",
+            "--reservations", "--json"]
+    refused = CliRunner().invoke(app, args)
+    assert refused.exit_code == 2 and "--times-from" in refused.output
+    res = CliRunner().invoke(app, [*args, "--times-from", str(donor)])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output.strip().splitlines()[-1])
+    assert out["policies"]["bestfit"]["with"]["pods"] == 2 and out["trace"]["times_from"] == str(donor)

@@ -128,6 +128,13 @@ def simulate(
                             help="With --reservations: reservations hold at most this fraction of the GPUs "
                             "(default 0.25).")
     ] = 0.25,
+    times_from: Annotated[
+        Path | None,
+        typer.Option("--times-from", metavar="CSV",
+                     help="With --replay-time: pods without creation/deletion times take those of this list's "
+                     "pod of the same name, else of one of its pods of the same GPU count (the paper's "
+                     "multigpuNN and other variant lists carry no times; give openb_pod_list_default.csv).")
+    ] = None,
     include_cpu_nodes: Annotated[
         bool, typer.Option("--include-cpu-nodes", help="Keep nodes without GPUs (the paper uses GPU nodes only).")
     ] = False,
@@ -141,7 +148,7 @@ def simulate(
     """
     from kubegpu.cli.output import output_format
     from kubegpu.placement.policies import PAPER_POLICIES, POLICY_NAMES
-    from kubegpu.sim.trace import TraceError, default_path, load_nodes, load_pods
+    from kubegpu.sim.trace import TraceError, default_path, load_nodes, load_pods, with_times_from
 
     as_json = as_json or output_format(output, ("json",)) == "json"
     if plot is not None:
@@ -171,6 +178,15 @@ def simulate(
     }
     paper_trace = _is_packaged(nodes, PAPER_TRACE[0]) and _is_packaged(pods, PAPER_TRACE[1])
     if replay_time:
+        if times_from is not None:
+            try:
+                pod_list = with_times_from(pod_list, load_pods(times_from))
+            except TraceError as exc:
+                _fail(str(exc), as_json)
+            trace["times_from"] = str(times_from)
+        if not any(p.creation >= 0 for p in pod_list):
+            _fail("the pod list has no creation times to replay; give --times-from with a list that has them "
+                  "(e.g. openb_pod_list_default.csv)", as_json)
         if inflate is not None:
             _fail("--inflate resamples pods for the paper's protocol; with --replay-time use --load", as_json)
         from kubegpu.sim.timeline import load_for_peak

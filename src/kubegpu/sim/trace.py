@@ -10,6 +10,7 @@ The default node and pod lists ship inside the package.
 from __future__ import annotations
 
 import csv
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -161,3 +162,31 @@ def load_pods(path: Path | str | None = None) -> list[TracePod]:
             )
         )
     return pods
+
+
+def with_times_from(pods: Sequence[TracePod], donor: Sequence[TracePod], seed: int = 0) -> list[TracePod]:
+    """``pods`` with the creation and deletion times of ``donor`` where they have none.
+
+    The paper's variant lists (``multigpuNN`` ...) are the default list resampled and carry no timestamps. A pod
+    that is a donor pod (same name and request) takes its times; any other takes those of a donor pod of the same
+    GPU count (any, if none has it), drawn with ``seed``: a stand-in for when such a pod would have run.
+    """
+    timed = [p for p in donor if p.creation >= 0]
+    if not timed:
+        raise TraceError("the pod list to take times from has no creation times")
+    by_name = {(p.name, p.demand): p for p in timed}
+    by_count: dict[int, list[TracePod]] = {}
+    for p in timed:
+        by_count.setdefault(p.demand.count, []).append(p)
+    rng = random.Random(seed)
+    out = []
+    for p in pods:
+        if p.creation >= 0:
+            out.append(p)
+            continue
+        same = by_name.get((p.name, p.demand))
+        if same is None:
+            pool = by_count.get(p.demand.count) or timed
+            same = pool[rng.randrange(len(pool))]
+        out.append(TracePod(p.name, p.demand, same.creation, same.deletion))
+    return out
