@@ -26,6 +26,16 @@ the stand-in ``nvidia-cuda-mps-control`` answers instead
 (``"gpu": null``): the limits are those its server grants each client, so the memory and compute figures
 check what kubegpu told MPS, not what a GPU did, and the throughput ratio is null.
 
+5. per enforcement mode (``none``, ``per-shape``, ``strict``; ``modes`` in the JSON), at the node's MPS layer
+   (``ShareEnforcer``, the layer both kubelet paths ask): shares are served, then each share's client tries
+   the three edits a tenant can make: its environment raised, its pipe directory pointed at an empty
+   directory, its pipe directory unset (CUDA then looks at ``/tmp/nvidia-mps``, where kubegpu mounts the pipe
+   too). ``pipe_escapes``: clients that got GPU memory or compute past their share by skipping the server (0
+   in strict); ``escapes``: by any edit; ``compute_mode_restored``: the GPU's compute mode is the one found
+   once its shares ended and the node stopped; ``for_share_p99_ms``: the answer once the GPU's daemon is up;
+6. ``Allocate`` round trips through the stand-in kubelet, enforcement off and on (``allocate_p99_ms``): a
+   share's daemon is asked once per shape, so enforcement adds little once it is up.
+
 Usage: ``python bench/enforcement.py [--standin]``; progress on stderr, one JSON object as the last line.
 """
 
@@ -141,13 +151,16 @@ class Runner:
 
 
 class StandinRunner(Runner):
-    def __init__(self, total_gib: int) -> None:
+    def __init__(self, total_gib: int, driver_state: str | None = None) -> None:
         self.total_gib = total_gib
+        self.driver_state = driver_state  # the fake driver's compute modes and contexts
 
     def measure(self, env: dict[str, str], gpu: str, limit_gib: float, compute: bool) -> dict[str, Any]:
         from kubegpu_standins.mps_control import connect_client
 
-        got = connect_client(env, [gpu])
+        got = connect_client(env, [gpu], driver_state=self.driver_state)
+        if got.get("error"):  # the driver refused it a context: no GPU at all
+            return {"allocated_gib": 0, "share": 0.0, "mps": got["mps"], "error": got["error"]}
         if not got["mps"]:  # no daemon behind the pipe: the whole GPU, as the H200 showed
             return {"allocated_gib": self.total_gib, "share": 1.0, "mps": False}
         mib = got["memory_limit_mib"].get(gpu)
@@ -331,8 +344,9 @@ def daemon_answers(binary: str, pipe: str) -> bool:
     return p.returncode == 0
 
 
-def run(standin: bool) -> dict[str, Any]:
+def run(standin: bool, allocations: int = 200) -> dict[str, Any]:
     from kubegpu.inventory.fake import FakeBackend
+    from kubegpu_standins.fake_driver import ENV_DRIVER_STATE
     from kubegpu_standins.mps_control import install
 
     t_start = time.monotonic()
@@ -345,11 +359,14 @@ def run(standin: bool) -> dict[str, Any]:
         topo.write_text("name: bench\nnode: {cpu: 16, memory: 128Gi}\ngpus:\n"
                         "- {model: NVIDIA H200, memoryMiB: 143771, computeCapability: \"9.0\"}\n")
 
+        driver_state = str(work / "driver")
+        os.environ[ENV_DRIVER_STATE] = driver_state  # the stand-in daemons read the fake driver's modes there
+
         def backend_factory() -> Any:
-            return FakeBackend(str(topo), node_name=NODE)
+            return FakeBackend(str(topo), node_name=NODE, driver_state=driver_state)
 
         binary = install(work)
-        runner = StandinRunner(143771 // 1024)
+        runner = StandinRunner(143771 // 1024, driver_state)
     else:
         from kubegpu.inventory.nvml import NvmlBackend
         from kubegpu.node.mps import find_binary
@@ -447,6 +464,8 @@ def run(standin: bool) -> dict[str, Any]:
             void += not daemon_answers(binary, s.mounts.get(s.env.get("CUDA_MPS_PIPE_DIRECTORY", ""), ""))
             results += check_all(runner, [s])
             served.append(s)
+        modes = {m: escape_mode(m, runner, backend_factory(), binary, work / f"m-{m}") for m in MODES}
+        latency = allocate_latency(backend_factory, work / "lat", binary, allocations)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -465,6 +484,11 @@ def run(standin: bool) -> dict[str, Any]:
         "escapes": sum(1 for r in results if r["escaped"]),
         "void_limits_served": void,
         "two_share_throughput_ratio": None if two_ratio is None else round(two_ratio, 3),
+        "pipe_escapes": modes["strict"]["pipe_escapes"],
+        "compute_mode_restored": all(m["compute_mode_restored"] for m in modes.values()),
+        "modes": modes,
+        "allocate_p99_ms": latency,
+        "allocate_p99_over_unenforced_ms": round(latency["per-shape"] - latency["none"], 2),
         "clients": results,
         "seconds": round(time.monotonic() - t_start, 1),
     }
@@ -502,11 +526,118 @@ def check_all(runner: Runner, served: Sequence[Served], compute: bool = True) ->
     return out
 
 
+MODES = ("none", "per-shape", "strict")
+ESCAPES = ("raised_env", "empty_pipe", "unset_pipe")
+
+
+def _escape_env(s: Served, how: str, empty: str, total_gib: int) -> dict[str, str]:
+    """The client's environment after one tenant edit, its pipe at the host path its container would reach."""
+    from kubegpu.node.mps.spec import DEFAULT_PIPE_DIR
+
+    if how == "raised_env":
+        return s.host_env(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="100",
+                          CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=f"0={total_gib + 8}G")
+    env = s.host_env()
+    # Unset, CUDA looks at /tmp/nvidia-mps: in the container, whatever is mounted there (kubegpu's pipe, or
+    # nothing); empty, a directory the tenant made.
+    env["CUDA_MPS_PIPE_DIRECTORY"] = empty if how == "empty_pipe" else s.mounts.get(DEFAULT_PIPE_DIR, empty)
+    return env
+
+
+def escape_mode(mode: str, runner: Runner, backend: Any, binary: str, work: Path) -> dict[str, Any]:
+    """Serve shares under ``mode`` at the node's MPS layer and try every tenant edit on one of them."""
+    from kubegpu.node.mps import ComputeModeGuard, MpsError, MpsManager
+    from kubegpu.node.mps.enforcer import ShareEnforcer
+
+    work.mkdir(parents=True)
+    empty = work / "empty"
+    empty.mkdir()
+    inv = backend.discover()
+    gpu = inv.gpus[0]
+    found = backend.compute_mode(gpu.uuid)
+    root = str(work / "mps")
+    manager = MpsManager(binary, root) if mode != "none" else None
+    guard = ComputeModeGuard(backend, root) if mode == "strict" else None
+    enf = ShareEnforcer(manager, "mps" if mode == "per-shape" else mode, inv, compute_modes=guard,
+                        server_uid=os.getuid())
+    served: list[Served] = []
+    other_shape = ""
+    try:
+        for i, (core, mem) in enumerate(((25, 16), (25, 16), (50, 32))):
+            try:
+                b = enf.for_share([(gpu.uuid, core, mem * GIB)], [gpu.uuid], holder=f"bench-{i}")
+            except MpsError as exc:
+                other_shape = str(exc)[:200]  # strict: one shape per GPU
+                continue
+            env = dict(b.env) if b is not None else {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(core),
+                                                     "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={mem * 1024}M"}
+            mounts = {c: h for h, c in b.mounts} if b is not None else {}
+            served.append(Served(f"{mode} {core}%/{mem}GiB", "mps-layer", gpu.uuid, core, mem * GIB, env, mounts))
+        mode_now = backend.compute_mode(gpu.uuid)
+        rows = []
+        s = served[0]
+        for how in ESCAPES:
+            got = runner.measure(_escape_env(s, how, str(empty), runner.total_gib), s.gpu, s.memory_bytes / GIB, True)
+            share = got.get("share_at_baseline_clock") or got.get("share")
+            over = max(0.0, got["allocated_gib"] - s.memory_bytes / GIB)
+            escaped = over > 0 or (share is not None and share * 100 > s.core + 5)
+            rows.append({"edit": how, "allocated_gib": got["allocated_gib"],
+                         "share_pct": None if share is None else round(share * 100, 1), "escaped": escaped,
+                         "refused": got.get("error", "")[:160]})
+            log(f"{mode}: {json.dumps(rows[-1])}")
+        times = []
+        for _ in range(200):
+            t0 = time.perf_counter()
+            enf.for_share([(gpu.uuid, 25, 16 * GIB)], [gpu.uuid], holder="bench-0")
+            times.append((time.perf_counter() - t0) * 1000)
+        times.sort()
+    finally:
+        for i in range(3):
+            enf.release_share(f"bench-{i}", [gpu.uuid])
+        kept = enf.stop()
+        if manager is not None:
+            manager.stop()
+    return {
+        "shares_served": len(served),
+        "compute_mode_while_shared": mode_now,
+        "other_shape_refused": other_shape,
+        "escapes": sum(r["escaped"] for r in rows),
+        "pipe_escapes": sum(r["escaped"] for r in rows if r["edit"] != "raised_env"),
+        "compute_mode_restored": backend.compute_mode(gpu.uuid) == found and not kept,
+        "for_share_p50_ms": round(times[len(times) // 2], 3),
+        "for_share_p99_ms": round(times[int(0.99 * len(times)) - 1], 3),
+        "edits": rows,
+    }
+
+
+def allocate_latency(backend_factory: Callable[[], Any], work: Path, binary: str, n: int = 200) -> dict[str, float]:
+    """p99 (and p50, ``<mode>_p50``) of a share's ``Allocate`` round trip through the stand-in kubelet,
+    enforcement off and per-shape."""
+    out: dict[str, float] = {}
+    for mode, setting in (("none", "none"), ("per-shape", "mps")):
+        flags = {"shared-slots": "16", "share-enforcement": setting, "mps-control-binary": binary,
+                 "mps-root": str(work / mode / "mps"), "fail-on-init-error": "true"}
+        with node_daemon(backend_factory, work / mode, flags, Records()) as (_, kubelet):
+            assert kubelet.wait_registered(SLOTS, timeout_s=10)
+            kubelet.allocate(SLOTS, 1, reserve=False)  # the daemon of the shape starts here, once
+            times = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                kubelet.allocate(SLOTS, 1, reserve=False)
+                times.append((time.perf_counter() - t0) * 1000)
+        times.sort()
+        out[mode] = round(times[int(0.99 * n) - 1], 2)
+        out[f"{mode}_p50"] = round(times[n // 2], 2)
+        log(f"Allocate with enforcement {mode}: p50 {out[f'{mode}_p50']} ms, p99 {out[mode]} ms")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--standin", action="store_true", help="use the stand-in even where a GPU is present")
+    ap.add_argument("--allocations", type=int, default=200, help="Allocate round trips timed per mode")
     args = ap.parse_args()
-    result = run(args.standin)
+    result = run(args.standin, args.allocations)
     print(json.dumps(result))
 
 

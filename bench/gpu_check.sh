@@ -13,6 +13,9 @@
 # node-cluster.json (`--nvml --cluster`, the default DaemonSet), dra.json (`bench/dra.py --nvml --claims 100`),
 # nvml-memory.json (`bench/nvml_memory.py`: nvmlInit, and its NO_ATTACH variant), with nvidia-smi.txt and
 # run.log (every step's whole output). A step that fails is said in run.log and the others still run.
+# enforcement.json (`bench/enforcement.py`: limits, the tenant escapes per enforcement mode, Allocate p99 with
+# enforcement off and on) runs last, in a venv that also sees the image's PyTorch, as root: its strict mode sets
+# GPU 0 to EXCLUSIVE_PROCESS and back; the script checks the mode after it and puts back the one it found.
 # Keep what it printed under docs/measured/ (README there) and in docs/performance.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,7 +53,7 @@ run() {
     shift
     echo "== $name: $*"
     local started=$SECONDS
-    timeout 150 "$venv/bin/python" "$@" >"$out/$name.out" 2>&1
+    timeout "${STEP_TIMEOUT:-150}" "${STEP_PYTHON:-$venv/bin/python}" "$@" >"$out/$name.out" 2>&1
     local rc=$?
     tail -n 40 "$out/$name.out"
     tail -n 1 "$out/$name.out" >"$out/$name.json"
@@ -61,6 +64,24 @@ run() {
   step node-cluster bench/node.py --nvml --cluster
   step dra bench/dra.py --nvml --claims 100
   step nvml-memory bench/nvml_memory.py
+  enforcement "$out" "$py"
+}
+
+enforcement() {  # out dir, python: CUDA clients need the image's PyTorch, so this venv sees system packages
+  local out=$1 py=$2 venv=/tmp/kubegpu-gpu-venv-torch found
+  "$py" -m venv --system-site-packages "$venv" &&
+    "$venv/bin/pip" install -q --no-index --find-links "$WHEELS" "$(ls "$WHEELS"/kubegpu-*.whl)[demo]" ||
+    { echo "== enforcement: venv failed"; return 1; }
+  found=$(nvidia-smi -i 0 --query-gpu=compute_mode --format=csv,noheader)
+  STEP_TIMEOUT=290 STEP_PYTHON="$venv/bin/python" step enforcement bench/enforcement.py
+  local now
+  now=$(nvidia-smi -i 0 --query-gpu=compute_mode --format=csv,noheader)
+  echo "== enforcement: compute mode before $found, after $now"
+  case "$found" in  # nvidia-smi prints the mode's name and takes its number
+    Default) found=0 ;; Prohibited) found=2 ;; Exclusive_Process) found=3 ;; *) return 0 ;;
+  esac
+  case "$now" in Default) now=0 ;; Prohibited) now=2 ;; Exclusive_Process) now=3 ;; esac
+  [ "$now" = "$found" ] || nvidia-smi -i 0 -c "$found"
 }
 
 case "${1:-}" in

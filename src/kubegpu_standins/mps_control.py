@@ -14,7 +14,7 @@ What it reproduces:
 - a client's limits are its environment's, capped by its server's defaults (the environment can only lower
   them); a client whose pipe directory has no daemon behind it runs without MPS and is limited by nothing;
 - compute modes, when ``KUBEGPU_STANDIN_DRIVER_STATE`` names the fake driver's directory
-  (:mod:`kubegpu.inventory.fake_driver`, shared with the fake NVML): a server holds a context on each GPU of
+  (:mod:`kubegpu_standins.fake_driver`, shared with the fake NVML): a server holds a context on each GPU of
   the daemon's ``CUDA_VISIBLE_DEVICES`` from its start to its exit, so under ``Exclusive_Process`` a second
   server (another daemon) or a client that skips MPS is refused while one runs, and under ``Prohibited``
   every one is, as NVIDIA documents.
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kubegpu.inventory.fake_driver import ENV_DRIVER_STATE, FakeDriverState, holder
+from kubegpu_standins.fake_driver import ENV_DRIVER_STATE, FakeDriverState, holder
 
 DEFAULT_PIPE = "/tmp/nvidia-mps"
 DEFAULT_LOG = "/var/log/nvidia-mps"

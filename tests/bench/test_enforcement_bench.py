@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_enforcement_bench_standin_serves_every_share_within_its_limits() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    p = subprocess.run([sys.executable, str(ROOT / "bench" / "enforcement.py"), "--standin"], env=env,
-                       capture_output=True, text=True, timeout=100, check=False)
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "enforcement.py"), "--standin", "--allocations", "20"],
+                       env=env, capture_output=True, text=True, timeout=400, check=False)
     assert p.returncode == 0, p.stderr[-2000:]
     result = json.loads(p.stdout.strip().splitlines()[-1])
     assert result["gpu"] is None
@@ -33,3 +33,12 @@ def test_enforcement_bench_standin_serves_every_share_within_its_limits() -> Non
         assert client["allocated_gib"] <= client["limit_gib"]
         assert client["measured_share_pct"] in (None, client["granted_core"])
     assert "refused while the daemon was down" in p.stderr
+    # The tenant's edits, per enforcement mode: only strict holds against a client that skips its server.
+    modes = result["modes"]
+    assert result["pipe_escapes"] == 0 and result["compute_mode_restored"] is True
+    assert modes["strict"]["escapes"] == 0 and modes["strict"]["compute_mode_while_shared"] == "Exclusive_Process"
+    assert "locked to the share shape" in modes["strict"]["other_shape_refused"]
+    assert modes["per-shape"]["pipe_escapes"] == 1  # the empty pipe directory; unset reaches the mounted pipe
+    assert modes["none"]["escapes"] == 3
+    assert all(m["compute_mode_restored"] for m in modes.values())
+    assert set(result["allocate_p99_ms"]) >= {"none", "per-shape"}

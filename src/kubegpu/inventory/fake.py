@@ -17,7 +17,7 @@ File fault kinds map one to one: ``xid``, ``lost``, ``recover``, ``probe-fail``,
 ``discover-error``, ``wait-error``. ``gpu`` is an index or a GPU/MIG UUID everywhere.
 
 Compute modes (``compute_mode`` / ``set_compute_mode``, as NVML's) live in a
-:class:`~kubegpu.inventory.fake_driver.FakeDriverState` directory when one is given, so the stand-in MPS
+:class:`~kubegpu_standins.fake_driver.FakeDriverState` directory when one is given, so the stand-in MPS
 control and its clients see and obey them as the driver's; otherwise in memory.
 """
 
@@ -31,12 +31,15 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kubegpu.inventory.base import HealthEvent, InventoryError
 from kubegpu.inventory.compute_modes import DEFAULT, MODES
-from kubegpu.inventory.fake_driver import FakeDriverState
 from kubegpu.inventory.topology import Fault, Topology, load_topology
 from kubegpu.model.inventory import NodeInventory
+
+if TYPE_CHECKING:
+    from kubegpu_standins.fake_driver import FakeDriverState
 
 XID_FALLEN_OFF_BUS = 79
 
@@ -65,7 +68,11 @@ class FakeBackend:
         self._probe_failures: dict[str, int | None] = {}
         self._discover_failures: list[str] = []
         self._closed = False
-        self.driver = FakeDriverState(driver_state) if driver_state is not None else None
+        self.driver: FakeDriverState | None = None
+        if driver_state is not None:
+            from kubegpu_standins.fake_driver import FakeDriverState as Driver
+
+            self.driver = Driver(driver_state)
         self._modes: dict[str, str] = {}
         self.delivered: list[tuple[float, HealthEvent]] = []  # (elapsed s, event), for tests and demos
         for fault in topology.faults:

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kubegpu.inventory.compute_modes import DEFAULT, EXCLUSIVE_PROCESS, PROHIBITED
+from kubegpu.inventory.compute_modes import DEFAULT, EXCLUSIVE_PROCESS, MODES, PROHIBITED
 from kubegpu.inventory.fake import FakeBackend
-from kubegpu.inventory.fake_driver import ENV_DRIVER_STATE, FakeDriverState
 from kubegpu.node.mps import (
     MODE_STRICT,
     ComputeModeError,
@@ -25,6 +24,8 @@ from kubegpu.node.mps import (
     share_spec,
 )
 from kubegpu.node.mps.enforcer import ShareEnforcer
+from kubegpu_standins import fake_driver
+from kubegpu_standins.fake_driver import ENV_DRIVER_STATE, FakeDriverState
 from kubegpu_standins.mps_control import PID_FILE, connect_client
 
 GIB = 2**30
@@ -121,6 +122,7 @@ def test_fake_nvml_compute_modes(sockdir: Path) -> None:
         with pytest.raises(Exception, match="Not Found"):
             backend.compute_mode("GPU-nope")
     assert FakeDriverState(sockdir / "driver").mode(uuid) == EXCLUSIVE_PROCESS  # what the stand-ins read
+    assert fake_driver.MODES == MODES  # one spelling, though the stand-in's copy stays standard-library only
 
 
 def test_every_transition_of_a_strict_gpu(node: tuple[FakeBackend, Path, dict[str, str]], mps_binary: str,

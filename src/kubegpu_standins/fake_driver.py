@@ -19,8 +19,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Final
 
-from kubegpu.inventory.compute_modes import DEFAULT, EXCLUSIVE_PROCESS, MODES, PROHIBITED
-
+# As kubegpu.inventory.compute_modes spells them; this module stays standard-library only, because every run
+# of the stand-in nvidia-cuda-mps-control (one per command) imports it.
+DEFAULT: Final = "Default"
+EXCLUSIVE_PROCESS: Final = "Exclusive_Process"
+PROHIBITED: Final = "Prohibited"
+MODES: Final = (DEFAULT, EXCLUSIVE_PROCESS, PROHIBITED)
 ENV_DRIVER_STATE: Final = "KUBEGPU_STANDIN_DRIVER_STATE"  # where the stand-in processes find the directory
 
 
