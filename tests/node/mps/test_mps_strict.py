@@ -23,6 +23,7 @@ from kubegpu.node.mps import (
     MpsManager,
     share_spec,
 )
+from kubegpu.node.mps.dra import DraEnforcement
 from kubegpu.node.mps.enforcer import ShareEnforcer
 from kubegpu_standins import fake_driver
 from kubegpu_standins.fake_driver import ENV_DRIVER_STATE, FakeDriverState
@@ -164,6 +165,9 @@ def test_every_transition_of_a_strict_gpu(node: tuple[FakeBackend, Path, dict[st
     assert enf.for_share([(gpu, 50, 8 * GIB)], [gpu], holder="pod-3/c") is not None
     assert enf.strict is not None and enf.strict.locks() == {gpu: "50% / 8192M"}
     assert enf.table()[gpu].mode == MODE_STRICT and not enf.table()[gpu].escapable
+    view = enf.views()[gpu]
+    assert (view.mode, view.compute_mode, view.shape_lock, view.escapable) == (
+        MODE_STRICT, EXCLUSIVE_PROCESS, "50% / 8192M", False)
     # The device-plugin path learns of ends from the live pods: none left -> restored.
     assert enf.reconcile({}, {}) == [gpu]
     assert backend.compute_mode(gpu) == DEFAULT
@@ -237,3 +241,21 @@ def test_allocate_asks_the_daemon_once_per_shape(mps_binary: str, sockdir: Path)
         assert m.serve(spec, ["GPU-a"]) == first
     assert counter.read_text().count("x") == calls
     m.stop()
+
+
+def test_the_dra_path_switches_and_restores_as_the_device_plugin_path(
+        node: tuple[FakeBackend, Path, dict[str, str]], mps_binary: str, sockdir: Path) -> None:
+    backend, root, env = node
+    dra = DraEnforcement(str(root), "/", mps_binary, selected=MODE_STRICT, compute_modes=backend)
+    dra.manager.base_env = env
+    inv = backend.discover()
+    dra.start(inv)
+    gpu = inv.gpus[3].uuid
+    try:
+        b = dra.for_share([(gpu, 30, 3 * GIB)], [gpu], holder="claim-uid-1")
+        assert b is not None and backend.compute_mode(gpu) == EXCLUSIVE_PROCESS
+        assert "busy" in str(_client({}, gpu, sockdir / "driver")["error"])
+        dra.release("claim-uid-1", [gpu])
+        assert backend.compute_mode(gpu) == DEFAULT
+    finally:
+        dra.stop()

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
+from kubegpu.inventory.compute_modes import EXCLUSIVE_PROCESS
 from kubegpu.model.inventory import NodeInventory
 from kubegpu.node.mps.capability import (
     ENFORCED_MODES,
@@ -32,6 +34,17 @@ from kubegpu.node.mps.control import MpsError
 from kubegpu.node.mps.manager import MpsManager
 from kubegpu.node.mps.spec import Binding, DaemonSpec, ShareShapeError, share_spec
 from kubegpu.node.mps.strict import StrictShares
+
+
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    """One GPU's enforcement as an operator sees it."""
+
+    mode: str  # strict, mps, none, unenforced
+    reason: str
+    compute_mode: str  # as kubegpu set or found it under strict ("" where kubegpu does not manage it)
+    shape_lock: str  # strict: the share shape the GPU serves until it is empty ("" = none)
+    escapable: bool  # whether a container could take more than its share by editing what it was given
 
 
 class ShareEnforcer:
@@ -72,6 +85,18 @@ class ShareEnforcer:
             else:
                 out[g.uuid] = gpu_enforcement(g, self.selected, time_sliced=g.uuid in self.time_sliced,
                                               daemon_down=reasons, binary_missing=missing)
+        return out
+
+    def views(self) -> dict[str, GpuView]:
+        """GPU UUID -> what status, the Device object, DRA slice attributes and metrics show of it."""
+        modes = self.strict.modes() if self.strict is not None else {}
+        locks = self.strict.locks() if self.strict is not None else {}
+        out = {}
+        for u, e in self.table().items():
+            mode = modes[u].mode if u in modes else ""
+            # Strict holds only once the GPU is exclusive; before its first share nothing runs there to escape.
+            escapable = e.escapable or (u in modes and modes[u].shares > 0 and mode != EXCLUSIVE_PROCESS)
+            out[u] = GpuView(e.mode, e.reason, mode, locks.get(u, ""), escapable)
         return out
 
     # ----- what Allocate / NodePrepareResources ask -------------------------------------------------
