@@ -26,9 +26,13 @@ def help_text(*args: str) -> str:
 
 
 def option_rows(text: str) -> list[tuple[str, str]]:
-    """(option names, description) per option in the Options section, descriptions joined over lines."""
+    """(option names, description) per option in the Options section (click) or in every group of options
+    (argparse, ``kubegpu node``), descriptions joined over lines."""
     rows: list[tuple[str, str]] = []
-    section = text.split("\nOptions:\n", 1)[1].split("\n\n", 1)[0]  # up to the epilog, if any
+    if "\nOptions:\n" in text:
+        section = text.split("\nOptions:\n", 1)[1].split("\n\n", 1)[0]  # up to the epilog, if any
+    else:
+        section = text.split("\noptions:\n", 1)[1]
     for line in section.splitlines():
         if re.match(r"^  -", line):
             names, _, desc = line.strip().partition("  ")

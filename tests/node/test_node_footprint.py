@@ -1,4 +1,4 @@
-"""What keeps the node daemon at its memory target (issue 23) beyond the lean entry (tests/cli/
+"""What keeps the node daemon at its memory target beyond its framework-free entry (tests/cli/
 test_cli_node_entry.py): the preferred-allocation path loads no numpy, and both DaemonSets run the
 daemon with the runtime environment the benchmarks measure."""
 

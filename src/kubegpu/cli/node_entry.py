@@ -29,11 +29,12 @@ log = logging.getLogger("kubegpu.node")
 KUBELET_PLUGINS = ("device-plugin", "dra")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
-# (inventory or None, node name or None, the driver root as mounted here) -> an inventory backend
-BackendFactory = Callable[[str | None, str | None, str | None], Any]
+# (inventory or None, node name or None, the driver root as mounted here, the environment) -> a backend
+BackendFactory = Callable[[str | None, str | None, str | None, Mapping[str, str]], Any]
 
 
-def default_backend(inventory: str | None, node_name: str | None, driver_root: str | None) -> Any:
+def default_backend(inventory: str | None, node_name: str | None, driver_root: str | None,
+                    env: Mapping[str, str]) -> Any:
     """A topology file's GPUs (``--inventory``), else NVML's, loaded from the host's driver root where it is
     mounted in this container (as NVIDIA's plugin finds it), else from the library path."""
     if inventory:
@@ -45,7 +46,7 @@ def default_backend(inventory: str | None, node_name: str | None, driver_root: s
     except ImportError as exc:
         raise RuntimeError(f"the NVML backend is not available ({exc}); use --inventory for a topology file") \
             from None
-    return NvmlBackend(node_name=node_name, driver_root=driver_root)
+    return NvmlBackend(node_name=node_name, driver_root=driver_root, env=env)
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,7 @@ def run_node(args: NodeArgs, env: Mapping[str, str], backend_factory: BackendFac
         _fail("configuration error", exc)
         return EXIT_CONFIG
     try:
-        backend = backend_factory(args.inventory, args.node_name, config.flags.plugin.container_driver_root)
+        backend = backend_factory(args.inventory, args.node_name, config.flags.plugin.container_driver_root, env)
     except Exception as exc:
         _fail("error", exc)
         return EXIT_INIT
@@ -196,14 +197,13 @@ def _run_dra(args: NodeArgs, config: Any, backend: Any) -> int:
 
     try:
         inv = backend.discover()
+        options = dra_options(config, args.node_name or inv.name)
+    except ValueError as exc:  # the DRA settings (discovery fails with InventoryError, a RuntimeError)
+        _fail("configuration error", exc)
+        return EXIT_CONFIG
     except Exception as exc:
         _fail("error: discovery failed", exc)
         return EXIT_INIT
-    try:
-        options = dra_options(config, args.node_name or inv.name)
-    except ValueError as exc:
-        _fail("configuration error", exc)
-        return EXIT_CONFIG
     if args.dry_run:
         print_slices(inv, options, args.as_json)
         return EXIT_OK

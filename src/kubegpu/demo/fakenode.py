@@ -15,6 +15,7 @@ import json
 import logging
 import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -117,8 +118,9 @@ def main(argv: list[str] | None = None) -> None:
     from kubegpu.cli.node_entry import main as node_main
     from kubegpu.inventory.fake import FakeBackend
 
-    def backend_with_inbox(inventory: str | None, node_name: str | None, driver_root: str | None) -> Any:
-        backend = default_backend(inventory, node_name, driver_root)
+    def backend_with_inbox(inventory: str | None, node_name: str | None, driver_root: str | None,
+                           env: Mapping[str, str]) -> Any:
+        backend = default_backend(inventory, node_name, driver_root, env)
         if isinstance(backend, FakeBackend):
             FaultInbox(inbox, backend).start()
         return backend

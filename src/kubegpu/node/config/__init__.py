@@ -51,7 +51,6 @@ from kubegpu.node.config.options import (
     OPTIONS_BY_FLAG,
     OPTIONS_BY_KEY,
     Option,
-    flag_help,
 )
 from kubegpu.node.config.parse import parse_duration, parse_resource_config, resource_name
 
@@ -62,6 +61,6 @@ __all__ = [
     "ConfigError", "DraConfig",
     "Flags", "GfdFlags", "Imex", "KubegpuSettings", "Option", "PluginFlags", "ReplicaDevices",
     "ReplicaSharing", "ReplicatedResource", "ResourcePattern", "Resources", "Sharing", "XidPolicy",
-    "flag_help", "load_config", "parse_duration", "parse_resource_config", "read_config_file",
+    "load_config", "parse_duration", "parse_resource_config", "read_config_file",
     "resource_name",
 ]

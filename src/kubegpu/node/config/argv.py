@@ -31,7 +31,8 @@ class _Given(argparse.Action):
         setattr(namespace, GIVEN, given)
 
 
-def _default(o: Option) -> str:
+def shown_default(o: Option) -> str:
+    """An option's default as ``--help`` shows it (a value the flag takes back, or none)."""
     d = o.default
     if isinstance(d, tuple):
         return ",".join(map(str, d)) or "none"
@@ -47,7 +48,7 @@ def _help(o: Option) -> str:
         text = f"{o.help}; {'on by default (=false turns it off)' if o.default else 'off unless given'}"
     else:
         choices = f" ({', '.join(o.choices)})" if o.choices and o.kind in ("choice", "choices") else ""
-        text = f"{o.help}{choices}; default {_default(o)}"
+        text = f"{o.help}{choices}; default {shown_default(o)}"
     return f"{text} [env {', '.join(o.envs)}]".replace("%", "%%")  # argparse formats help with %
 
 

@@ -61,8 +61,8 @@ def read_config_file(path: str | Path) -> Mapping[str, Any]:
         text = Path(path).read_text()
     except OSError as exc:
         raise ConfigError(f"config file {path}: cannot read: {exc.strerror or exc}") from exc
-    # Imported here, not with the module: a node without a config file never loads PyYAML (about 1 MB of
-    # the node daemon's resident memory, issue 23).
+    # Imported here, not with the module: a node without a config file never loads PyYAML (resident memory
+    # the node daemon would carry for its whole life).
     import yaml
 
     try:

@@ -1,6 +1,7 @@
 """The option table: file key, flag, environment variable, type, default and help of every scalar setting.
 
-The single source the loader layers (flag > env > file > default) and ``kubegpu node --help`` prints.
+The single source the loader layers (flag > env > file > default) and ``kubegpu node``'s command line is made
+from (:mod:`kubegpu.node.config.argv`), flags and ``--help`` alike.
 """
 
 from __future__ import annotations
@@ -134,22 +135,3 @@ OPTIONS_BY_KEY: Final = {o.key: o for o in OPTIONS}
 OPTIONS_BY_FLAG: Final = {name: o for o in OPTIONS for name in (o.flag, *o.aliases)}
 CONFIG_FILE_FLAG: Final = "config-file"
 CONFIG_FILE_ENV: Final = "CONFIG_FILE"
-
-
-
-def flag_help() -> list[tuple[str, str, str, str]]:
-    """(flag, env var, default, help) rows, for ``kubegpu node --help`` and the docs."""
-    def show(o: Option) -> str:
-        d = o.default
-        if isinstance(d, tuple):
-            return ",".join(str(x) for x in d)
-        if isinstance(d, bool):
-            return str(d).lower()
-        if o.kind == "duration":
-            return f"{d:g}s"
-        return str(d)
-    rows = [(", ".join(f"--{n}" for n in (o.flag, *o.aliases)), ", ".join(o.envs), show(o), o.help)
-            for o in OPTIONS]
-    rows.append((f"--{CONFIG_FILE_FLAG}", CONFIG_FILE_ENV, "",
-                 "the config file (NVIDIA's format plus a kubegpu: section)"))
-    return rows
