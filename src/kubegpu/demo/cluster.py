@@ -163,7 +163,9 @@ class LocalCluster:
         """Start a role and list it in :attr:`procs`, off the main thread: a Ctrl-C or SIGTERM becomes a
         KeyboardInterrupt in the main thread only, so it can never fall between the process existing and
         its entry here (a process the demo has no handle on would outlive it); :meth:`stop` waits for a
-        start in progress before it signals the roles."""
+        start in progress before it signals the roles. The one starter thread lives until :meth:`stop`: the
+        kernel sends a child its parent-death signal (:mod:`kubegpu.demo.child`) when the thread that started
+        it ends, not only the process."""
         return self._starter.submit(self._start_process, name, argv).result()
 
     def _start_process(self, name: str, argv: list[str]) -> Proc:
