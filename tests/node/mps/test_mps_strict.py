@@ -255,7 +255,13 @@ def test_the_dra_path_switches_and_restores_as_the_device_plugin_path(
         b = dra.for_share([(gpu, 30, 3 * GIB)], [gpu], holder="claim-uid-1")
         assert b is not None and backend.compute_mode(gpu) == EXCLUSIVE_PROCESS
         assert "busy" in str(_client({}, gpu, sockdir / "driver")["error"])
+        with pytest.raises(ComputeModeError, match="1 MPS-enforced share"):
+            dra.claim_whole(gpu, "claim-uid-2")
         dra.release("claim-uid-1", [gpu])
         assert backend.compute_mode(gpu) == DEFAULT
+        dra.claim_whole(gpu, "claim-uid-2")
+        with pytest.raises(ComputeModeError, match="held whole by claim-uid-2"):
+            dra.for_share([(gpu, 30, 3 * GIB)], [gpu], holder="claim-uid-3")
+        dra.release_whole(gpu, "claim-uid-2")
     finally:
         dra.stop()

@@ -63,6 +63,13 @@ class DraEnforcement:
         """A claim's share was unprepared (strict: the GPU's daemon quits and its mode goes back with the last)."""
         self._current().release_share(holder, uuids)
 
+    def claim_whole(self, uuid: str, holder: str) -> None:
+        """Before a claim gets GPU ``uuid`` whole; raises MpsError (the reason) while strict shares hold it."""
+        self._current().claim_whole(uuid, holder)
+
+    def release_whole(self, uuid: str, holder: str) -> None:
+        self._current().release_whole(uuid, holder)
+
     def table(self) -> dict[str, Enforcement]:
         try:
             return self._current().table()
