@@ -162,6 +162,22 @@ class NetworkPolicyValues(_Struct):
     api_server_cidrs: list[str] = msgspec.field(default_factory=list, name="apiServerCIDRs")
 
 
+class ClaimTemplateValues(_Struct):
+    """A ResourceClaimTemplate ``manifests --dra`` renders in each of ``namespaces`` (install/dra/claim_templates.py):
+    ``gpus`` whole GPUs, or one share of ``compute`` percent and ``memory`` (a quantity such as 20Gi)."""
+
+    name: str
+    namespaces: list[str]
+    gpus: int | None = None
+    compute: int | str | None = None
+    memory: int | str | None = None
+
+
+class DraValues(_Struct):
+    # The share sizes and GPU counts pods on DRA nodes ask for, as ResourceClaimTemplates (docs/dra.md).
+    claim_templates: list[ClaimTemplateValues] = msgspec.field(default_factory=list)
+
+
 class Values(_Struct):
     mode: Literal["node-only", "full"] = "full"
     # The cluster's Kubernetes release, "1.24" .. NEWEST; "" = the newest.
@@ -233,6 +249,7 @@ class Values(_Struct):
     # GPU resource names the nodes serve beyond those config.map declares (renames in ConfigMaps given by
     # config.name, --resource-config flags set elsewhere).
     gpu_resources: list[str] = msgspec.field(default_factory=list)
+    dra: DraValues = msgspec.field(default_factory=DraValues)
 
 
 MIN_KUBE: Final = (1, 24)
@@ -418,6 +435,9 @@ def problems(v: Values) -> list[str]:
     for i, s in enumerate(v.image_pull_secrets):
         if set(s) != {"name"} or not s.get("name"):
             out.append(f"imagePullSecrets[{i}]: expected {{name: <secret>}}")
+    from kubegpu.install.dra.claim_templates import claim_template_problems  # it renders from these values
+
+    out += claim_template_problems(v)
     return out
 
 
