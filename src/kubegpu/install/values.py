@@ -109,6 +109,15 @@ class DevicePluginValues(_Struct):
     containers: DevicePluginContainers = msgspec.field(default_factory=DevicePluginContainers)
 
 
+class ReservationValues(_Struct):
+    # GPUs held for a pod of minGpus+ whole GPUs once it has waited waitSeconds, at most maxShare of the
+    # cluster's GPUs (docs/scheduler.md, "Reservations for wide pods"); enabled: false turns them off.
+    enabled: bool = True
+    min_gpus: int = 4
+    wait_seconds: float = 60.0
+    max_share: float = 0.25
+
+
 class SchedulerValues(_Struct):
     # "" = registry.k8s.io/kube-scheduler at the cluster's release (kubeVersion).
     kube_scheduler_image: str = ""
@@ -123,6 +132,7 @@ class SchedulerValues(_Struct):
     weight: int = 5
     port: int = 8888
     resources: dict[str, Any] = msgspec.field(default_factory=dict)
+    reservation: ReservationValues = msgspec.field(default_factory=ReservationValues)
 
 
 class WebhookValues(_Struct):
@@ -397,6 +407,13 @@ def problems(v: Values) -> list[str]:
         elif name == "NODE_NAME" or name.startswith("KUBEGPU_"):
             out.append(f"devicePlugin.containers.main.env[{i}]: {name} is set by kubegpu (the node name, the "
                        "record key, the served resources); remove it")
+    r = v.scheduler.reservation
+    if r.min_gpus < 1:
+        out.append(f"scheduler.reservation.minGpus: {r.min_gpus} must be 1 or more (4: pods of 4+ whole GPUs)")
+    if not r.wait_seconds >= 0:
+        out.append(f"scheduler.reservation.waitSeconds: {r.wait_seconds} must be 0 or more")
+    if not 0 <= r.max_share <= 1:
+        out.append(f"scheduler.reservation.maxShare: {r.max_share} must be a fraction of the GPUs, from 0 to 1")
     ns = target_namespace(v)
     if ns == "default" and v.mode == "full":
         out.append("namespace: kubegpu's full install cannot live in 'default': the webhook never reviews its own "
