@@ -181,3 +181,12 @@ def test_bad_config_is_refused() -> None:
         ReservationConfig(max_share=2)
     with pytest.raises(ValueError, match="min_gpus"):
         ReservationConfig(min_gpus=0)
+
+
+def test_waits_by_width_feed_the_metrics() -> None:
+    from kubegpu.placement.reservations import waits_by_width
+
+    waiting = [WaitingPod("a", Demand.whole(8), 0), WaitingPod("b", Demand.whole(8), 30),
+               WaitingPod("c", Demand.share(250), 50), WaitingPod("d", Demand(), 55)]
+    assert waits_by_width(waiting, 60) == {"8": {"pods": 2, "max_wait_s": 60}, "share": {"pods": 1, "max_wait_s": 10},
+                                           "cpu": {"pods": 1, "max_wait_s": 5}}

@@ -174,6 +174,23 @@ class ReservationPlan:
         }
 
 
+def width_of(demand: Demand) -> str:
+    """The width a pod is counted under (wait metrics, reports): cpu, share, or its number of whole GPUs."""
+    if demand.count == 0:
+        return "cpu"
+    return str(demand.count) if demand.exclusive else "share"
+
+
+def waits_by_width(waiting: Sequence[WaitingPod], now: float) -> dict[str, dict[str, float]]:
+    """Per width, how many pods wait and the longest wait so far (seconds): the wait metrics' values."""
+    out: dict[str, dict[str, float]] = {}
+    for p in waiting:
+        w = out.setdefault(width_of(p.demand), {"pods": 0, "max_wait_s": 0.0})
+        w["pods"] += 1
+        w["max_wait_s"] = max(w["max_wait_s"], now - p.created)
+    return out
+
+
 def _gpu_release(cluster: ClusterState, running: Sequence[RunningPod], now: float) -> np.ndarray:
     """(N, G) time each GPU is whole-free: now when free now, inf when a holder's end is unknown."""
     release = np.full((cluster.n_nodes, cluster.n_slots), now, np.float64)
@@ -281,4 +298,6 @@ __all__ = [
     "RunningPod",
     "WaitingPod",
     "choose_reservations",
+    "waits_by_width",
+    "width_of",
 ]

@@ -39,6 +39,7 @@ from kubegpu.placement.reservations import (
     RunningPod,
     WaitingPod,
     choose_reservations,
+    width_of,
 )
 from kubegpu.placement.workload import Workload
 from kubegpu.sim.timeline import arrival_times
@@ -56,13 +57,6 @@ class QueuedPod:
     arrive: float
     duration: float | None
     priority: int = 0
-
-
-def width_of(demand: Demand) -> str:
-    """The width a pod is reported under: cpu, share, or its number of whole GPUs."""
-    if demand.count == 0:
-        return "cpu"
-    return str(demand.count) if demand.exclusive else "share"
 
 
 @dataclass(frozen=True, slots=True)
