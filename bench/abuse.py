@@ -89,7 +89,7 @@ def rss_mb(pid: int) -> float:
 
 
 def cli(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from kubegpu.cli.main import app; app()", *args]
+    return [sys.executable, "-c", "from kubegpu.cli.main import main; main()", *args]
 
 
 def wait_until(check: Callable[[], bool], proc: subprocess.Popen[Any], what: str, timeout_s: float = 900) -> None:
@@ -552,7 +552,7 @@ def dra_bench(tally: Tally, args: argparse.Namespace, work: Path, env: dict[str,
                                "--node-name", node_name, "--kubeconfig", str(api.write_kubeconfig(work / "dra-kc")),
                                "--dra-plugins-dir", str(kubelet.plugins_dir), "--dra-registry-dir",
                                str(kubelet.registry), "--cdi-spec-dir", str(work / "dra-cdi"),
-                               "--log-level", "warning"),
+                               "--metrics-address", "127.0.0.1:0", "--log-level", "warning"),
                            env={**env, **NODE_ENV}, stdout=log, stderr=log)
     streams: list[Any] = []
     channel = None

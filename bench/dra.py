@@ -84,12 +84,12 @@ def bench_prepare(root: Path, claims: int, nvml: bool = False) -> dict[str, Any]
     api = ApiServer().start()
     kubelet = DraKubelet(api, root / "kubelet", NODE)
     kubelet.start()
-    cmd = [sys.executable, "-c", "from kubegpu.cli.main import app; app()", "node", "--kubelet-plugin", "dra",
+    cmd = [sys.executable, "-c", "from kubegpu.cli.main import main; main()", "node", "--kubelet-plugin", "dra",
            *([] if nvml else ["--inventory", TOPOLOGY, "--dra-shared-gpus", "4-7"]),
            "--node-name", NODE, "--kubeconfig", str(api.write_kubeconfig(root / "kc")),
            "--dra-plugins-dir", str(root / "kubelet" / "plugins"),
            "--dra-registry-dir", str(root / "kubelet" / "plugins_registry"),
-           "--cdi-spec-dir", str(root / "cdi"), "--log-level", "warning"]
+           "--cdi-spec-dir", str(root / "cdi"), "--metrics-address", "127.0.0.1:0", "--log-level", "warning"]
     proc = subprocess.Popen(cmd, env={**os.environ, **NODE_ENV})
     try:
         if not kubelet.wait(lambda: DRIVER in kubelet.plugins and bool(api.objects("resourceslices",

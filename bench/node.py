@@ -277,7 +277,7 @@ def main() -> None:
     log = (tmp / "node.log").open("wb")
     # As the DaemonSet runs it: the kubegpu entry point, metrics served, NODE_ENV in the environment.
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from kubegpu.cli.main import app; app()", "node", *mode,
+        [sys.executable, "-c", "from kubegpu.cli.main import main; main()", "node", *mode,
          *([] if ns.nvml else ["--inventory", TOPOLOGY]), "--device-plugin-dir", str(tmp / "dp"),
          "--shared-slots", "100",
          "--cdi-spec-dir", str(tmp / "cdi"), "--metrics-address", "127.0.0.1:0", "--log-level", "warning"],
