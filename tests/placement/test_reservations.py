@@ -99,7 +99,7 @@ def test_backfill_with_a_declared_end_only_when_every_holder_declares_one() -> N
     (r,) = plan.items
     # The GPUs that free soonest: the free one (7), then the ones that end first; never the endless one.
     assert r.gpus == (0, 1, 2, 7) and r.start == 52.0
-    assert "held by ns/r0, ns/r1, ns/r2" in r.reason
+    assert r.reason == "waiting for 4 GPUs on n0: 1 free, 3 held by ns/r0, ns/r1, ns/r2 (declared to end within 32 s)"
     assert plan.may_place(0, (7,), ends=40.0) and not plan.may_place(0, (7,), ends=60.0)
     assert not plan.may_place(0, (7,))  # no declared end: it could run past the start
 

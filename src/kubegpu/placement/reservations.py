@@ -106,8 +106,9 @@ class Reservation:
     def reason(self) -> str:
         """The wide pod's event: where it will run and what it waits for."""
         text = f"waiting for {self.width} GPUs on {self.node_name}: {self.free} free"
-        if self.holders:
-            text += f", {self.width - self.free} held by {', '.join(self.holders)}"
+        if self.free < self.width:
+            by = ", ".join(self.holders) or "pods kubegpu did not place"
+            text += f", {self.width - self.free} held by {by}"
             if self.start is not None:
                 text += f" (declared to end within {max(0.0, self.start - self.made_at):.0f} s)"
         return text
