@@ -3,8 +3,8 @@
 Two workloads through the queued replay (src/kubegpu/sim/queue.py, the same pure reservation core the extender
 calls): the stand-in for the recorded churn (10 nodes x 8 A100, 400 pods at 1.7 pods/s living 20-90 s, a pod
 not placed within 120 s withdrawn; pods declare their run time, so short ones may backfill held GPUs), and the
-openb default list replayed in time with departures (the first ``--openb-pods`` pods by creation, arrivals
-compressed to the load that brings the peak request to 95 % of the GPUs).
+openb default list replayed in time with departures (every pod, or the first ``--openb-pods`` by creation;
+arrivals compressed to the load that brings the peak request to 95 % of the GPUs).
 
 Prints one line per run, then ONE JSON object as the last line: wide_pods_never_placed (target 0),
 wide_wait_p99_s, small_wait_p99_s, the same ``_without`` reservations, idle_gpu_cost_pct (target <= 1: held GPUs
@@ -36,7 +36,7 @@ def _line(name: str, r: QueueResult) -> None:
           flush=True)
 
 
-def main(openb_pods: int, config: ReservationConfig) -> dict[str, object]:
+def main(openb_pods: int | None, config: ReservationConfig) -> dict[str, object]:
     churn = Churn()
     runs: dict[str, dict[str, QueueResult]] = {"churn": {}, "openb": {}}
     for label, cfg in (("without", None), ("with", config)):
@@ -70,7 +70,7 @@ def main(openb_pods: int, config: ReservationConfig) -> dict[str, object]:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--openb-pods", type=int, default=3000, help="first pods of the openb default list")
+    parser.add_argument("--openb-pods", type=int, default=None, help="only the first pods of the openb default list")
     parser.add_argument("--wait", type=float, default=5.0, help="reservation threshold, seconds")
     parser.add_argument("--max-share", type=float, default=0.5, help="reservation budget, fraction of the GPUs")
     parser.add_argument("--min-gpus", type=int, default=4)
