@@ -37,7 +37,7 @@ from kubegpu.model.request import parse_pod
 from kubegpu.node.config import load_config
 from kubegpu.node.daemon import NodeDaemon
 from kubegpu.node.handoff import HandoffResolver, make_resolver
-from kubegpu.node.kube_publisher import KubeNodePublisher
+from kubegpu.node.publish.kube import KubeNodePublisher
 from kubegpu.node.options import load_node_options
 from kubegpu.scheduler.service import ServiceThread
 from kubegpu_standins.apiserver import ApiServer

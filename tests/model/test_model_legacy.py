@@ -18,7 +18,7 @@ from kubegpu.model.legacy import LEGACY_AFFINITY, LegacyAffinityError, label_val
 from kubegpu.model.normalise import review_pod
 from kubegpu.model.request import parse_pod
 from kubegpu.node.config import load_config
-from kubegpu.node.labels import gpu_labels, is_valid_label_value
+from kubegpu.node.publish.labels import gpu_labels, is_valid_label_value
 
 SEED = Path(__file__).resolve().parents[1] / "fixtures" / "seed-examples" / "legacy-alpha-affinity.yaml"
 KEY = "alpha.kubernetes.io/nvidia-gpu-name"

@@ -13,7 +13,7 @@ from kubegpu.kube.client import make_client
 from kubegpu.kube.resources import Device, Node
 from kubegpu.model.device_object import inventory_from_device
 from kubegpu.node.config import load_config
-from kubegpu.node.kube_publisher import KubeNodePublisher
+from kubegpu.node.publish.kube import KubeNodePublisher
 from kubegpu_standins.apiserver import ApiServer
 
 

@@ -15,7 +15,7 @@ from kubegpu.kube.resources import Node
 from kubegpu.model.resources import GPU_RESOURCES_ENV, SERVED_RESOURCES_ANNOTATION, served_resources
 from kubegpu.node.config import load_config
 from kubegpu.node.deviceplugin.resources import expand, resource_counts
-from kubegpu.node.kube_publisher import KubeNodePublisher
+from kubegpu.node.publish.kube import KubeNodePublisher
 from kubegpu.status.sources import from_api_server
 from kubegpu_standins.apiserver import ApiServer
 

@@ -280,7 +280,7 @@ def _cluster_seams(kubeconfig: str | None, node_name: str, config: Any, registry
         raise RuntimeError(f"no Kubernetes credentials ({exc}); give --kubeconfig, run in-cluster, "
                            "or use --standalone") from None
     from kubegpu.node.handoff import make_resolver
-    from kubegpu.node.kube_publisher import KubeNodePublisher
+    from kubegpu.node.publish.kube import KubeNodePublisher
 
     publisher = KubeNodePublisher(client, node_name, config)
     resolver = make_resolver(client, node_name, pod_resources_socket=config.kubegpu.pod_resources_socket,

@@ -48,12 +48,12 @@ NODE_LABEL_PREFIXES: Final = ("nvidia.com/", "kubegpu.io/", "alpha.kubernetes.io
 # role -> [(apiGroup, resource, verbs, why)]: every verb a role's code calls, and nothing else.
 ROLE_RULES: Final[dict[str, list[tuple[str, str, tuple[str, ...], str]]]] = {
     "node": [
-        ("", "nodes", ("get", "patch"), "read its Node, publish the GPU labels (kube_publisher)"),
+        ("", "nodes", ("get", "patch"), "read its Node, publish the GPU labels (node.publish.kube)"),
         ("", "nodes/status", ("patch",), "publish the share capacity (capacity.py)"),
         ("", "pods", ("list", "watch", "patch"),
          "watch the pods bound to its node, acknowledge the record (handoff)"),
         ("", "events", ("create",), "report a handoff mismatch on the pod (handoff)"),
-        ("kubegpu.io", "devices", ("get", "create", "update"), "publish its Device object (kube_publisher)"),
+        ("kubegpu.io", "devices", ("get", "create", "update"), "publish its Device object (node.publish.kube)"),
     ],
     "extender": [
         ("", "pods", ("get", "list", "watch"), "pod informer; bind re-reads the pod (scheduler/app.py)"),

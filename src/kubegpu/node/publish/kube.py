@@ -17,7 +17,7 @@ from typing import Any
 from kubegpu.model.device_object import device_object
 from kubegpu.model.inventory import NodeInventory
 from kubegpu.node.config import Config
-from kubegpu.node.labels import gpu_labels, label_changes
+from kubegpu.node.publish.labels import gpu_labels, label_changes
 from kubegpu.node.publish.capacity import publish_capacity
 
 log = logging.getLogger(__name__)
