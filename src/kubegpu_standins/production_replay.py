@@ -87,9 +87,9 @@ class ProductionScheduler:
         self.unacked: deque[tuple[str, str]] = deque()  # (pod name, node), in bind order
         self.http = httpx.Client(timeout=30.0)
         service = ext.service
-        self.ledger = service.view.ledger
-        self.record_key = self.ledger.record_key
-        ext.call(lambda: setattr(self.ledger, "handoff_wait", True))
+        self.handoffs = service.view.handoffs
+        self.record_key = service.view.ledger.record_key
+        ext.call(lambda: setattr(service.view.handoffs, "enabled", True))
         self.turned_away = 0
         self.retried = 0  # pods tried again after waiting for acknowledgements
 
@@ -216,7 +216,7 @@ class ProductionScheduler:
         self.api.store.update(self.api.kind("pods"), NAMESPACE, name, patch)
         key = f"{NAMESPACE}/{name}"
         deadline = time.monotonic() + ACK_WAIT_S
-        while self.ext.call(lambda: key in self.ledger.pending.get(node, {})):
+        while self.ext.call(lambda: key in self.handoffs.pending.get(node, {})):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the extender did not take in the acknowledgement of {key} on {node}")
             time.sleep(0.001)

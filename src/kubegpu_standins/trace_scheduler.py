@@ -166,7 +166,7 @@ def start_replay_cluster(nodes: TraceNodes, workdir: Path, policy: str = "kubegp
     # kubelets acknowledge at once.
     service = ext.service
     assert service is not None  # started above
-    ext.call(lambda: setattr(service.view.ledger, "handoff_wait", False))
+    ext.call(lambda: setattr(service.view.handoffs, "enabled", False))
     return api, ext
 
 

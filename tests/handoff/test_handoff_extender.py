@@ -4,6 +4,7 @@ init-container rule, acknowledged GPUs of pods it did not place, collisions held
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -14,9 +15,32 @@ from kubegpu.model import resources as R
 from kubegpu.model import signing
 from kubegpu.model.allocation import ContainerAllocation, DeviceGrant, PodAllocation, encode
 from kubegpu.model.records import Ack, encode_acks
+from kubegpu.scheduler.limits import Limits, bounded_filter, fitted_node_by_node
+from kubegpu.scheduler.plan import PlanSettings, PodPlan, plan_pod
 from kubegpu.scheduler.state import ClusterView
+from kubegpu.scheduler.verbs import FilterOutcome
 
 KEY = b"extender-test-key-0123456789abcd"
+
+
+def plan_of(pod: dict[str, Any], **settings: Any) -> PodPlan:
+    return plan_pod(pod, PlanSettings(**settings))
+
+
+def observe(view: ClusterView, pod: dict[str, Any], deleted: bool = False, version: str = "") -> None:
+    view.ledger.observe_pod(pod, plan_of(pod), deleted, version)
+
+
+def blocked(view: ClusterView, pod: dict[str, Any]) -> dict[str, str]:
+    plan = plan_of(pod)
+    return view.handoffs.blocked(plan.key, plan.shapes)
+
+
+def filter_(view: ClusterView, pod: dict[str, Any], names: list[str]) -> FilterOutcome:
+    plan = plan_of(pod)
+    if not fitted_node_by_node(plan):
+        return view.filter(plan, names)
+    return asyncio.run(bounded_filter(view, plan, names, Limits(filter_budget_s=3600)))
 
 
 @pytest.fixture
@@ -56,50 +80,48 @@ def test_records_count_by_the_init_rule_and_forged_ones_not_at_all(view: Cluster
     st = view.nodes["n"].state
     a = share(view, 0, 80)
     init = PodAllocation((ContainerAllocation("i", (a,), init=True), ContainerAllocation("c", (share(view, 0, 20),))))
-    view.observe_pod(spec_pod("p", {R.GPU_CORE: "20", R.GPU_MEMORY_RATIO: "20", R.GPU_SLOTS: "1"}, init,
+    observe(view, spec_pod("p", {R.GPU_CORE: "20", R.GPU_MEMORY_RATIO: "20", R.GPU_SLOTS: "1"}, init,
                               init={R.GPU_CORE: "80", R.GPU_MEMORY_RATIO: "80", R.GPU_SLOTS: "1"}))
     assert st.core_free(a.uuid) == 20  # 100 - max(80, 20)
     forged = PodAllocation((ContainerAllocation("c", tuple(share(view, j, 100) for j in range(4))),))
-    view.observe_pod(spec_pod("f", {R.NVIDIA_GPU: "4"}, forged, sign=False))
-    assert view.forged == 1 and ("d/f" not in view.held or view.held["d/f"].alloc.grants() == ())
+    observe(view, spec_pod("f", {R.NVIDIA_GPU: "4"}, forged, sign=False))
+    assert view.ledger.forged == 1 and ("d/f" not in view.ledger.held or view.ledger.held["d/f"].alloc.grants() == ())
     assert st.core_free(view.nodes["n"].inventory.gpus[1].uuid) == 100  # type: ignore[union-attr]
 
 
 def test_acknowledged_default_scheduler_pods_are_held(view: ClusterView) -> None:
     g = share(view, 2, 100)
-    view.observe_pod(spec_pod("plain", {R.NVIDIA_GPU: "1"}, acks={"c": Ack(R.NVIDIA_GPU, (g.uuid,), (g,))}))
+    observe(view, spec_pod("plain", {R.NVIDIA_GPU: "1"}, acks={"c": Ack(R.NVIDIA_GPU, (g.uuid,), (g,))}))
     assert view.nodes["n"].state.core_free(g.uuid) == 0
-    out = view.filter(spec_pod("s", {R.GPU_CORE: "10", R.GPU_MEMORY_RATIO: "10", R.GPU_SLOTS: "1"}), ["n"], "kubegpu")
+    out = filter_(view, spec_pod("s", {R.GPU_CORE: "10", R.GPU_MEMORY_RATIO: "10", R.GPU_SLOTS: "1"}), ["n"])
     assert out.passed == ["n"]  # another GPU, not GPU 2
-    alloc, _ = view.choose(spec_pod("s", {R.GPU_CORE: "10", R.GPU_MEMORY_RATIO: "10", R.GPU_SLOTS: "1"}),
-                           "n", "kubegpu")
+    alloc, _ = view.choose(plan_of(spec_pod("s", {R.GPU_CORE: "10", R.GPU_MEMORY_RATIO: "10", R.GPU_SLOTS: "1"})), "n")
     assert alloc is not None and g.uuid not in {x.uuid for x in alloc.grants()}
 
 
 def test_one_waiting_pod_per_resource_and_count_on_a_node(view: ClusterView) -> None:
     """Issue 24: the rule is checked at bind (serialized), not at filter (kube-scheduler filters the next pod
     before the previous bind arrives); the wait ends with the acknowledgement, or once the pod runs."""
-    from kubegpu.model.request import parse_pod
 
     one = {R.NVIDIA_GPU: "1"}
     rec = PodAllocation((ContainerAllocation("c", (share(view, 0, 100),)),))
     waiting = spec_pod("w", one, rec)
     waiting["status"] = {"phase": "Pending"}
-    view.observe_pod(waiting)
+    observe(view, waiting)
     x = spec_pod("x", one)
-    assert view.filter(x, ["n"], "kubegpu").passed == ["n"]  # filter does not guess
-    assert "being handed to the kubelet" in view.ledger.handoff_blocked(x, parse_pod(x))["n"]
+    assert filter_(view, x, ["n"]).passed == ["n"]  # filter does not guess
+    assert "being handed to the kubelet" in blocked(view, x)["n"]
     y = spec_pod("y", {R.NVIDIA_GPU: "2"})
-    assert view.ledger.handoff_blocked(y, parse_pod(y)) == {}  # another count: the kubelet's calls tell them apart
+    assert blocked(view, y) == {}  # another count: the kubelet's calls tell them apart
     g = rec.grants()[0]
     acked = spec_pod("w", one, rec, acks={"c": Ack(R.NVIDIA_GPU, (g.uuid,), (g,))})
     acked["status"] = {"phase": "Pending"}
-    view.observe_pod(acked)  # served
-    assert view.ledger.handoff_blocked(x, parse_pod(x)) == {}
-    view.observe_pod(waiting)  # (a recreated view) waiting again, then running with no acknowledgement yet
-    assert view.ledger.handoff_blocked(x, parse_pod(x))
-    view.observe_pod(spec_pod("w", one, rec))
-    assert view.ledger.handoff_blocked(x, parse_pod(x)) == {}
+    observe(view, acked)  # served
+    assert blocked(view, x) == {}
+    observe(view, waiting)  # (a recreated view) waiting again, then running with no acknowledgement yet
+    assert blocked(view, x)
+    observe(view, spec_pod("w", one, rec))
+    assert blocked(view, x) == {}
 
 
 @pytest.mark.parametrize("how", ["deleted", "failed by its kubelet", "deleted, found by a relist"])
@@ -109,7 +131,6 @@ def test_a_pod_that_ended_while_waiting_holds_its_kind_until_its_node_has_seen_i
     not be bound there while the node daemon's view (its watch behind) still shows the first one waiting,
     or its call would be served the first one's record. The node publishes how far its view has got
     (A.HANDOFF_SEEN); the ended pod keeps its kind waiting until that reaches its end."""
-    from kubegpu.model.request import parse_pod
     from kubegpu.scheduler.service import node_handler
 
     one = {R.GPU_CORE: "40", R.GPU_MEMORY_RATIO: "40", R.GPU_SLOTS: "1"}
@@ -129,32 +150,31 @@ def test_a_pod_that_ended_while_waiting_holds_its_kind_until_its_node_has_seen_i
         nodes(WatchEvent(EventType.MODIFIED, Node(metadata=ObjectMeta(name="n", annotations=ann))))
 
     node_event("9")
-    view.observe_pod(waiting)
+    observe(view, waiting)
     nxt = spec_pod("next", one)
-    assert "being handed" in view.ledger.handoff_blocked(nxt, parse_pod(nxt))["n"]
+    assert "being handed" in blocked(view, nxt)["n"]
     if how == "deleted":
         gone = dict(waiting, metadata=dict(waiting["metadata"], resourceVersion="12"))
-        view.observe_pod(gone, deleted=True)
+        observe(view, gone, deleted=True)
     elif how == "failed by its kubelet":
-        view.observe_pod(dict(waiting, metadata=dict(waiting["metadata"], resourceVersion="12"),
+        observe(view, dict(waiting, metadata=dict(waiting["metadata"], resourceVersion="12"),
                               status={"phase": "Failed"}))
     else:
-        view.observe_pod(waiting, deleted=True, version="12")  # the last version held; the LIST's is 12
+        observe(view, waiting, deleted=True, version="12")  # the last version held; the LIST's is 12
     assert view.nodes["n"].state.core_free(rec.grants()[0].uuid) == 100  # type: ignore[union-attr]  # GPUs freed
-    why = view.ledger.handoff_blocked(nxt, parse_pod(nxt))["n"]
+    why = blocked(view, nxt)["n"]
     assert "d/w ended before its node's daemon served it" in why
     other_kind = spec_pod("whole", {R.NVIDIA_GPU: "1"})
-    assert view.ledger.handoff_blocked(other_kind, parse_pod(other_kind)) == {}
+    assert blocked(view, other_kind) == {}
     node_event("11")  # the daemon's view: not there yet
-    assert view.ledger.handoff_blocked(nxt, parse_pod(nxt))
+    assert blocked(view, nxt)
     node_event("12")
-    assert view.ledger.handoff_blocked(nxt, parse_pod(nxt)) == {}
-    assert view.ledger.pending.get("n", {}) == {} and view.ledger.ended == {}
+    assert blocked(view, nxt) == {}
+    assert view.handoffs.pending.get("n", {}) == {} and view.handoffs.ended == {}
 
 
 def test_an_ended_pod_waits_for_nothing_on_a_node_that_does_not_publish_or_has_seen_further(
         view: ClusterView) -> None:
-    from kubegpu.model.request import parse_pod
 
     one = {R.NVIDIA_GPU: "1"}
     rec = PodAllocation((ContainerAllocation("c", (share(view, 0, 100),)),))
@@ -162,21 +182,21 @@ def test_an_ended_pod_waits_for_nothing_on_a_node_that_does_not_publish_or_has_s
     waiting["status"] = {"phase": "Pending"}
     waiting["metadata"]["resourceVersion"] = "10"
     nxt = spec_pod("next", one)
-    view.observe_pod(waiting)
-    view.observe_pod(dict(waiting, metadata=dict(waiting["metadata"], resourceVersion="12")), deleted=True)
-    assert view.ledger.handoff_blocked(nxt, parse_pod(nxt)) == {}  # no kubegpu daemon publishing: as before
-    view.ledger.node_progress("n", "15")  # a daemon whose view is already past the end
-    view.observe_pod(waiting)
-    view.observe_pod(dict(waiting, metadata=dict(waiting["metadata"], resourceVersion="14")), deleted=True)
-    assert view.ledger.handoff_blocked(nxt, parse_pod(nxt)) == {}
-    view.observe_pod(waiting)
-    view.observe_pod(dict(waiting, metadata=dict(waiting["metadata"], resourceVersion="16")), deleted=True)
-    assert view.ledger.handoff_blocked(nxt, parse_pod(nxt))
-    view.ledger.node_progress("n", "15x")  # not a version (a hand-edited annotation): as if not published
-    assert view.ledger.handoff_blocked(nxt, parse_pod(nxt)) == {}
-    view.ledger.node_progress("n", "15")
-    view.observe_pod(waiting)
-    view.observe_pod(dict(waiting, metadata=dict(waiting["metadata"], resourceVersion="16")), deleted=True)
-    assert view.ledger.handoff_blocked(nxt, parse_pod(nxt))
+    observe(view, waiting)
+    observe(view, dict(waiting, metadata=dict(waiting["metadata"], resourceVersion="12")), deleted=True)
+    assert blocked(view, nxt) == {}  # no kubegpu daemon publishing: as before
+    view.handoffs.node_progress("n", "15")  # a daemon whose view is already past the end
+    observe(view, waiting)
+    observe(view, dict(waiting, metadata=dict(waiting["metadata"], resourceVersion="14")), deleted=True)
+    assert blocked(view, nxt) == {}
+    observe(view, waiting)
+    observe(view, dict(waiting, metadata=dict(waiting["metadata"], resourceVersion="16")), deleted=True)
+    assert blocked(view, nxt)
+    view.handoffs.node_progress("n", "15x")  # not a version (a hand-edited annotation): as if not published
+    assert blocked(view, nxt) == {}
+    view.handoffs.node_progress("n", "15")
+    observe(view, waiting)
+    observe(view, dict(waiting, metadata=dict(waiting["metadata"], resourceVersion="16")), deleted=True)
+    assert blocked(view, nxt)
     view.remove_node("n")  # the Node gone: nothing will ever be seen there
-    assert view.ledger.handoff_blocked(nxt, parse_pod(nxt)) == {}
+    assert blocked(view, nxt) == {}

@@ -3,22 +3,30 @@ and the extender itself on a real loopback port."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
+import os
 import random
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
 
+from kubegpu.cli.scheduler import environment_settings
 from kubegpu.inventory.fake import FakeBackend
 from kubegpu.model.allocation import ContainerAllocation, DeviceGrant, PodAllocation
 from kubegpu.model.device_object import device_object
 from kubegpu.model.inventory import NodeInventory
 from kubegpu.placement import PlacementConflict
+from kubegpu.scheduler.limits import Limits, bounded_filter, fitted_node_by_node
+from kubegpu.scheduler.plan import PlanSettings, PodPlan, plan_pod
 from kubegpu.scheduler.service import ServiceThread
 from kubegpu.scheduler.state import ClusterView
+from kubegpu.scheduler.verbs import FilterOutcome
 from kubegpu_standins.apiserver import ApiServer
 
 # Recorded from a real kube-scheduler v1.24 (the bodies it sent, its nodes, the pods), shipped with the tests.
@@ -89,7 +97,8 @@ def start_cluster(tmp_path: Path, inventories: list[NodeInventory] | None = None
     for inv in inventories if inventories is not None else fixture_inventories():
         api.put_object(device_object(inv))
     kc = api.write_kubeconfig(tmp_path / "kubeconfig")
-    ext = ServiceThread(kc, **policies).start()
+    env = environment_settings(os.environ)  # the conftest and some tests set the handoff wait's variables
+    ext = ServiceThread(kc, handoff_wait=env["handoff_wait"], handoff_wait_s=env["handoff_wait_s"], **policies).start()
     return api, ext
 
 
@@ -106,7 +115,7 @@ def hold_random(view: ClusterView, rng: random.Random, nodes: list[str], key: st
     core = rng.choice([10, 25, 50, 100])
     grants = tuple(DeviceGrant(g.minor, g.uuid, core, g.memory_bytes * core // 100, core) for g in gpus)
     try:
-        view.hold(key, key, node, PodAllocation((ContainerAllocation("c", grants),)))
+        view.ledger.hold(key, key, node, PodAllocation((ContainerAllocation("c", grants),)))
     except PlacementConflict:
         return False
     return True
@@ -117,3 +126,27 @@ def mark_running(cluster: Cluster, name: str) -> None:
     store = cluster.api.store
     store.update(cluster.api.kind("pods"), "default", name, lambda o: {**o, "status": {"phase": "Running"}},
                  subresource="status")
+
+
+def plan_of(pod: dict[str, Any], **settings: Any) -> PodPlan:
+    """The pod's plan as the extender makes it, with the default settings (or ``settings``)."""
+    return plan_pod(pod, PlanSettings(**settings))
+
+
+def filter_(view: ClusterView, pod: dict[str, Any], names: Sequence[str]) -> FilterOutcome:
+    """The extender's filter of ``pod`` over ``names`` (the array paths and the node-by-node fit alike)."""
+    plan = plan_of(pod)
+    if not fitted_node_by_node(plan):
+        return view.filter(plan, names)  # no loop: nothing formats the answer before the caller reads it
+    return asyncio.run(bounded_filter(view, plan, names, Limits(filter_budget_s=3600)))  # no time budget
+
+
+def blocked(view: ClusterView, pod: dict[str, Any]) -> dict[str, str]:
+    """The nodes where ``pod`` would wait for its handoff turn, with why."""
+    plan = plan_of(pod)
+    return view.handoffs.blocked(plan.key, plan.shapes)
+
+
+def observe(view: ClusterView, pod: dict[str, Any], deleted: bool = False, version: str = "") -> None:
+    """A pod event from the watch, as the extender's pod handler hands it to the accounting."""
+    view.ledger.observe_pod(pod, plan_of(pod), deleted, version)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sched_harness import hold_random
+from sched_harness import filter_, hold_random, plan_of
 
 from kubegpu.inventory.fake import FakeBackend
 from kubegpu.scheduler import wire
@@ -40,35 +40,35 @@ def answers(view: ClusterView, memo: wire.NameMemo, p: dict[str, Any], names: li
     """The filter answer and the prioritize answer (decoded) for ``names``, through the kept tables."""
     args = wire.decode_args(msgspec.json.encode({"Pod": p, "NodeNames": names}), memo)
     assert args.NodeNames is not None
-    out = view.filter(p, args.NodeNames, "kubegpu")
+    out = filter_(view, p, args.NodeNames)
     passed = memo.answered(out.passed, getattr(out, "passed_json", None))
     assert json.loads(passed) == list(out.passed)
     failed = json.loads(wire.encode(wire.ExtenderFilterResult(None, None, out.failed, {})))["FailedNodes"]
     assert failed == {k: readable(v) for k, v in out.failed.items()}
     pargs = wire.decode_args(b'{"Pod":' + msgspec.json.encode(p) + b',"NodeNames":' + passed + b"}", memo)
     assert pargs.NodeNames is not None
-    scores = json.loads(view.prioritize_json(p, pargs.NodeNames, "kubegpu"))
-    assert [h["Score"] for h in scores] == view.prioritize(p, list(pargs.NodeNames), "kubegpu")
+    scores = json.loads(view.prioritize_json(plan_of(p), pargs.NodeNames))
+    assert [h["Score"] for h in scores] == view.prioritize(plan_of(p), list(pargs.NodeNames))
     return (list(out.passed), failed), scores
 
 
 def fresh_copy(view: ClusterView) -> ClusterView:
     """A view with the same nodes and held pods, and nothing kept."""
-    other = ClusterView()
+    other = ClusterView(handoff_wait=False)
     other.scoring = view.scoring  # the same learned workload and policies (kept scores are by generation)
     for name, rec in view.nodes.items():
         other.set_node_labels(name, rec.labels)
         if rec.inventory is not None:
             other.set_inventory(name, rec.inventory)
-    for key, h in view.held.items():
-        other.hold(key, h.uid, h.node, h.alloc)
+    for key, h in view.ledger.held.items():
+        other.ledger.hold(key, h.uid, h.node, h.alloc)
     return other
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_kept_answers_follow_every_change(seed: int) -> None:
     rng = random.Random(seed)
-    view = ClusterView()
+    view = ClusterView(handoff_wait=False)
     memo = wire.NameMemo()
     nodes = [f"n{i:02d}" for i in range(8)]
     for n in nodes:
@@ -88,7 +88,7 @@ def test_kept_answers_follow_every_change(seed: int) -> None:
                 continue
             held.append(key)
         elif op < 0.75 and held:  # one leaves
-            view.release(held.pop(rng.randrange(len(held))))
+            view.ledger.release(held.pop(rng.randrange(len(held))))
         elif op < 0.85:  # a Device object changes or goes away (new arrays when the shape changes)
             node = rng.choice(nodes)
             view.set_inventory(node, None if rng.random() < 0.3 else
@@ -147,7 +147,7 @@ def test_host_table_refuses_names_too_unequal_to_pad() -> None:
 
 
 def test_lists_are_read_as_windows_and_rows_without_listing_names() -> None:
-    view = ClusterView()
+    view = ClusterView(handoff_wait=False)
     names = [f"n{i}" for i in range(6)]
     for n in names:
         view.set_inventory(n, FakeBackend("t4x4", node_name=n).discover())
@@ -156,7 +156,7 @@ def test_lists_are_read_as_windows_and_rows_without_listing_names() -> None:
     window = memo.names(msgspec.json.encode(names[4:] + names[:3]))
     assert isinstance(window, wire.NameWindow) and window == names[4:] + names[:3]
     assert view.node_rows(window).tolist() == [view.mirror.row(n) for n in names[4:] + names[:3]]
-    out = view.filter(pod(1, {"nvidia.com/gpu": "1"}), window, "kubegpu")
+    out = filter_(view, pod(1, {"nvidia.com/gpu": "1"}), window)
     assert isinstance(out.passed, wire.RowNames) and out.passed._list is None  # not listed to be answered
     assert view.node_rows(out.passed) is out.passed.rows
     view.set_inventory("n9", FakeBackend("t4x4", node_name="n9").discover())  # new arrays: rows are looked up

@@ -12,9 +12,8 @@ from sched_harness import Cluster, start_cluster
 
 from kubegpu.inventory.fake import FakeBackend
 from kubegpu.model.allocation import decode
-from kubegpu.model.annotations import DEVICE_ALLOCATED, GPU_MODEL, GPU_POLICY, NODE_POLICY
+from kubegpu.model.annotations import DEVICE_ALLOCATED, GPU_MODEL, GPU_POLICY, NODE_POLICY, REQUIRE_NVLINK
 from kubegpu.scheduler.metrics import ExtenderMetrics
-from kubegpu.scheduler.state import REQUIRE_NVLINK
 
 
 def pod(name: str, limits: dict[str, str] | list[dict[str, str]], annotations: dict[str, str] | None = None,

@@ -25,9 +25,8 @@ from kubegpu.model.allocation import ContainerAllocation, DeviceGrant, PodAlloca
 from kubegpu.model.limits import count_gpu_containers
 from kubegpu.model.request import parse_pod
 from kubegpu.model.signing import record_annotations
-from kubegpu.scheduler.accounting import PodFacts, follows_its_node
 from kubegpu.scheduler.pending import PendingPods, kept_for_bind, read_at_bind
-from kubegpu.scheduler.requests import pod_policies, pod_resources, requires_nvlink
+from kubegpu.scheduler.plan import PlanSettings, follows_its_node, plan_pod, pod_policies
 from kubegpu.scheduler.service import kept_pod
 
 
@@ -93,7 +92,7 @@ def test_bind_reads_the_watched_pod_with_no_get(cluster: Cluster) -> None:
     assert _requests(cluster, "GET pods") == gets  # no read of the pod: the watch's copy was used
     node, alloc = _record(cluster, "w")
     assert node == "gpu-node-a" and alloc is not None and alloc.grants()[0].core == 30
-    assert cluster.ext.call(lambda: cluster.view.held["default/w"].node) == "gpu-node-a"
+    assert cluster.ext.call(lambda: cluster.view.ledger.held["default/w"].node) == "gpu-node-a"
     # Bound, it leaves the copies (its entry is the accounting's tombstone now).
     assert until(lambda: cluster.ext.call(lambda: cluster.ext.service.pending.get("default/w")) is None)
 
@@ -120,7 +119,7 @@ def test_a_copy_older_than_the_pod_is_never_bound(cluster: Cluster) -> None:
     assert "GPU model not in the allowed A100" in err
     assert _requests(cluster, "POST pods/binding") == bindings + 1  # the copy's Binding, refused (409)
     assert _record(cluster, "m") == (None, None)
-    assert cluster.ext.call(lambda: "default/m" not in cluster.view.held)
+    assert cluster.ext.call(lambda: "default/m" not in cluster.view.ledger.held)
 
 
 def test_a_refusal_is_answered_from_the_api_servers_pod_not_the_copy(cluster: Cluster) -> None:
@@ -146,8 +145,8 @@ def test_a_copy_that_changed_only_elsewhere_binds_at_the_new_version(cluster: Cl
     assert _bind(cluster, "v", created["metadata"]["uid"], "gpu-node-c") == ""
     assert _requests(cluster, "POST pods/binding") == bindings + 2
     assert _record(cluster, "v")[0] == "gpu-node-c"
-    assert cluster.ext.call(lambda: sorted(k for k, h in cluster.view.held.items() if h.node == "gpu-node-c")) == [
-        "default/v"]
+    held = cluster.view.ledger.held
+    assert cluster.ext.call(lambda: sorted(k for k, h in held.items() if h.node == "gpu-node-c")) == ["default/v"]
 
 
 def test_a_pod_recreated_under_its_name(cluster: Cluster) -> None:
@@ -163,13 +162,14 @@ def test_a_pod_recreated_under_its_name(cluster: Cluster) -> None:
     _lag(cluster, "default/x", old_copy)  # the watch still shows the old pod
     err = _bind(cluster, "x", old["metadata"]["uid"], "gpu-node-a")
     assert "recreated" in err and new["metadata"]["uid"] in err
-    assert _record(cluster, "x") == (None, None) and cluster.ext.call(lambda: "default/x" not in cluster.view.held)
+    assert _record(cluster, "x") == (None, None)
+    assert cluster.ext.call(lambda: "default/x" not in cluster.view.ledger.held)
 
     gets = _requests(cluster, "GET pods")
     assert _bind(cluster, "x", new["metadata"]["uid"], "gpu-node-a") == ""  # the copy's UID is not this one
     assert _requests(cluster, "GET pods") == gets + 1
     assert _record(cluster, "x")[0] == "gpu-node-a"
-    assert cluster.ext.call(lambda: cluster.view.held["default/x"].uid) == new["metadata"]["uid"]
+    assert cluster.ext.call(lambda: cluster.view.ledger.held["default/x"].uid) == new["metadata"]["uid"]
 
 
 def test_a_pod_deleted_after_its_copy_is_a_lookup_failure(cluster: Cluster) -> None:
@@ -181,7 +181,7 @@ def test_a_pod_deleted_after_its_copy_is_a_lookup_failure(cluster: Cluster) -> N
     _lag(cluster, "default/d", older)
     err = _bind(cluster, "d", created["metadata"]["uid"], "gpu-node-a")
     assert "cannot read pod default/d" in err
-    assert cluster.ext.call(lambda: "default/d" not in cluster.view.held)
+    assert cluster.ext.call(lambda: "default/d" not in cluster.view.ledger.held)
 
 
 # --- what is kept of a pending pod --------------------------------------------------------------------------
@@ -221,11 +221,9 @@ def test_what_bind_reads_of_the_kept_copy_is_what_it_reads_of_the_pod(full: dict
     assert got is not None
     assert parse_pod(got) == parse_pod(full)
     assert pod_policies(got, "a", "b") == pod_policies(full, "a", "b")
-    assert requires_nvlink(got) == requires_nvlink(full)
     assert follows_its_node(got) == follows_its_node(full)
-    assert pod_resources(got) == pod_resources(full)
     assert count_gpu_containers(got) == count_gpu_containers(full)
-    assert PodFacts.of(got) == PodFacts.of(full)
+    assert plan_pod(got, PlanSettings()) == plan_pod(full, PlanSettings())  # demand, NVLink, CPU, memory and all
     assert got["metadata"]["uid"] == full["metadata"]["uid"] and got["metadata"]["resourceVersion"] == "7"
     kept_keys = set(got["metadata"].get("annotations") or {})
     assert kept_keys == {k for k in full["metadata"].get("annotations") or {} if read_at_bind(k)}
@@ -286,21 +284,21 @@ def test_a_pod_bound_elsewhere_while_its_bind_waits_keeps_what_it_holds_there(tm
         answer: list[str] = []
         waiting = threading.Thread(target=lambda: answer.append(_bind(cluster, "b", uid, "gpu-node-a")))
         waiting.start()
-        assert until(lambda: cluster.ext.call(lambda: cluster.view.ledger.waiting_binds.get("gpu-node-a", 0)) == 1)
+        assert until(lambda: cluster.ext.call(lambda: cluster.view.handoffs.waiting_binds.get("gpu-node-a", 0)) == 1)
 
         gpu = cluster.ext.call(lambda: cluster.view.nodes["gpu-node-b"].inventory.gpus[0])
         grant = DeviceGrant(gpu.minor, gpu.uuid, 100, gpu.memory_bytes, 100)
         value = encode(PodAllocation((ContainerAllocation("c0", (grant,)),)))
-        key = cluster.ext.call(lambda: cluster.view.record_key)
+        key = cluster.ext.call(lambda: cluster.view.ledger.record_key)
         api.store.bind("default", "b", {"target": {"kind": "Node", "name": "gpu-node-b"},
                                         "metadata": {"annotations": record_annotations(value, uid, "gpu-node-b", key)}})
         assert until(lambda: cluster.ext.call(
-            lambda: (h := cluster.view.held.get("default/b")) is not None and h.node == "gpu-node-b"))
+            lambda: (h := cluster.view.ledger.held.get("default/b")) is not None and h.node == "gpu-node-b"))
 
         mark_running(cluster, "a")  # a's containers started: its turn is over
         waiting.join(15)
         assert answer and "already bound to gpu-node-b" in answer[0]
-        held = cluster.ext.call(lambda: cluster.view.held.get("default/b"))
+        held = cluster.ext.call(lambda: cluster.view.ledger.held.get("default/b"))
         assert held is not None and held.node == "gpu-node-b" and held.alloc.grants()[0].uuid == gpu.uuid
         assert _record(cluster, "b")[0] == "gpu-node-b"
     finally:

@@ -83,10 +83,10 @@ def test_recorded_binds_annotate_then_bind(cluster: Cluster) -> None:
         if sent["PodName"] == "gpu-two-containers":
             assert {c.container for c in alloc.containers} == {"trainer", "helper"}
         # Retrying a bind that went through is a success, and holds nothing twice.
-        held = cluster.ext.call(lambda: len(cluster.view.held))
+        held = cluster.ext.call(lambda: len(cluster.view.ledger.held))
         again = cluster.post("/scheduler/bind", path.read_bytes())
         assert again.json() == {"Error": ""}
-        assert cluster.ext.call(lambda: len(cluster.view.held)) == held
+        assert cluster.ext.call(lambda: len(cluster.view.ledger.held)) == held
     # Whole GPUs of gpu-whole-2 and gpu-two-containers' trainer are distinct GPUs of gpu-node-a.
     summary = cluster.http.get("/apis/v1/plugins/DeviceShare/nodeDeviceSummaries/gpu-node-a").json()
     # The seed's keys, and kubegpu's additions for `kubegpu status --extender` (the holdings per container; each

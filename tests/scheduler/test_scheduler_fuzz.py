@@ -32,7 +32,7 @@ _names = st.lists(st.sampled_from(["gpu-node-a", "gpu-node-b", "gpu-node-c", "gh
 
 
 def _extender() -> Extender:
-    view = ClusterView()
+    view = ClusterView(handoff_wait=False)
     for inv in fixture_inventories():
         view.set_inventory(inv.name, inv)
     return Extender(view, None)

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
+from sched_harness import blocked, filter_, observe, plan_of
 
 from kubegpu.inventory.fake import FakeBackend
 from kubegpu.model import annotations as A
@@ -20,7 +21,7 @@ from kubegpu.model.allocation import ContainerAllocation, DeviceGrant, PodAlloca
 from kubegpu.model.records import Ack, ambiguous, encode_acks, request_shapes
 from kubegpu.model.request import PodRequest, parse_pod
 from kubegpu.placement import PlacementConflict
-from kubegpu.scheduler.accounting import Ledger
+from kubegpu.scheduler.handoff import HandoffQueue
 from kubegpu.scheduler.limits import Limits, bounded_filter
 from kubegpu.scheduler.state import ClusterView
 
@@ -53,9 +54,9 @@ def new_view(clock: Clock | None = None) -> ClusterView:
     return v
 
 
-def reference_blocked(ledger: Ledger, pod: Mapping[str, Any], request: PodRequest) -> dict[str, str]:
+def reference_blocked(ledger: HandoffQueue, pod: Mapping[str, Any], request: PodRequest) -> dict[str, str]:
     """The scan the index replaced: every waiting pod of every node."""
-    if not ledger.pending or not ledger.handoff_wait:
+    if not ledger.pending or not ledger.enabled:
         return {}
     meta = pod.get("metadata") or {}
     key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
@@ -72,7 +73,7 @@ def reference_blocked(ledger: Ledger, pod: Mapping[str, Any], request: PodReques
     return out
 
 
-def reindexed(ledger: Ledger) -> dict[tuple[str, int], dict[str, str]]:
+def reindexed(ledger: HandoffQueue) -> dict[tuple[str, int], dict[str, str]]:
     """kind -> node -> the first pod waiting there with that kind, from the waiting pods themselves."""
     out: dict[tuple[str, int], dict[str, str]] = {}
     for node, per in ledger.pending.items():
@@ -118,7 +119,7 @@ PROBES = [make_pod("probe-a", [WHOLE1]), make_pod("probe-b", [WHOLE2]), make_pod
 
 
 def check(view: ClusterView, extra_probes: list[dict[str, Any]] = ()) -> None:  # type: ignore[assignment]
-    ledger = view.ledger
+    ledger = view.handoffs
     assert ledger.pending_kinds == reindexed(ledger)
     # The kept reasons and who-waits-where follow the index (private, but stale copies are the risk here).
     assert {kind: set(nodes) for kind, nodes in ledger._kind_reasons.items()} == \
@@ -130,11 +131,11 @@ def check(view: ClusterView, extra_probes: list[dict[str, Any]] = ()) -> None:  
     assert ledger._waits_on == waits_on
     for probe in [*PROBES, *extra_probes]:
         request = parse_pod(probe)
-        assert ledger.handoff_blocked(probe, request) == reference_blocked(ledger, probe, request)
+        assert blocked(view, probe) == reference_blocked(ledger, probe, request)
 
 
 def blocked_map(view: ClusterView) -> list[dict[str, str]]:
-    return [view.ledger.handoff_blocked(p, parse_pod(p)) for p in PROBES]
+    return [blocked(view, p) for p in PROBES]
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -154,7 +155,7 @@ def test_index_answers_as_the_full_scan_through_every_change(seed: int) -> None:
             acked = tuple(f"c{i}" for i in range(len(containers)) if rng.random() < 0.2)
             uid = f"{name}-{step}" if rng.random() < 0.2 else name  # sometimes recreated under a new UID
             p = make_pod(name, containers, node, alloc, acked, uid=uid)
-            view.observe_pod(p)
+            observe(view, p)
             live[name] = p
         elif op < 0.55:  # the node serves it: acknowledged in full
             name = rng.choice(sorted(live))
@@ -165,38 +166,38 @@ def test_index_answers_as_the_full_scan_through_every_change(seed: int) -> None:
                 containers = [c["resources"]["limits"] for c in p["spec"]["containers"]]
                 served = tuple(c.container for c in alloc.containers)
                 q = make_pod(name, containers, p["spec"]["nodeName"], alloc, served, uid=p["metadata"]["uid"])
-                view.observe_pod(q)
+                observe(view, q)
                 live[name] = q
         elif op < 0.7:  # deleted
             name = rng.choice(sorted(live))
-            view.observe_pod(live.pop(name), deleted=True)
+            observe(view, live.pop(name), deleted=True)
         elif op < 0.78:  # finished
             name = rng.choice(sorted(live))
             p = live.pop(name)
-            view.observe_pod({**p, "status": {"phase": rng.choice(["Succeeded", "Failed"])}})
+            observe(view, {**p, "status": {"phase": rng.choice(["Succeeded", "Failed"])}})
         elif op < 0.92:  # the extender binds a pod itself (an assumed hold), maybe echoed later
             name = f"b{rng.randrange(20)}"
             containers = rng.choice([[s] for s in SHAPES] + [[WHOLE2, SHARE1]])
             node = rng.choice(NODES)
             p = make_pod(name, containers)
-            if f"d/{name}" in view.held:
-                view.release(f"d/{name}")
+            if f"d/{name}" in view.ledger.held:
+                view.ledger.release(f"d/{name}")
             alloc = allocation(view, node, containers, rng)
             try:
-                view.hold(f"d/{name}", name, node, alloc, assumed=True, pod=p)
+                view.ledger.hold(f"d/{name}", name, node, alloc, assumed=True, plan=plan_of(p))
             except PlacementConflict:  # did not fit: nothing held, as in bind
                 continue
-            view.mark_bound(f"d/{name}")
+            view.ledger.mark_bound(f"d/{name}")
             if rng.random() < 0.5:  # the watch echoes the bind: the pod with its record, unserved
                 echoed = make_pod(name, containers, node, alloc)
-                view.observe_pod(echoed)
+                observe(view, echoed)
                 live[name] = echoed
         else:  # time passes: unechoed assumptions expire; or one is released (a failed bind)
             if rng.random() < 0.5:
                 clock.now += 200
-                view.expire_assumed()
-            elif view.held:
-                view.release(rng.choice(sorted(view.held)))
+                view.ledger.expire_assumed()
+            elif view.ledger.held:
+                view.ledger.release(rng.choice(sorted(view.ledger.held)))
         # Probes named like live pods: a pod never waits on itself.
         check(view, [live[n] for n in sorted(live)[:3]])
     # Restart: a new extender rebuilt from the live pods, in any order, waits on the same nodes as one fed
@@ -206,15 +207,15 @@ def test_index_answers_as_the_full_scan_through_every_change(seed: int) -> None:
     rng.shuffle(survivors)
     fresh = new_view()
     for p in survivors:
-        fresh.observe_pod(p)
+        observe(fresh, p)
     check(fresh)
     in_order = new_view()
     for name in sorted(live):
-        in_order.observe_pod(live[name])
+        observe(in_order, live[name])
     check(in_order)
     assert [set(b) for b in blocked_map(fresh)] == [set(b) for b in blocked_map(in_order)]
-    assert {k: set(v) for k, v in fresh.ledger.pending_kinds.items()} == \
-        {k: set(v) for k, v in in_order.ledger.pending_kinds.items()}  # the same nodes wait (who first: order)
+    assert {k: set(v) for k, v in fresh.handoffs.pending_kinds.items()} == \
+        {k: set(v) for k, v in in_order.handoffs.pending_kinds.items()}  # the same nodes wait (who first: order)
 
 
 def test_served_deleted_and_restarted() -> None:
@@ -222,33 +223,33 @@ def test_served_deleted_and_restarted() -> None:
     view = new_view()
     alloc = allocation(view, "n1", [WHOLE1], rng)
     waiting = make_pod("w", [WHOLE1], "n1", alloc)
-    view.observe_pod(waiting)
+    observe(view, waiting)
     probe = PROBES[0]
-    assert set(view.ledger.handoff_blocked(probe, parse_pod(probe))) == {"n1"}
-    assert view.ledger.pending_kinds == {(R.NVIDIA_GPU, 1): {"n1": "d/w"}}
+    assert set(blocked(view, probe)) == {"n1"}
+    assert view.handoffs.pending_kinds == {(R.NVIDIA_GPU, 1): {"n1": "d/w"}}
     # Another count and a share are not blocked.
     for p in PROBES[1:3]:
-        assert view.ledger.handoff_blocked(p, parse_pod(p)) == {}
+        assert blocked(view, p) == {}
     # Served: nothing waits, the index is empty again.
-    view.observe_pod(make_pod("w", [WHOLE1], "n1", alloc, ("c0",)))
-    assert view.ledger.handoff_blocked(probe, parse_pod(probe)) == {} and view.ledger.pending_kinds == {}
+    observe(view, make_pod("w", [WHOLE1], "n1", alloc, ("c0",)))
+    assert blocked(view, probe) == {} and view.handoffs.pending_kinds == {}
     # Unserved again on another node after a recreate; then deleted.
     alloc2 = allocation(view, "n2", [WHOLE1], rng)
-    view.observe_pod(make_pod("w", [WHOLE1], "n2", alloc2, uid="w2"))
-    assert set(view.ledger.handoff_blocked(probe, parse_pod(probe))) == {"n2"}
-    view.observe_pod(make_pod("w", [WHOLE1], "n2", alloc2, uid="w2"), deleted=True)
-    assert view.ledger.pending_kinds == {} and view.ledger.handoff_blocked(probe, parse_pod(probe)) == {}
+    observe(view, make_pod("w", [WHOLE1], "n2", alloc2, uid="w2"))
+    assert set(blocked(view, probe)) == {"n2"}
+    observe(view, make_pod("w", [WHOLE1], "n2", alloc2, uid="w2"), deleted=True)
+    assert view.handoffs.pending_kinds == {} and blocked(view, probe) == {}
     # A two-container pod partly served waits only with the unserved container's kind.
     two = [WHOLE1, SHARE1]
     alloc3 = allocation(view, "n3", two, rng)
-    view.observe_pod(make_pod("m", two, "n3", alloc3, ("c0",)))
-    assert view.ledger.pending_kinds == {(R.GPU_SLOTS, 1): {"n3": "d/m"}}
-    assert view.ledger.handoff_blocked(probe, parse_pod(probe)) == {}
-    assert set(view.ledger.handoff_blocked(PROBES[2], parse_pod(PROBES[2]))) == {"n3"}
+    observe(view, make_pod("m", two, "n3", alloc3, ("c0",)))
+    assert view.handoffs.pending_kinds == {(R.GPU_SLOTS, 1): {"n3": "d/m"}}
+    assert blocked(view, probe) == {}
+    assert set(blocked(view, PROBES[2])) == {"n3"}
     # Restart: the same answer from the live pods alone.
     fresh = new_view()
-    fresh.observe_pod(make_pod("m", two, "n3", alloc3, ("c0",)))
-    assert fresh.ledger.pending_kinds == view.ledger.pending_kinds
+    observe(fresh, make_pod("m", two, "n3", alloc3, ("c0",)))
+    assert fresh.handoffs.pending_kinds == view.handoffs.pending_kinds
     assert blocked_map(fresh) == blocked_map(view)
 
 
@@ -257,12 +258,12 @@ def test_bind_waits_then_release_clears() -> None:
     view = new_view()
     p = make_pod("b", [WHOLE2])
     alloc = allocation(view, "n0", [WHOLE2], rng)
-    view.hold("d/b", "b", "n0", alloc, assumed=True, pod=p)
-    assert view.ledger.pending_kinds == {(R.NVIDIA_GPU, 2): {"n0": "d/b"}}
-    assert set(view.ledger.handoff_blocked(PROBES[1], parse_pod(PROBES[1]))) == {"n0"}
-    assert view.ledger.handoff_blocked(p, parse_pod(p)) == {}  # never waits on itself
-    view.release("d/b")
-    assert view.ledger.pending_kinds == {} and view.ledger.handoff_blocked(PROBES[1], parse_pod(PROBES[1])) == {}
+    view.ledger.hold("d/b", "b", "n0", alloc, assumed=True, plan=plan_of(p))
+    assert view.handoffs.pending_kinds == {(R.NVIDIA_GPU, 2): {"n0": "d/b"}}
+    assert set(blocked(view, PROBES[1])) == {"n0"}
+    assert blocked(view, p) == {}  # never waits on itself
+    view.ledger.release("d/b")
+    assert view.handoffs.pending_kinds == {} and blocked(view, PROBES[1]) == {}
 
 
 def test_filter_never_guesses_the_wait_bind_checks_it() -> None:
@@ -271,21 +272,21 @@ def test_filter_never_guesses_the_wait_bind_checks_it() -> None:
     rng = random.Random(11)
     view = new_view()
     for node in ("n1", "n3"):
-        view.observe_pod(make_pod(f"w-{node}", [WHOLE1], node, allocation(view, node, [WHOLE1], rng)))
+        observe(view, make_pod(f"w-{node}", [WHOLE1], node, allocation(view, node, [WHOLE1], rng)))
     probe = make_pod("x", [WHOLE1])
-    out = view.filter(probe, ["n0", "n1", "n2"], "kubegpu")
+    out = filter_(view, probe, ["n0", "n1", "n2"])
     assert out.passed == ["n0", "n1", "n2"] and out.reasons["handoff-pending"] == 0
-    assert set(view.ledger.handoff_blocked(probe, parse_pod(probe))) == {"n1", "n3"}
+    assert set(blocked(view, probe)) == {"n1", "n3"}
     two = make_pod("z", [WHOLE1, SHARE1])
-    exact = asyncio.run(bounded_filter(view, two, ["n0", "n1", "n2", "n3"], "kubegpu", Limits()))
+    exact = asyncio.run(bounded_filter(view, plan_of(two), ["n0", "n1", "n2", "n3"], Limits()))
     assert exact.passed == ["n0", "n1", "n2", "n3"]
-    assert set(view.ledger.handoff_blocked(two, parse_pod(two))) == {"n1", "n3"}
+    assert set(blocked(view, two)) == {"n1", "n3"}
 
 
 def test_a_waiting_pod_on_a_node_whose_gpus_are_gone_still_holds_it_back() -> None:
     rng = random.Random(5)
     view = new_view()
-    view.observe_pod(make_pod("w", [WHOLE1], "n2", allocation(view, "n2", [WHOLE1], rng)))
+    observe(view, make_pod("w", [WHOLE1], "n2", allocation(view, "n2", [WHOLE1], rng)))
     view.set_inventory("n2", None)  # its Device object went away; the pod is still bound and unserved
     probe = make_pod("x", [WHOLE1])
-    assert "being handed to the kubelet" in view.ledger.handoff_blocked(probe, parse_pod(probe))["n2"]
+    assert "being handed to the kubelet" in blocked(view, probe)["n2"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+from sched_harness import plan_of
 
 from kubegpu.inventory.fake import FakeBackend
 from kubegpu.kube.informer import EventType, WatchEvent
@@ -32,21 +33,22 @@ def gpu_pod(inv: Any) -> dict[str, Any]:
 
 
 def test_deleted_objects_leave_the_view_from_their_tombstones() -> None:
-    view = ClusterView()
+    view = ClusterView(handoff_wait=False)
     inv = FakeBackend("dgx-a100", node_name="n0").discover()
     node = Node.from_dict({"apiVersion": "v1", "kind": "Node",
                            "metadata": {"name": "n0", "resourceVersion": "3", "labels": {"a": "b"}}})
     device = Device.from_dict({**device_object(inv), "metadata": {"name": "n0", "resourceVersion": "4"}})
     pod = msgspec.convert(gpu_pod(inv), SlimPod)  # as the pod watch decodes it
-    for handler, obj in ((node_handler, node), (device_handler, device), (pod_handler, pod)):
-        handler(view)(WatchEvent(EventType.ADDED, obj))
-    assert "ns/p" in view.held and view.nodes["n0"].state is not None and view.nodes["n0"].labels
+    handlers = (node_handler(view), device_handler(view), pod_handler(view, plan_of))
+    for handler, obj in zip(handlers, (node, device, pod), strict=True):
+        handler(WatchEvent(EventType.ADDED, obj))
+    assert "ns/p" in view.ledger.held and view.nodes["n0"].state is not None and view.nodes["n0"].labels
 
     kept = [tombstone(o) for o in (pod, device, node)]
     assert all(len(str(k.to_dict())) < len(str(o.to_dict())) for k, o in zip(kept, (pod, device, node),
                                                                                strict=True))
     assert [k.metadata.resourceVersion for k in kept] == ["9", "4", "3"]
-    for handler, obj in zip((pod_handler, device_handler, node_handler), kept, strict=True):
-        handler(view)(WatchEvent(EventType.DELETED, obj, obj))
-    assert "ns/p" not in view.held
+    for handler, obj in zip(reversed(handlers), kept, strict=True):
+        handler(WatchEvent(EventType.DELETED, obj, obj))
+    assert "ns/p" not in view.ledger.held
     assert view.nodes["n0"].state is None and not view.nodes["n0"].labels

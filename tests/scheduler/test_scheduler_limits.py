@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+from sched_harness import plan_of
 
 from kubegpu.inventory.fake import FakeBackend
 from kubegpu.model import annotations as A
@@ -39,7 +40,7 @@ def inventories(n: int, model: str = "dgx-a100") -> list[NodeInventory]:
 
 
 def view_of(n: int) -> ClusterView:
-    view = ClusterView()
+    view = ClusterView(handoff_wait=False)
     for inv in inventories(n):
         view.set_inventory(inv.name, inv)
     return view
@@ -87,19 +88,19 @@ def test_aggregate_prefilter_rules_nodes_out_before_any_fit(monkeypatch: pytest.
     monkeypatch.setattr(verbs, "fit", lambda *a, **k: (next(calls), real_fit(*a, **k))[1])
     # Each container fits alone anywhere; together (9 x 100 % shares) no node can hold them.
     too_big = pod([{"kubegpu.io/gpu-core": "100", "kubegpu.io/gpu-memory-ratio": "50"}] * 9)
-    out = asyncio.run(bounded_filter(view, too_big, ["n0", "n1", "n2", "n3"], "kubegpu", Limits()))
+    out = asyncio.run(bounded_filter(view, plan_of(too_big), ["n0", "n1", "n2", "n3"], Limits()))
     assert out.passed == [] and next(calls) == 0
     assert all("'c3' and 5 more need 900 % of a GPU's compute in all" in why and "800 % free" in why
                for why in out.failed.values())
     whole = pod([{"nvidia.com/gpu": "4"}, {"nvidia.com/gpu": "5"}])
-    out = asyncio.run(bounded_filter(view, whole, ["n0"], "kubegpu", Limits()))
+    out = asyncio.run(bounded_filter(view, plan_of(whole), ["n0"], Limits()))
     assert out.failed["n0"] == "containers 'c0', 'c1': 9 whole GPUs requested in all, 8 free"
     # Memory in bytes counts too: 3 x 30 GiB on one node of 8 x 40 or 80 GiB GPUs passes, 9 x 80 GiB does not.
     mem = pod([{"kubegpu.io/gpu-core": "10", "kubegpu.io/gpu-memory": "80Gi"}] * 9)
-    out = asyncio.run(bounded_filter(view, mem, ["n0"], "kubegpu", Limits()))
+    out = asyncio.run(bounded_filter(view, plan_of(mem), ["n0"], Limits()))
     assert "GiB of GPU memory in all" in out.failed["n0"]
     fits = pod([{"kubegpu.io/gpu-core": "10", "kubegpu.io/gpu-memory": "30Gi"}] * 3)
-    assert asyncio.run(bounded_filter(view, fits, ["n0"], "kubegpu", Limits())).passed == ["n0"]
+    assert asyncio.run(bounded_filter(view, plan_of(fits), ["n0"], Limits())).passed == ["n0"]
 
 
 def test_time_budget_stops_the_per_node_fits_with_a_reason() -> None:
@@ -107,7 +108,7 @@ def test_time_budget_stops_the_per_node_fits_with_a_reason() -> None:
     ticks = count()
     clock = lambda: next(ticks) * 0.1  # noqa: E731 - every reading is 100 ms later
     two = pod([{"kubegpu.io/gpu": "10"}, {"kubegpu.io/gpu": "20"}])
-    out = asyncio.run(bounded_filter(view, two, [f"n{i}" for i in range(6)], "kubegpu",
+    out = asyncio.run(bounded_filter(view, plan_of(two), [f"n{i}" for i in range(6)],
                                      Limits(filter_budget_s=0.35), clock=clock))
     assert 0 < len(out.passed) < 6
     late = [n for n, why in out.failed.items() if "time budget of 350 ms ran out" in why]
@@ -218,7 +219,7 @@ def test_an_expensive_filter_steps_aside_while_a_cheap_request_is_in_flight(monk
 
     async def expensive() -> L.FilterOutcome:
         with share.request():  # as the extender's handler counts every verb
-            return await bounded_filter(view, big, [f"n{i}" for i in range(50)], "kubegpu",
+            return await bounded_filter(view, plan_of(big), [f"n{i}" for i in range(50)],
                                         Limits(slice_s=0.0, filter_budget_s=60), share=share)
 
     async def main() -> None:

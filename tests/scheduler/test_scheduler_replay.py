@@ -62,8 +62,8 @@ def test_a_restarted_extender_rebuilds_the_same_accounting_and_learned_workload(
         def read() -> tuple:
             view = thread.service.view
             view.scoring.learner.rebuild()  # what a restart does with the live pods
-            wl = view.workload()
-            cluster = view.cluster
+            wl = view.scoring.workload
+            cluster = view.mirror.cluster
             rows = {n: i for i, n in enumerate(cluster.names)}
             free = {n: (int(cluster.cpu_free[r]), int(cluster.mem_free[r]), cluster.core_free[r].tolist())
                     for n, r in rows.items()}
@@ -75,7 +75,7 @@ def test_a_restarted_extender_rebuilds_the_same_accounting_and_learned_workload(
         assert sum(p is not None for p in out.placements) > 50
         before = snapshot(ext)
         ext.stop()
-        again = ServiceThread(api.write_kubeconfig(tmp_path / "kc2")).start(timeout_s=60)
+        again = ServiceThread(api.write_kubeconfig(tmp_path / "kc2"), handoff_wait=False).start(timeout_s=60)
         try:
             after = snapshot(again)
             summary = again.call(lambda: again.service.view.scoring.learner.summary())

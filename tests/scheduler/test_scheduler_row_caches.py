@@ -22,7 +22,7 @@ DEMANDS = [Demand.whole(1), Demand.whole(2), Demand.whole(4), Demand.share(500),
 
 
 def check(view: ClusterView, rng: random.Random) -> None:
-    cluster = view.cluster
+    cluster = view.mirror.cluster
     for d in DEMANDS:
         fresh = cluster.gpu_candidates(d)
         kept = view.mirror.candidates(d)
@@ -37,7 +37,7 @@ def check(view: ClusterView, rng: random.Random) -> None:
 @pytest.mark.parametrize("seed", range(3))
 def test_kept_reasons_and_candidates_follow_every_change(seed: int) -> None:
     rng = random.Random(seed)
-    view = ClusterView()
+    view = ClusterView(handoff_wait=False)
     nodes = [f"n{i}" for i in range(6)]
     for n in nodes:
         view.set_inventory(n, FakeBackend(rng.choice(["t4x4", "dgx-a100"]), node_name=n).discover())
@@ -51,7 +51,7 @@ def test_kept_reasons_and_candidates_follow_every_change(seed: int) -> None:
                 continue
             held.append(key)
         elif op < 0.9 and held:  # one leaves
-            view.release(held.pop(rng.randrange(len(held))))
+            view.ledger.release(held.pop(rng.randrange(len(held))))
         elif op < 0.95:  # a node's Device object goes away, or comes back: new arrays, new layout
             node = rng.choice(nodes)
             if view.nodes[node].inventory is None:
@@ -68,20 +68,20 @@ def test_kept_reasons_and_candidates_follow_every_change(seed: int) -> None:
 def test_one_situation_is_one_text_whichever_gpus_it_is_on() -> None:
     """Nodes alike but for which GPU is busy give kube-scheduler's event one reason to count, not one per GPU;
     nodes with less free get another."""
-    view = ClusterView()
+    view = ClusterView(handoff_wait=False)
     for n in ("a", "b", "c"):
         view.set_inventory(n, FakeBackend("t4x4", node_name=n).discover())
 
     def share(key: str, node: str, index: int, core: int) -> None:
         gpu = view.nodes[node].inventory.gpus[index]  # type: ignore[union-attr]
         grant = DeviceGrant(gpu.minor, gpu.uuid, core, gpu.memory_bytes * core // 100, core)
-        view.hold(key, key, node, PodAllocation((ContainerAllocation("c", (grant,)),)))
+        view.ledger.hold(key, key, node, PodAllocation((ContainerAllocation("c", (grant,)),)))
 
     for node, busy in (("a", 0), ("b", 3), ("c", 1)):  # three GPUs 60 % used, the fourth on a and b 40 %
         for i in range(4):
             share(f"d/{node}{i}", node, i, 60 if i != busy or node == "c" else 40)
-    cluster = view.cluster
-    rows = view.rows_of(["a", "b", "c"])
+    cluster = view.mirror.cluster
+    rows = view.mirror.rows_of(["a", "b", "c"])
     a, b, c = insufficient(cluster, rows, Demand.share(700))
     assert a == b == "GPU compute free: 60 percent at most, 70 percent requested"
     assert c == "GPU compute free: 40 percent at most, 70 percent requested"

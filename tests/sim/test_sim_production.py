@@ -44,7 +44,7 @@ def test_kube_scheduler_with_the_rendered_profile_places_every_gpu_pod_where_the
     try:
         sched = ProductionScheduler(api, ext.url, ext, nodes, model, seed=3)
         out = sched.run(pods, order)
-        waiting = ext.call(lambda: sum(len(p) for p in sched.ledger.pending.values()))
+        waiting = ext.call(lambda: sum(len(p) for p in sched.handoffs.pending.values()))
     finally:
         ext.stop()
         api.stop()

@@ -13,8 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -49,6 +52,29 @@ def _cannot_listen(host: str, port: int) -> str:
             return ""
     except OSError as e:
         return e.strerror or str(e)
+
+
+HANDOFF_WAIT_ENV = "KUBEGPU_HANDOFF_WAIT"  # "0", "false" or "no": no node daemon acknowledges bound pods
+HANDOFF_WAIT_S_ENV = "KUBEGPU_HANDOFF_WAIT_S"  # seconds a bind waits for its node's handoff turn, in [0, 60]
+
+
+def environment_settings(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The extender's settings that come from its environment (the manifests' and the stand-ins'), as
+    :class:`~kubegpu.scheduler.service.ExtenderService` arguments: read here, at the role's entry, only."""
+    from kubegpu.model.resources import GPU_RESOURCES_ENV, parse_declared
+    from kubegpu.scheduler.bind import DEFAULT_HANDOFF_WAIT_S
+
+    raw = environ.get(HANDOFF_WAIT_S_ENV, "")
+    try:
+        wait_s = float(raw) if raw else DEFAULT_HANDOFF_WAIT_S
+    except ValueError:
+        wait_s = -1.0
+    if not 0 <= wait_s <= 60:
+        logging.getLogger("kubegpu.scheduler").error("%s=%r is not a number of seconds in [0, 60]; using %g",
+                                                     HANDOFF_WAIT_S_ENV, raw, DEFAULT_HANDOFF_WAIT_S)
+        wait_s = DEFAULT_HANDOFF_WAIT_S
+    return {"handoff_wait": environ.get(HANDOFF_WAIT_ENV, "1") not in ("0", "false", "no"),
+            "handoff_wait_s": wait_s, "gpu_resources": parse_declared(environ.get(GPU_RESOURCES_ENV, ""))}
 
 
 @app.command("scheduler", short_help="Run the scheduler extender beside kube-scheduler.")
@@ -128,7 +154,7 @@ def scheduler(
             typer.echo(f"kubegpu scheduler: {e}", err=True)
             raise typer.Exit(EXIT_CONFIG) from None
         service = ExtenderService(client, node_policy, gpu_policy, resync_s=resync, limits=limits,
-                                  per_gpu_metrics=metrics_per_gpu)
+                                  per_gpu_metrics=metrics_per_gpu, **environment_settings(os.environ))
         logging.getLogger("kubegpu.scheduler").info(
             "extender on %s://%s:%d (node policy %s, GPU policy %s)", "https" if tls_cert else "http", host, port,
             node_policy, gpu_policy)

@@ -99,11 +99,12 @@ def served_resources(nodes: Iterable[object]) -> frozenset[str]:
 
 def declared_gpu_resources() -> frozenset[str]:
     """The renamed GPU resources this process was told about (``KUBEGPU_GPU_RESOURCES``, comma separated)."""
-    return _parse_declared(os.environ.get(GPU_RESOURCES_ENV, ""))
+    return parse_declared(os.environ.get(GPU_RESOURCES_ENV, ""))
 
 
 @functools.lru_cache(maxsize=8)
-def _parse_declared(value: str) -> frozenset[str]:
+def parse_declared(value: str) -> frozenset[str]:
+    """``KUBEGPU_GPU_RESOURCES``'s value (comma separated names) as a set; each role reads it at its entry."""
     return frozenset(n.strip() for n in value.split(",") if n.strip())
 
 # Names under these prefixes belong to a GPU scheme kubegpu speaks; a name there that is

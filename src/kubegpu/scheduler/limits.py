@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,9 +36,8 @@ import numpy as np
 from kubegpu.model.limits import DEFAULT_MAX_GPU_CONTAINERS, count_gpu_containers, too_many_gpu_containers
 from kubegpu.model.request import PodRequest, RequestKind
 from kubegpu.placement import MILLI, Demand, request_demand
-from kubegpu.scheduler.parsed import parsed_pod as parse_pod  # once per pod version
+from kubegpu.scheduler.plan import PodPlan
 from kubegpu.scheduler.reasons import ReasonMap
-from kubegpu.scheduler.requests import pod_demand, requires_nvlink, simple_demand
 from kubegpu.scheduler.state import ClusterView, FilterOutcome
 
 
@@ -134,7 +133,7 @@ def aggregate(request: PodRequest) -> Aggregate:
 
 def aggregate_short(view: ClusterView, rows: np.ndarray, need: Aggregate) -> list[str]:
     """Per row, why the node cannot hold ``need`` in total ('' when it might)."""
-    cluster = view.cluster
+    cluster = view.mirror.cluster
     ok = cluster.gpu_ok[rows]
     core = np.where(ok, cluster.core_free[rows], 0).sum(axis=1)
     gmem_free = np.where(ok, cluster.gmem_free[rows], 0).sum(axis=1)
@@ -158,34 +157,31 @@ def aggregate_short(view: ClusterView, rows: np.ndarray, need: Aggregate) -> lis
 
 
 # ---- the bounded filter -------------------------------------------------------------------------
-def refused_outcome(names: Sequence[str], why: str) -> FilterOutcome:
-    reasons: Counter[str] = Counter({"refused": len(names)}) if names else Counter()
-    return FilterOutcome([], {}, dict.fromkeys(names, f"request refused: {why}"), reasons)
+def fitted_node_by_node(plan: PodPlan) -> bool:
+    """Whether filter fits the pod node by node (several GPU containers, MIG, replicas, NVLink) rather than
+    on the arrays alone."""
+    return not plan.refusal and plan.request.wants_gpu and not (plan.vectorised and not plan.nvlink)
 
 
-async def bounded_filter(view: ClusterView, pod: Mapping[str, Any], names: Sequence[str], gpu_policy: str,
-                         limits: Limits, clock: Any = time.perf_counter, share: LoopShare | None = None,
-                         ) -> FilterOutcome:
-    """``view.filter`` with every bound above. The vectorised path (one app container asking for whole
-    GPUs or a share) is the view's own; every other GPU pod takes the exact path here."""
-    why = too_many_gpu_containers(pod, limits.max_gpu_containers)
-    if why:
-        return refused_outcome(names, why)
-    request = parse_pod(pod)
-    if not request.ok or not request.wants_gpu or (simple_demand(request) is not None and not requires_nvlink(pod)):
-        return view.filter(pod, names, gpu_policy, request)
+async def bounded_filter(view: ClusterView, plan: PodPlan, names: Sequence[str], limits: Limits,
+                         clock: Any = time.perf_counter, share: LoopShare | None = None) -> FilterOutcome:
+    """The filter with every bound above: the array filter (:meth:`ClusterView.filter`) for a refused pod,
+    a pod without GPUs and a vectorised one; every other GPU pod is fitted node by node here."""
+    if not fitted_node_by_node(plan):
+        return view.filter(plan, names)
     share = share or LoopShare()
     with share.expensive_work():
-        return await _exact(view, pod, request, names, gpu_policy, limits, clock, share)
+        return await _exact(view, plan, names, limits, clock, share)
 
 
-async def _exact(view: ClusterView, pod: Mapping[str, Any], request: PodRequest, names: Sequence[str],
-                 gpu_policy: str, limits: Limits, clock: Any, share: LoopShare) -> FilterOutcome:
+async def _exact(view: ClusterView, plan: PodPlan, names: Sequence[str], limits: Limits, clock: Any,
+                 share: LoopShare) -> FilterOutcome:
     start = clock()
+    request = plan.request
     passed: list[str] = []
     failed = ReasonMap()
     reasons: Counter[str] = Counter()
-    cluster = view.cluster
+    cluster = view.mirror.cluster
     all_rows = view.node_rows(names)
     names_known, rows, ok = view.known_and_allowed(names, all_rows, request, failed, reasons)
     # Each distinct container demand alone (a pod of identical containers costs one pass).
@@ -216,9 +212,7 @@ async def _exact(view: ClusterView, pod: Mapping[str, Any], request: PodRequest,
                 reasons["insufficient-gpu"] += 1
                 ok[j] = False
     # Exact fits node by node, in the order given, in slices, until enough nodes pass or time is up.
-    nvlink = requires_nvlink(pod)
     candidates = [names_known[i] for i in np.flatnonzero(ok).tolist()]
-    demand = pod_demand(request, pod)
     slice_end = clock() + limits.slice_s
     for done, n in enumerate(candidates):
         now = clock()
@@ -235,7 +229,7 @@ async def _exact(view: ClusterView, pod: Mapping[str, Any], request: PodRequest,
         if now >= slice_end:
             await share.pause()  # let other requests and watch events in
             slice_end = clock() + limits.slice_s
-        miss = view.exact_fit(n, request, demand, gpu_policy, nvlink)
+        miss = view.exact_fit(n, plan)
         if miss is None:
             passed.append(n)
         else:
@@ -245,4 +239,4 @@ async def _exact(view: ClusterView, pod: Mapping[str, Any], request: PodRequest,
 
 
 __all__ = ["DEFAULT_MAX_GPU_CONTAINERS", "Aggregate", "Limits", "LoopShare", "aggregate", "aggregate_short",
-           "bounded_filter", "count_gpu_containers", "refused_outcome", "too_many_gpu_containers"]
+           "bounded_filter", "count_gpu_containers", "fitted_node_by_node", "too_many_gpu_containers"]

@@ -54,8 +54,8 @@ class _ViewCollector(Collector):
         yield frag
         held = GaugeMetricFamily("kubegpu_pods_accounted", "Pods whose GPU allocation is accounted",
                                  labels=["state"])
-        assumed = self._view.assumed_count
-        held.add_metric(["confirmed"], len(self._view.held) - assumed)
+        assumed = self._view.ledger.assumed_count
+        held.add_metric(["confirmed"], len(self._view.ledger.held) - assumed)
         held.add_metric(["assumed"], assumed)
         yield held
         learner = self._view.scoring.learner
@@ -67,13 +67,13 @@ class _ViewCollector(Collector):
         yield wl
         bad = GaugeMetricFamily("kubegpu_allocation_annotations_rejected",
                                 "Allocation annotations that were unreadable or collided", labels=["why"])
-        bad.add_metric(["corrupt"], self._view.corrupt)
-        bad.add_metric(["conflict"], self._view.conflicts)
-        bad.add_metric(["forged"], self._view.forged)
+        bad.add_metric(["corrupt"], self._view.ledger.corrupt)
+        bad.add_metric(["conflict"], self._view.ledger.conflicts)
+        bad.add_metric(["forged"], self._view.ledger.forged)
         yield bad
         col = GaugeMetricFamily("kubegpu_record_collisions", "Live pods whose records exceed a GPU's capacity "
                                 "with other pods' (held anyway: those GPUs are full)")
-        col.add_metric([], len(self._view.collisions))
+        col.add_metric([], len(self._view.ledger.collisions))
         yield col
 
 

@@ -4,10 +4,12 @@ to a pod's allowed list, and whether a choice of GPUs is fully NVLink-connected.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Protocol
 
 from kubegpu.model import annotations as A
+from kubegpu.model.allocation import DeviceGrant
 from kubegpu.model.inventory import NodeInventory
 from kubegpu.model.request import PodRequest
 from kubegpu.placement import NodeState
@@ -72,14 +74,22 @@ def for_node(request: PodRequest, rec: NodeRecord) -> PodRequest:
     return replace(request, allowed_models=rec.allowed_gpu_models(request.allowed_models))
 
 
-def all_linked(rec: NodeRecord, choice: Any) -> bool:
-    """Every pair of GPUs a container got is joined by NVLink (single-GPU containers trivially are)."""
+class _Granted(Protocol):
+    """A container's GPUs: a chosen one (placement) or an allocated one (model)."""
+
+    @property
+    def grants(self) -> tuple[DeviceGrant, ...]: ...
+
+
+NOT_LINKED = "no free set of GPUs is fully NVLink-connected for this pod"
+
+
+def all_linked(rec: NodeRecord, containers: Iterable[_Granted]) -> bool:
+    """Every pair of whole GPUs each container got is joined by NVLink (single-GPU containers trivially are)."""
     assert rec.inventory is not None
     by_uuid = {g.uuid: g for g in rec.inventory.gpus}
-    for c in choice.containers:
+    for c in containers:
         uuids = [g.uuid for g in c.grants if g.mig_uuid is None]
-        for a in range(len(uuids)):
-            for b in range(a + 1, len(uuids)):
-                if by_uuid[uuids[a]].links.get(uuids[b], 0) <= 0:
-                    return False
+        if not all(by_uuid[a].links.get(b, 0) > 0 for i, a in enumerate(uuids) for b in uuids[i + 1:]):
+            return False
     return True

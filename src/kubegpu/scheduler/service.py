@@ -19,6 +19,7 @@ import contextlib
 import gc
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,10 @@ from kubegpu.model import annotations as A
 from kubegpu.model.device_object import DeviceObjectError, inventory_from_device
 from kubegpu.placement import DEFAULT_POLICY
 from kubegpu.scheduler.app import Extender
+from kubegpu.scheduler.bind import DEFAULT_HANDOFF_WAIT_S
 from kubegpu.scheduler.limits import Limits
 from kubegpu.scheduler.pending import PendingPods, kept_for_bind
+from kubegpu.scheduler.plan import PodPlan
 from kubegpu.scheduler.state import ClusterView
 
 log = logging.getLogger(__name__)
@@ -49,7 +52,7 @@ def node_handler(view: ClusterView) -> Any:
             view.remove_node(name)
         else:
             view.set_node_labels(name, ev.obj.metadata.labels or {})
-            view.ledger.node_progress(name, (ev.obj.metadata.annotations or {}).get(A.HANDOFF_SEEN))
+            view.handoffs.node_progress(name, (ev.obj.metadata.annotations or {}).get(A.HANDOFF_SEEN))
     return on_node
 
 
@@ -72,16 +75,20 @@ def device_handler(view: ClusterView) -> Any:
     return on_device
 
 
-def pod_handler(view: ClusterView) -> Any:
+def pod_handler(view: ClusterView, plan: Callable[[dict[str, Any]], PodPlan]) -> Any:
+    """The pod watch's handler: each event's pod into the accounting, with its plan (the extender's)."""
+    ledger = view.ledger
+
     def on_pod(ev: WatchEvent) -> None:
         meta = ev.obj.metadata
         ann = meta.annotations or {}
         node = ev.obj.spec.nodeName if ev.obj.spec else None
         if (A.DEVICE_ALLOCATED not in ann and A.DEVICE_ASSIGNED not in ann
-                and f"{meta.namespace}/{meta.name}" not in view.held
-                and not view.tracks(node) and (not node or view.ledger.devices_listed)):
+                and f"{meta.namespace}/{meta.name}" not in ledger.held
+                and not ledger.tracks(node) and (not node or ledger.devices_listed)):
             return  # neither a GPU pod of ours nor on a GPU node (most pods of a cluster): skip the conversion
-        view.observe_pod(ev.obj.to_dict(), deleted=ev.type is EventType.DELETED, version=ev.version)
+        pod = ev.obj.to_dict()
+        ledger.observe_pod(pod, plan(pod), deleted=ev.type is EventType.DELETED, version=ev.version)
     return on_pod
 
 
@@ -121,9 +128,14 @@ class ExtenderService:
     # reuses a connection the extender has just closed (a POST is not retried)
     serve_limits: ServeLimits = field(default_factory=lambda: ServeLimits(keep_alive_s=120))
     per_gpu_metrics: bool = False  # two series per GPU on /metrics (scheduler/metrics.py: small clusters)
+    # Pods of one kind take turns per node (scheduler/handoff.py); off only where no kubegpu node daemon
+    # acknowledges bound pods (simulations, extender-only tests).
+    handoff_wait: bool = True
+    handoff_wait_s: float = DEFAULT_HANDOFF_WAIT_S  # how long a bind waits for its turn
+    gpu_resources: frozenset[str] = frozenset()  # renamed GPU resources the deployment declared
 
     def __post_init__(self) -> None:
-        self.view = ClusterView()
+        self.view = ClusterView(handoff_wait=self.handoff_wait)
         self.settled = asyncio.Event()  # the first lists are in and the view is warmed up (_settle_memory)
         self.informers = [
             Informer(self.client, Node, node_handler(self.view), resync_s=self.resync_s, name="nodes",
@@ -132,15 +144,17 @@ class ExtenderService:
                      keep=tombstone),
             # Only bound pods hold GPUs (unbound ones are the extender's own assumptions); unbound ones are
             # kept for bind, which reads them instead of a GET.
-            Informer(self.client, SlimPod, pod_handler(self.view), resync_s=self.resync_s, name="pods",
+            Informer(self.client, SlimPod, pod_handler(self.view, lambda pod: self.extender.plans.plan(pod)),
+                     resync_s=self.resync_s, name="pods",
                      keep=kept_pod),
         ]
         self.pending = PendingPods(self.informers[2].cache)
         self.extender = Extender(self.view, self.client, node_policy=self.node_policy,
-                                 gpu_policy=self.gpu_policy, ready=self.ready, limits=self.limits,
+                                 gpu_policy=self.gpu_policy, ready=self.settled, limits=self.limits,
                                  max_body_bytes=self.serve_limits.max_body_bytes,
                                  body_timeout_s=self.serve_limits.body_timeout_s, pending=self.pending,
-                                 per_gpu_metrics=self.per_gpu_metrics)
+                                 per_gpu_metrics=self.per_gpu_metrics, handoff_wait_s=self.handoff_wait_s,
+                                 gpu_resources=self.gpu_resources)
 
     def synced(self) -> bool:
         return all(i.synced.is_set() for i in self.informers)
@@ -208,10 +222,12 @@ class ServiceThread:
     """The extender in a background thread with its own event loop (tests, the demo, the benchmark)."""
 
     def __init__(self, kubeconfig: str | Path, *, host: str = "127.0.0.1", port: int = 0,
-                 node_policy: str = DEFAULT_POLICY, gpu_policy: str = DEFAULT_POLICY) -> None:
+                 node_policy: str = DEFAULT_POLICY, gpu_policy: str = DEFAULT_POLICY, handoff_wait: bool = True,
+                 handoff_wait_s: float = DEFAULT_HANDOFF_WAIT_S) -> None:
         self._kubeconfig = kubeconfig
         self._host, self._port = host, port
         self._policies = (node_policy, gpu_policy)
+        self._handoff = (handoff_wait, handoff_wait_s)
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None
         self._task: asyncio.Task[None] | None = None
@@ -229,7 +245,8 @@ class ServiceThread:
         async def main() -> None:
             from kubegpu.kube.client import make_async_client
 
-            self.service = ExtenderService(make_async_client(self._kubeconfig), *self._policies)
+            self.service = ExtenderService(make_async_client(self._kubeconfig), *self._policies,
+                                           handoff_wait=self._handoff[0], handoff_wait_s=self._handoff[1])
             started = asyncio.Event()
             self._task = asyncio.create_task(self.service.serve(self._host, self._port, started=started))
             waiter = asyncio.create_task(started.wait())

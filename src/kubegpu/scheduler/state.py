@@ -3,6 +3,7 @@
 One object wires the parts, each in its own module:
 
 - :mod:`.accounting` (:class:`Ledger`): held pods, rebuilt from live pods' annotations and requests;
+- :mod:`.handoff` (:class:`HandoffQueue`): the bound pods each node is still being handed;
 - :mod:`.mirror` (:class:`ArrayMirror`): every node's state as one row of a ``ClusterState``;
 - :mod:`.scoring` (:class:`Scoring`): the learned target workload, its context and the policy objects;
 - :mod:`.verbs` (:class:`Verbs`): filter, prioritize and bind's choice, through the placement core.
@@ -19,17 +20,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from kubegpu.model.allocation import PodAllocation
 from kubegpu.model.inventory import NodeInventory
-from kubegpu.placement import MILLI, ClusterState, NodeState, ScoreContext, Workload
+from kubegpu.placement import MILLI, NodeState
 from kubegpu.placement.frag import node_frag
 from kubegpu.placement.workload import LearnedWorkload
-from kubegpu.scheduler.accounting import TERMINAL_PHASES, Held, Ledger
+from kubegpu.scheduler.accounting import Ledger
+from kubegpu.scheduler.handoff import HandoffQueue
 from kubegpu.scheduler.mirror import ArrayMirror
 from kubegpu.scheduler.nodes import NodeRecord
-from kubegpu.scheduler.requests import REQUIRE_NVLINK, pod_policies
 from kubegpu.scheduler.scoring import Scoring
 from kubegpu.scheduler.summary import node_summary
 from kubegpu.scheduler.verbs import FilterOutcome, Verbs
@@ -41,75 +39,14 @@ class ClusterView(Verbs):
     """Nodes, their GPU states and the held allocations; the arrays behind filter and prioritize."""
 
     def __init__(self, *, assume_ttl_s: float = 120.0, exact_fit_enough: int = 100, clock: Any = time.monotonic,
-                 learner: LearnedWorkload | None = None) -> None:
+                 learner: LearnedWorkload | None = None, handoff_wait: bool = True) -> None:
         self.nodes: dict[str, NodeRecord] = {}
         self.mirror = ArrayMirror(self.nodes)
         self.scoring = Scoring(learner)
-        self.ledger = Ledger(self.nodes, self.mirror, self.scoring.learner, assume_ttl_s=assume_ttl_s, clock=clock)
+        self.handoffs = HandoffQueue(enabled=handoff_wait)
+        self.ledger = Ledger(self.nodes, self.mirror, self.scoring.learner, self.handoffs,
+                             assume_ttl_s=assume_ttl_s, clock=clock)
         self.exact_fit_enough = exact_fit_enough
-
-    # ---- accounting (see accounting.Ledger) ------------------------------------------------------
-    @property
-    def held(self) -> dict[str, Held]:
-        return self.ledger.held
-
-    @property
-    def by_node(self) -> dict[str, set[str]]:
-        return self.ledger.by_node
-
-    @property
-    def conflicts(self) -> int:
-        return self.ledger.conflicts
-
-    @conflicts.setter
-    def conflicts(self, n: int) -> None:
-        self.ledger.conflicts = n
-
-    @property
-    def corrupt(self) -> int:
-        return self.ledger.corrupt
-
-    @property
-    def assumed_count(self) -> int:
-        return self.ledger.assumed_count
-
-    @property
-    def forged(self) -> int:
-        return self.ledger.forged
-
-    @property
-    def collisions(self) -> dict[str, str]:
-        return self.ledger.collisions
-
-    @property
-    def pending(self) -> dict[str, dict[str, frozenset[tuple[str, int, tuple[int, int, int]]]]]:
-        return self.ledger.pending
-
-    @property
-    def record_key(self) -> bytes | None:
-        return self.ledger.record_key
-
-    def hold(self, key: str, uid: str, node: str, alloc: PodAllocation, *, assumed: bool = False,
-             pod: Mapping[str, Any] | None = None) -> None:
-        self.ledger.hold(key, uid, node, alloc, assumed=assumed, pod=pod)
-
-    def release(self, key: str, uid: str | None = None) -> Held | None:
-        return self.ledger.release(key, uid)
-
-    def release_assumed(self, key: str, uid: str, node: str) -> Held | None:
-        return self.ledger.release_assumed(key, uid, node)
-
-    def mark_bound(self, key: str) -> None:
-        self.ledger.mark_bound(key)
-
-    def expire_assumed(self) -> list[str]:
-        return self.ledger.expire_assumed()
-
-    def observe_pod(self, pod: Mapping[str, Any], deleted: bool = False, version: str = "") -> None:
-        self.ledger.observe_pod(pod, deleted, version)
-
-    def tracks(self, node: str | None) -> bool:
-        return self.ledger.tracks(node)
 
     # ---- nodes -----------------------------------------------------------------------------------
     def _record(self, name: str) -> NodeRecord:
@@ -127,7 +64,7 @@ class ClusterView(Verbs):
 
     def remove_node(self, name: str) -> None:
         """The Node object is gone: forget its labels (its GPUs go with its Device object)."""
-        self.ledger.node_progress(name, None)
+        self.handoffs.node_progress(name, None)
         rec = self.nodes.get(name)
         if rec is not None:
             rec.labels = {}
@@ -153,25 +90,7 @@ class ClusterView(Verbs):
         if rec.models != models:
             self.mirror.labels_changed()
 
-    # ---- arrays (see mirror.ArrayMirror) ---------------------------------------------------------
-    @property
-    def cluster(self) -> ClusterState:
-        return self.mirror.cluster
-
-    def rows_of(self, names: Any, remember: bool = True) -> np.ndarray:
-        return self.mirror.rows_of(names, remember)
-
-    def model_mask(self, models: frozenset[str] | None) -> np.ndarray:
-        return self.mirror.model_mask(models)
-
-    # ---- the learned workload (see scoring.Scoring) ----------------------------------------------
-    def workload(self) -> Workload:
-        """The target workload of fragmentation-aware scoring, learned from the live pods."""
-        return self.scoring.workload
-
-    def score_context(self) -> ScoreContext:
-        return self.scoring.context()
-
+    # ---- after the first lists ----------------------------------------------------------------
     def warm_up(self) -> None:
         """After the first full lists: the workload from every live pod now, the arrays and the context, and
         the tables the first filter and prioritize would otherwise build while kube-scheduler waits (the
@@ -189,7 +108,7 @@ class ClusterView(Verbs):
     # ---- views ---------------------------------------------------------------------------------
     def fragmentation(self) -> float:
         """Cluster fragmentation (milli-GPU of free compute the target workload cannot use)."""
-        cluster = self.cluster
+        cluster = self.mirror.cluster
         if cluster.n_nodes == 0:
             return 0.0
         return float(node_frag(cluster, self.scoring.context().frag_terms(cluster, False)).sum())
@@ -199,13 +118,14 @@ class ClusterView(Verbs):
         rec = self.nodes.get(node)
         if rec is None or rec.state is None or rec.inventory is None:
             return None
-        return node_summary(rec.state, {k: self.held[k].alloc for k in sorted(self.by_node.get(node, ()))})
+        held = self.ledger.held
+        return node_summary(rec.state, {k: held[k].alloc for k in sorted(self.ledger.by_node.get(node, ()))})
 
     def gpu_totals(self) -> GpuTotals:
         """The GPUs placement may use (healthy, not MIG-enabled), by how much of their compute is allocated,
         and the allocated share of their compute and memory: from the arrays, so a scrape costs ~1 ms at
         40,000 GPUs instead of a Python pass over each."""
-        c = self.cluster
+        c = self.mirror.cluster
         ok = c.gpu_ok
         free = c.core_free[ok]
         if free.size == 0:
@@ -239,5 +159,4 @@ class GpuTotals:
     memory_allocated: float
 
 
-__all__ = ["MILLI", "REQUIRE_NVLINK", "TERMINAL_PHASES", "ClusterView", "FilterOutcome", "GpuTotals", "Held",
-           "NodeRecord", "pod_policies"]
+__all__ = ["ClusterView", "FilterOutcome", "GpuTotals", "NodeRecord"]

@@ -22,15 +22,15 @@ from typing import Any
 import numpy as np
 
 from kubegpu.model.allocation import ContainerAllocation, PodAllocation
-from kubegpu.model.request import PodRequest, RequestKind
-from kubegpu.placement import Demand, choose_gpus, fit, pick_best, request_demand
+from kubegpu.model.request import PodRequest
+from kubegpu.placement import Demand, choose_gpus, fit, pick_best
 from kubegpu.placement.node import grants_on
 from kubegpu.scheduler.accounting import Ledger
+from kubegpu.scheduler.handoff import HandoffQueue
 from kubegpu.scheduler.mirror import ArrayMirror
-from kubegpu.scheduler.nodes import NodeRecord, all_linked, for_node
-from kubegpu.scheduler.parsed import parsed_pod as parse_pod  # once per pod version
+from kubegpu.scheduler.nodes import NOT_LINKED, NodeRecord, all_linked, for_node
+from kubegpu.scheduler.plan import PodPlan
 from kubegpu.scheduler.reasons import NameTable, ReasonMap, TextTable
-from kubegpu.scheduler.requests import pod_demand, requires_nvlink, simple_demand, with_resources
 from kubegpu.scheduler.scoring import Scoring
 from kubegpu.scheduler.wire import HeldNames, HostTable, NameWindow, RowNames, encode_priorities
 
@@ -63,6 +63,7 @@ class Verbs:
     nodes: dict[str, NodeRecord]
     mirror: ArrayMirror
     ledger: Ledger
+    handoffs: HandoffQueue
     scoring: Scoring
     exact_fit_enough: int
     # Kept per array layout (rows change only with it): the names' JSON by row, the rows of the name list
@@ -116,18 +117,17 @@ class Verbs:
         self._passed = (passed, self.mirror.cluster.layout, rows)
 
     # ---- filter ----------------------------------------------------------------------------------
-    def filter(self, pod: Mapping[str, Any], names: Sequence[str], gpu_policy: str,
-               request: PodRequest | None = None) -> FilterOutcome:
-        """``request``: ``parse_pod(pod)`` when the caller has it."""
-        if request is None:
-            request = parse_pod(pod)
+    def filter(self, plan: PodPlan, names: Sequence[str]) -> FilterOutcome:
+        """The array filter: for a refused pod, a pod without GPUs and a vectorised one (one app container
+        asking whole GPUs or a share, no NVLink need). Every other GPU pod is fitted node by node, in
+        :func:`kubegpu.scheduler.limits.bounded_filter`."""
         passed: list[str] = []
         failed = ReasonMap()
         reasons: Counter[str] = Counter()
-        if not request.ok:
-            why = "request refused: " + "; ".join(str(r) for r in request.refusals)
+        if why := plan.refusal:
             reasons["refused"] += len(names)
-            return FilterOutcome(passed, failed, dict.fromkeys(names, why), reasons)
+            return FilterOutcome(passed, failed, dict.fromkeys(names, f"request refused: {why}"), reasons)
+        request = plan.request
         cluster = self.mirror.cluster
         # One pass over the names (kube-scheduler sends thousands): rows, -1 for unknown nodes. The whole list
         # kube-scheduler sent, so that its next (rotated) list is answered from the memo.
@@ -135,91 +135,43 @@ class Verbs:
         known = all_rows >= 0
         if not request.wants_gpu:
             # Nodes without kubegpu GPUs are kube-scheduler's alone; GPU nodes must have the CPU and memory.
-            demand = with_resources(Demand(), pod)
             ok = ~known
-            ok[known] = cluster.feasible(demand)[all_rows[known]]
+            ok[known] = cluster.feasible(plan.demand)[all_rows[known]]
             passed.extend(compress(names, ok.tolist()))
             self._remember_passed(passed, all_rows[ok])
             bad = all_rows[~ok]  # GPU nodes short of CPU or memory
             if len(bad):
                 failed.add_texts(self.mirror.names_by_row, bad, self.name_table(),
-                                 _resources_short(cluster, bad, demand))
+                                 _resources_short(cluster, bad, plan.demand))
                 reasons["insufficient-cpu-memory"] += len(bad)
             return FilterOutcome(passed, failed, {}, reasons)
+        assert plan.vectorised and not plan.nvlink, "pods fitted node by node go through bounded_filter"
         if not known.any():
             self.known_and_allowed(names, all_rows, request, failed, reasons)
             return FilterOutcome(passed, failed, {}, reasons)
-        names_known, rows, ok = self.known_and_allowed(names, all_rows, request, failed, reasons)
-        pod_demand_ = pod_demand(request, pod)
+        _, rows, ok = self.known_and_allowed(names, all_rows, request, failed, reasons)
         by_row = self.mirror.names_by_row  # a mask's names as one numpy take, not a Python loop over them all
         table = self.name_table()
+        need = plan.demand
         # Over every row at once (contiguous), then one take in the order given.
-        roomy = ((cluster.cpu_free >= pod_demand_.cpu_milli) & (cluster.mem_free >= pod_demand_.memory_bytes))[rows]
+        roomy = ((cluster.cpu_free >= need.cpu_milli) & (cluster.mem_free >= need.memory_bytes))[rows]
         short = ok & ~roomy
         if short.any():
             sub = rows[short]
-            failed.add_texts(by_row, sub, table, _resources_short(cluster, sub, pod_demand_))
+            failed.add_texts(by_row, sub, table, _resources_short(cluster, sub, need))
             reasons["insufficient-cpu-memory"] += len(sub)
             ok = ok & roomy
-        simple = simple_demand(request)
-        nvlink = requires_nvlink(pod)
-        if simple is not None and not nvlink:
-            demand = simple
-            enough = (self.mirror.candidate_counts(demand) >= demand.count)[rows]
-            good = rows[ok & enough]
-            good.flags.writeable = False
-            short = ok & ~enough
-            if short.any():
-                sub = rows[short]
-                failed.add_rows(by_row, sub, table,
-                                *self.mirror.reasons.codes(cluster, sub, demand, self.mirror.candidates(demand)))
-                reasons["insufficient-gpu"] += len(sub)
-            return FilterOutcome(RowNames(by_row, good), failed, {}, reasons, table.list_json(good))
-        # Exact path (several GPU containers, MIG, replicas, NVLink): first what the arrays can rule out
-        # (each container alone, and the whole GPUs of all app containers together), then placement's
-        # fit node by node, in the order given, until enough nodes are found feasible: like
-        # kube-scheduler's percentageOfNodesToScore, and for the same reason (an exact fit costs ~0.2 ms).
-        whole_total = 0
-        for c in request.gpu_containers:
-            req = c.request
-            if req is None or req.kind not in (RequestKind.WHOLE, RequestKind.SHARE):
-                continue
-            d = request_demand(req, None)
-            d_cand = self.mirror.candidates(d)
-            short = ok & (self.mirror.candidate_counts(d)[rows] < d.count)
-            bad = np.flatnonzero(short)
-            if len(bad):
-                for i, text in zip(bad.tolist(), self.mirror.reasons.insufficient(cluster, rows[bad], d, d_cand),
-                                   strict=True):
-                    failed[names_known[i]] = f"container {c.name!r}: {text}"
-                reasons["insufficient-gpu"] += len(bad)
-                ok = ok & ~short
-            if d.exclusive and not c.init:
-                whole_total += d.count
-        if whole_total:
-            free_whole = self.mirror.candidate_counts(Demand.whole(1))[rows]
-            short = ok & (free_whole < whole_total)
-            for i in np.flatnonzero(short).tolist():
-                failed[names_known[i]] = f"{whole_total} whole GPUs requested in all, {int(free_whole[i])} free"
-            reasons["insufficient-gpu"] += int(short.sum())
-            ok = ok & ~short
-        candidates = np.flatnonzero(ok).tolist()
-        need = pod_demand_
-        for done, i in enumerate(candidates):
-            n = names_known[i]
-            if len(passed) >= self.exact_fit_enough:
-                for j in candidates[done:]:
-                    failed[names_known[j]] = (f"not examined: {len(passed)} feasible nodes were found first "
-                                              "(pods with several GPU containers are fitted node by node)")
-                reasons["not-examined"] += len(candidates) - done
-                break
-            miss = self.exact_fit(n, request, need, gpu_policy, nvlink)
-            if miss is None:
-                passed.append(n)
-            else:
-                failed[n] = miss[1]
-                reasons[miss[0]] += 1
-        return FilterOutcome(passed, failed, {}, reasons)
+        demand = plan.gpu_demand
+        enough = (self.mirror.candidate_counts(demand) >= demand.count)[rows]
+        good = rows[ok & enough]
+        good.flags.writeable = False
+        short = ok & ~enough
+        if short.any():
+            sub = rows[short]
+            failed.add_rows(by_row, sub, table,
+                            *self.mirror.reasons.codes(cluster, sub, demand, self.mirror.candidates(demand)))
+            reasons["insufficient-gpu"] += len(sub)
+        return FilterOutcome(RowNames(by_row, good), failed, {}, reasons, table.list_json(good))
 
     def known_and_allowed(self, names: Sequence[str], all_rows: np.ndarray, request: PodRequest,
                           failed: ReasonMap, reasons: Counter[str],
@@ -266,50 +218,48 @@ class Verbs:
             kept = self._models_kept = (cluster.layout, codes.reshape(-1), distinct.tolist())
         return kept[1], kept[2]
 
-    def exact_fit(self, node: str, request: PodRequest, need: Demand, gpu_policy: str,
-                  nvlink: bool) -> tuple[str, str] | None:
+    def exact_fit(self, node: str, plan: PodPlan) -> tuple[str, str] | None:
         """Whether a pod with several GPU containers (or MIG, replicas, NVLink) fits ``node`` as bind
         would place it: the pod's CPU and memory, the policy object, the learned context. None when it
-        fits, else (reason key, reason). The one exact test of the filter, bounded or not."""
+        fits, else (reason key, reason). The one exact test of the filter."""
         rec = self.nodes.get(node)
         if rec is None or rec.state is None:  # went away (the bounded filter gives the loop back)
             return "no-device-object", "no GPUs known (no kubegpu Device object; is `kubegpu node` running?)"
-        result = fit(rec.state, for_node(request, rec), need.cpu_milli, need.memory_bytes,
-                     gpu_policy=self.scoring.policy(gpu_policy), ctx=self.scoring.context())
-        if result.ok and nvlink and result.choice is not None and not all_linked(rec, result.choice):
-            return "nvlink", "no free set of GPUs is fully NVLink-connected for this pod"
+        need = plan.demand
+        result = fit(rec.state, for_node(plan.request, rec), need.cpu_milli, need.memory_bytes,
+                     gpu_policy=self.scoring.policy(plan.gpu_policy), ctx=self.scoring.context())
+        if result.ok and plan.nvlink and result.choice is not None and not all_linked(rec, result.choice.containers):
+            return "nvlink", NOT_LINKED
         if not result.ok:
             return "insufficient-gpu", result.reason
         return None
 
     # ---- prioritize ------------------------------------------------------------------------------
-    def prioritize(self, pod: Mapping[str, Any], names: Sequence[str], node_policy: str) -> list[int]:
+    def prioritize(self, plan: PodPlan, names: Sequence[str]) -> list[int]:
         """Scores 0..10 (the extender scale), in the order of ``names``; nodes that do not fit get 0.
 
         The node the policy picks among the feasible ones (the simulator's pick: highest score, ties to the
         lowest node name) alone gets 10; the others 0..9 by their raw score. Nodes without kubegpu GPUs get
         0 for a GPU pod, and 10 for a pod without GPUs (which should leave GPU nodes' CPU to GPU pods)."""
-        return self._prioritize(pod, names, node_policy)[0].tolist()
+        return self._prioritize(plan, names)[0].tolist()
 
-    def prioritize_json(self, pod: Mapping[str, Any], names: Sequence[str], node_policy: str,
-                        raw: bytes | None = None) -> bytes:
+    def prioritize_json(self, plan: PodPlan, names: Sequence[str], raw: bytes | None = None) -> bytes:
         """:meth:`prioritize`'s answer as kube-scheduler reads it (``HostPriority`` JSON), built from the
         rows' kept name tokens. ``raw``: the names' JSON when the caller has it."""
-        scores, all_rows = self._prioritize(pod, names, node_policy)
+        scores, all_rows = self._prioritize(plan, names)
         table = self.host_table()
         out = table.answer(all_rows, scores) if table is not None and (all_rows >= 0).all() else None
         return out if out is not None else encode_priorities(list(names), scores.tolist(), raw)
 
-    def _prioritize(self, pod: Mapping[str, Any], names: Sequence[str], node_policy: str,
-                    ) -> tuple[np.ndarray, np.ndarray]:
+    def _prioritize(self, plan: PodPlan, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """(scores, rows) of ``names``: :meth:`prioritize`'s scores as an array, and the names' rows."""
-        request = parse_pod(pod)
+        request = plan.request
         all_rows = self.node_rows(names, remember=False)
-        if not request.ok:
+        if plan.refusal:
             return np.zeros(len(names), np.int64), all_rows
         cluster = self.mirror.cluster
-        demand = pod_demand(request, pod)
-        if request.wants_gpu and simple_demand(request) is None and demand.count == 0:
+        demand = plan.demand
+        if request.wants_gpu and not plan.vectorised and demand.count == 0:
             # MIG or replicas only: no array demand to score; every known node is as good.
             return np.where(all_rows >= 0, 5, 0), all_rows
         every = all_rows >= 0
@@ -329,7 +279,7 @@ class Verbs:
                 scores[known] = 0
             if feasible.any():
                 fit_rows = rows[feasible]
-                raw = self.node_scores(node_policy, demand, fit_rows, self.mirror.candidates(demand)[fit_rows])
+                raw = self.node_scores(plan.node_policy, demand, fit_rows, self.mirror.candidates(demand)[fit_rows])
                 best = pick_best(raw, None, self.mirror.rank[fit_rows])
                 lo, hi = float(raw.min()), float(raw.max())
                 scaled = np.zeros(len(raw), np.int64) if hi - lo < 1e-12 else np.floor(
@@ -337,12 +287,12 @@ class Verbs:
                 scaled[best] = MAX_PRIORITY
                 at = np.flatnonzero(feasible) if known is None else known[feasible]
                 scores[at] = scaled
-                blocked = self.ledger.handoff_blocked(pod, request)
+                blocked = self.handoffs.blocked(plan.key, plan.shapes)
                 if blocked:
                     fits = np.zeros(len(names), bool)
                     fits[at] = True
                     scores = np.asarray(away_from_handoffs(names, scores, self.named(names, all_rows, blocked), fits,
-                                                           self.ledger.waiting_binds), np.int64)
+                                                           self.handoffs.waiting_binds), np.int64)
         return scores, all_rows
 
     def named(self, names: Sequence[str], all_rows: np.ndarray, which: Mapping[str, Any]) -> np.ndarray:
@@ -366,23 +316,22 @@ class Verbs:
                           np.float64)
 
     # ---- bind ------------------------------------------------------------------------------------
-    def choose(self, pod: Mapping[str, Any], node: str, gpu_policy: str) -> tuple[PodAllocation | None, str]:
+    def choose(self, plan: PodPlan, node: str) -> tuple[PodAllocation | None, str]:
         """The exact GPUs for a pod on a node, or why not. Does not hold anything."""
         rec = self.nodes.get(node)
         if rec is None or rec.state is None:
             return None, f"node {node}: no GPUs known (no kubegpu Device object)"
-        request = parse_pod(pod)
-        if not request.ok:
-            return None, "request refused: " + "; ".join(str(r) for r in request.refusals)
+        request = plan.request
+        if why := plan.refusal:
+            return None, f"request refused: {why}"
         if request.allowed_models is not None and not rec.allowed_gpu_models(request.allowed_models):
             return None, f"node {node}: GPU model not in the allowed {', '.join(sorted(request.allowed_models))}"
         ctx = self.scoring.context()
-        policy = self.scoring.policy(gpu_policy)
-        simple = simple_demand(request)
+        policy = self.scoring.policy(plan.gpu_policy)
         row = self.mirror.row(node)
-        if simple is not None and row is not None:
+        demand = plan.demand
+        if plan.vectorised and row is not None:
             # The simulator's GPU choice: the GPU-level policy on the node's row, same context.
-            demand = with_resources(simple, pod)
             cluster = self.mirror.cluster
             if cluster.cpu_free[row] < demand.cpu_milli or cluster.mem_free[row] < demand.memory_bytes:
                 return None, f"node {node}: " + _resources_short(cluster, np.array([row]), demand)[0]
@@ -394,17 +343,16 @@ class Verbs:
             assert c.request is not None
             alloc = PodAllocation((ContainerAllocation(c.name, grants_on(rec.state, demand, slots,
                                                                           c.request.memory_ratio or 0)),))
-            if requires_nvlink(pod) and not _linked(rec, alloc):
-                return None, f"node {node}: no free set of GPUs is fully NVLink-connected for this pod"
-            return alloc, f"{node}: fits"
-        need = pod_demand(request, pod)
-        cpu, mem = need.cpu_milli, need.memory_bytes
-        result = fit(rec.state, for_node(request, rec), cpu, mem, gpu_policy=policy, ctx=ctx)
-        if not result.ok or result.choice is None:
-            return None, result.reason
-        if requires_nvlink(pod) and not all_linked(rec, result.choice):
-            return None, f"node {node}: no free set of GPUs is fully NVLink-connected for this pod"
-        return result.choice.to_allocation(), result.reason
+            reason = f"{node}: fits"
+        else:
+            result = fit(rec.state, for_node(request, rec), demand.cpu_milli, demand.memory_bytes,
+                         gpu_policy=policy, ctx=ctx)
+            if not result.ok or result.choice is None:
+                return None, result.reason
+            alloc, reason = result.choice.to_allocation(), result.reason
+        if plan.nvlink and not all_linked(rec, alloc.containers):
+            return None, f"node {node}: {NOT_LINKED}"
+        return alloc, reason
 
 
 def away_from_handoffs(names: Sequence[str], scores: np.ndarray, blocked: np.ndarray, fits: np.ndarray,
@@ -421,10 +369,3 @@ def away_from_handoffs(names: Sequence[str], scores: np.ndarray, blocked: np.nda
             out[i] = MAX_PRIORITY - min(MAX_PRIORITY - 1, waiting_binds.get(names[i], 0))
         return out.tolist()
     return np.where(blocked, 0, np.where(fits, np.maximum(scores, 1), scores)).tolist()
-
-
-def _linked(rec: NodeRecord, alloc: PodAllocation) -> bool:
-    assert rec.inventory is not None
-    by_uuid = {g.uuid: g for g in rec.inventory.gpus}
-    uuids = [g.uuid for g in alloc.grants() if g.mig_uuid is None]
-    return all(by_uuid[a].links.get(b, 0) > 0 for i, a in enumerate(uuids) for b in uuids[i + 1:])
