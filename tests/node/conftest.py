@@ -42,7 +42,7 @@ DaemonFactory = Callable[..., tuple[NodeDaemon, FakeBackend]]
 
 @pytest.fixture
 def make_daemon(sockdir: Path) -> Iterator[DaemonFactory]:
-    """``make_daemon(topology, flags={...}, env={...}, settings={...}, **NodeOptions fields)``.
+    """``make_daemon(topology, flags={...}, env={...}, settings={...}, backend=..., **NodeOptions fields)``.
 
     ``flags`` go through the real config loader; the plugin dir, CDI dir and MIG-minors file
     are redirected under the test's socket dir."""
@@ -50,8 +50,9 @@ def make_daemon(sockdir: Path) -> Iterator[DaemonFactory]:
 
     def factory(topology: str = "dgx1-v100", *, flags: dict[str, Any] | None = None,
                 env: dict[str, str] | None = None, settings: dict[str, Any] | None = None,
-                start: bool = True, resolver: Any = None, **opts: Any) -> tuple[NodeDaemon, FakeBackend]:
-        backend = FakeBackend(topology)
+                start: bool = True, resolver: Any = None, backend: FakeBackend | None = None,
+                **opts: Any) -> tuple[NodeDaemon, FakeBackend]:
+        backend = backend or FakeBackend(topology)
         fl = {"shared-slots": 0, **(flags or {})}
         st = {"cdi_dir": str(sockdir / "cdi"), "mig_minors_file": str(sockdir / "mig-minors"),
               **(settings or {})}

@@ -22,25 +22,37 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from kubegpu.inventory.base import InventoryBackend, InventoryError
 from kubegpu.model.inventory import NodeInventory
 from kubegpu.node.container_edits import read_mig_minors
+from kubegpu.node.deviceplugin.allocate import holder_of
 from kubegpu.node.deviceplugin.cdi import CdiGenerationError, build_spec, generate_spec, write_spec
-from kubegpu.node.deviceplugin.plugin_model import PluginSettings, ResourcePlan
+from kubegpu.node.deviceplugin.plugin_model import REPLICA_SEPARATOR, PluginSettings, ResourcePlan
 from kubegpu.node.deviceplugin.resolver import AllocationResolver
 from kubegpu.node.deviceplugin.server import KUBELET_SOCKET, PluginServer, RegistrationError, SocketGone, device_health
 from kubegpu.node.health.monitor import HealthMonitor, XidPolicy
 from kubegpu.node.health.state import HealthState
 from kubegpu.node.lifecycle import DaemonInitError
 from kubegpu.node.metrics import NodeMetrics
-from kubegpu.node.mps import MODE_MPS, MpsManager, find_binary, replica_spec
+from kubegpu.node.mps import (
+    ENFORCED_MODES,
+    MODE_STRICT,
+    ComputeModeGuard,
+    ComputeModes,
+    MpsManager,
+    find_binary,
+    replica_spec,
+)
 from kubegpu.node.mps.enforcer import ShareEnforcer
 from kubegpu.node.publish.publisher import NodePublisher, NullPublisher
+
+if TYPE_CHECKING:
+    from kubegpu.node.handoff.verify import Holding
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +87,14 @@ class NodeOptions:
     register_timeout_s: float = 5.0
     republish_s: float = 60.0  # the publisher is also called this often (API writes retried)
     write_cdi_spec: bool | None = None  # None: when a CDI strategy is on
-    share_enforcement: str = "none"  # mps: fine-grained shares are served through MPS daemons (node/mps)
+    share_enforcement: str = "none"  # mps, strict: fine-grained shares are served through MPS daemons (node/mps)
     mps_binary: str = ""  # "" = nvidia-cuda-mps-control under the driver root
+    mps_server_uid: int = 0  # strict: the user each GPU's MPS server runs for
+    pod_resources_socket: str = ""  # the kubelet's PodResources (strict: which containers still hold GPUs)
+    # strict: a container served this recently counts as live though PodResources does not list it yet (the
+    # kubelet records an allocation after Allocate answers)
+    holder_grace_s: float = 10.0
+    holders_s: float = 5.0  # strict: how often the live holders are read from PodResources
     mps_supervise_s: float = 5.0  # how often every MPS daemon is asked whether it answers
 
 
@@ -143,6 +161,8 @@ class NodeDaemon:
         self._watch: _DirWatch | None = None
         self.mps: MpsManager | None = None
         self.enforcer: ShareEnforcer | None = None
+        self._last_holders = time.monotonic()
+        self._unlisted: dict[str, float] = {}  # strict holder -> when PodResources first did not list it
 
     # ----- start / stop / reload -------------------------------------------------------------
 
@@ -221,9 +241,10 @@ class NodeDaemon:
         with ``shareEnforcement: mps``, a daemon per share shape started when a share is served."""
         opts = self.options
         replica_plans = [p for p in plans if p.sharing == "mps"]
-        if not replica_plans and opts.share_enforcement != MODE_MPS:
+        if not replica_plans and opts.share_enforcement not in ENFORCED_MODES:
             self.enforcer = None
             return
+        strict = opts.share_enforcement == MODE_STRICT
         s = opts.settings
         if self.mps is None or self.mps.mps_root != s.mps_root:
             if self.mps is not None:
@@ -236,19 +257,23 @@ class NodeDaemon:
                 log.error("MPS: %s (driver root %s): MPS-enforced devices stay Unhealthy",
                           self.mps.missing_reason, s.driver_root)
             else:
-                self.mps.recover(g.uuid for g in inv.gpus)
+                self.mps.recover((g.uuid for g in inv.gpus), opts.mps_server_uid if strict else None)
         specs = {p.name: replica_spec(p.name, [(d.uuid, d.memory_bytes) for d in p.devices if d.replica is not None],
                                       p.replicas) for p in replica_plans}
         sliced = {d.uuid for p in plans if p.sharing == "time-slicing" for d in p.devices if d.replica is not None}
+        # Strict: the GPUs' compute modes through the inventory backend (NVML), state kept under the MPS root.
+        # A backend without compute-mode control leaves ``guard`` None: every strict share is refused, with why.
+        modes = self.backend if isinstance(self.backend, ComputeModes) else None
+        guard = ComputeModeGuard(modes, s.mps_root) if strict and modes is not None else None
         self.enforcer = ShareEnforcer(self.mps, opts.share_enforcement, inv, time_sliced=sliced,
-                                      replica_specs=specs)
+                                      replica_specs=specs, compute_modes=guard, server_uid=opts.mps_server_uid)
         for spec in specs.values():
             self.mps.ensure(spec)
 
     def _enforced_scope(self, plan: ResourcePlan) -> bool:
         """Whether this resource's devices are served only while MPS enforces them."""
         e = self.enforcer
-        return e is not None and (plan.sharing == "mps" or (plan.sharing == "slots" and e.selected == MODE_MPS))
+        return e is not None and (plan.sharing == "mps" or (plan.sharing == "slots" and e.selected in ENFORCED_MODES))
 
     def _refresh_enforcement(self) -> None:
         """Hold back the MPS-enforced devices of every GPU whose shares cannot be enforced now (reason
@@ -267,6 +292,50 @@ class NodeDaemon:
         self.metrics.set_enforcement({u: t.mode for u, t in table.items()}, daemons)
         self._publish_pending = True
         self._wake.set()
+
+    def reconcile_holders(self, rows: Iterable[Holding] | None = None) -> list[str]:
+        """Strict: tell the enforcer which containers still hold each GPU (the device-plugin path hears of no
+        container's end), so a GPU whose shares all ended gets its compute mode back and may go whole. ``rows``
+        as PodResources lists them (asked of the kubelet when None). Returns the GPUs whose mode went back."""
+        e = self.enforcer
+        if e is None or e.strict is None:
+            return []
+        if rows is None:
+            if not self.options.pod_resources_socket:
+                return []
+            from kubegpu.node import rpc
+            from kubegpu.node.handoff.verify import list_pod_resources
+
+            try:
+                rows = list_pod_resources(self.options.pod_resources_socket, timeout_s=1.0)
+            except rpc.CallFailed as exc:  # no word from the kubelet: nobody is taken as gone
+                log.debug("strict enforcement: PodResources unavailable: %s", exc)
+                return []
+        whole_resources = {srv.resource for srv in self.servers if not srv.plan.shared}
+        listed = {holder_of(res, ids): (res in whole_resources, {i.split(REPLICA_SEPARATOR, 1)[0] for i in ids})
+                  for _ns, _pod, _c, res, ids in rows if res and ids}
+        shares: dict[str, set[str]] = {}
+        whole: dict[str, set[str]] = {}
+        known: set[str] = set()
+        now = time.monotonic()
+        for key, (is_whole, gpus) in listed.items():
+            for u in gpus:
+                held_s, held_w = e.holders(u)
+                (whole if key in held_w or (is_whole and key not in held_s) else shares).setdefault(u, set()).add(key)
+        for g in e.inventory.gpus:
+            held_s, held_w = e.holders(g.uuid)
+            for key in (held_s | held_w) - listed.keys():
+                known.add(key)
+                # Served but not listed yet (the kubelet records an allocation after Allocate answers): live
+                # for a grace period, so a container about to start never finds its server gone.
+                if now - self._unlisted.setdefault(key, now) < self.options.holder_grace_s:
+                    (shares if key in held_s else whole).setdefault(g.uuid, set()).add(key)
+        self._unlisted = {k: t for k, t in self._unlisted.items() if k in known}
+        restored = e.reconcile(shares, whole)
+        if restored:
+            log.info("strict enforcement: GPU(s) %s hold no share now: compute mode restored", ", ".join(restored))
+            self._refresh_enforcement()
+        return restored
 
     def _make_server(self, plan: ResourcePlan, inv: NodeInventory, state: HealthState,
                      minors: dict[tuple[int, int, int], int]) -> PluginServer:
@@ -332,8 +401,11 @@ class NodeDaemon:
             self._watch = None
         with self._lock:
             self._stop_plugins()
+        kept = self.enforcer.stop() if self.enforcer is not None else {}  # strict: modes back where no share runs
+        for uuid, why in kept.items():
+            log.warning("GPU %s keeps its compute mode and its MPS server: %s", uuid, why)
         if self.mps is not None:
-            self.mps.stop()  # quit every MPS daemon: their servers end once their clients have
+            self.mps.stop(keep=kept)  # quit the other MPS daemons: their servers end once their clients have
             self.mps = None
         self.publisher.close()
         log.info("node daemon stopped")
@@ -444,6 +516,10 @@ class NodeDaemon:
             self._kubelet_inode = inode
         if kubelet_new:
             log.info("kubelet socket %s (re)created: registering again", kpath)
+        strict = self.enforcer is not None and self.enforcer.strict is not None
+        if strict and now - self._last_holders >= opts.holders_s:
+            self._last_holders = now
+            self.reconcile_holders()
         for s in self.servers:
             st = self.reg[s.resource]
             if not s.socket_intact():

@@ -34,6 +34,8 @@ def node_options(config: Config, **overrides: Any) -> NodeOptions:
         "recovery_interval_s": config.kubegpu.health_recovery_interval_s,
         "share_enforcement": config.kubegpu.share_enforcement,
         "mps_binary": config.kubegpu.mps_control_binary,
+        "mps_server_uid": config.kubegpu.mps_server_uid,
+        "pod_resources_socket": config.kubegpu.pod_resources_socket,
     }
     values.update(overrides)
     return NodeOptions(**values)

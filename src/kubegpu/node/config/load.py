@@ -35,6 +35,7 @@ from kubegpu.node.config.parse import (
 )
 from kubegpu.node.config.refused import check_refused
 from kubegpu.node.config.select import CONFIG_DIR_FLAG
+from kubegpu.node.mps.capability import selected_mode
 
 _TOP_KEYS: Final = ("version", "flags", "resources", "sharing", "imex", "kubegpu")
 
@@ -210,7 +211,8 @@ def load_config(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] |
             metrics_address=v["kubegpu.metricsAddress"],
             resource_config=tuple(v["kubegpu.resourceConfig"]),
             pod_resources_socket=v["kubegpu.podResourcesSocket"],
-            share_enforcement=v["kubegpu.shareEnforcement"],
+            share_enforcement=selected_mode(v["kubegpu.shareEnforcement"]),
+            mps_server_uid=v["kubegpu.mpsServerUid"],
             mps_control_binary=v["kubegpu.mpsControlBinary"],
             dra=DraConfig(shared_gpus=v["kubegpu.dra.sharedGpus"], plugins_dir=v["kubegpu.dra.pluginsDir"],
                           registry_dir=v["kubegpu.dra.registryDir"], state_dir=v["kubegpu.dra.stateDir"],

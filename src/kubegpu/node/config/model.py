@@ -22,7 +22,9 @@ DEVICE_ID_STRATEGIES: Final = ("uuid", "index")
 DISCOVERY_STRATEGIES: Final = ("auto", "nvml", "tegra", "vfio")
 REPLICA_CHOICES: Final = ("distributed", "packed")
 SHARING_STRATEGIES: Final = ("none", "time-slicing", "mps")
-SHARE_ENFORCEMENTS: Final = ("none", "mps")
+# What the operator may write for kubegpu.shareEnforcement (node/mps/capability.py says what each guarantees;
+# per-shape is read as mps).
+SHARE_ENFORCEMENTS: Final = ("none", "mps", "per-shape", "strict")
 
 # Xids NVIDIA's health checker treats as application errors (contracts.md §6.3).
 DEFAULT_IGNORED_XIDS: Final = frozenset({13, 31, 43, 45, 68, 109})
@@ -247,9 +249,12 @@ class KubegpuSettings:
     resource_config: tuple[str, ...] = ()  # the sharing fork's short forms, as given
     # The kubelet's PodResources API, used to verify the handoff (full mode).
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
-    # What holds a fine-grained share to its percent and memory: "mps" (a control daemon per share shape,
-    # docs/sharing.md) or "none" (the KUBEGPU_* variables only: a label, not a limit).
+    # What holds a fine-grained share to its percent and memory (docs/sharing.md, "Enforcement modes"):
+    # "strict" (one MPS server per GPU, the GPU EXCLUSIVE_PROCESS while it holds shares: no container edit
+    # escapes), "mps" (a control daemon per share shape; a container that skips its server escapes) or "none"
+    # (the KUBEGPU_* variables only: a label, not a limit). "per-shape" is read as "mps".
     share_enforcement: str = "none"
+    mps_server_uid: int = 0  # strict: the user each GPU's MPS server runs for (its clients must run as it)
     mps_control_binary: str = ""  # "" = nvidia-cuda-mps-control under the driver root
     dra: DraConfig = field(default_factory=DraConfig)
 

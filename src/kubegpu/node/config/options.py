@@ -114,8 +114,13 @@ OPTIONS: Final[tuple[Option, ...]] = (
            "/var/lib/kubelet/pod-resources/kubelet.sock",
            "the kubelet's PodResources socket, used to verify the handoff (full mode)"),
     Option("kubegpu.shareEnforcement", "share-enforcement", "KUBEGPU_SHARE_ENFORCEMENT", "choice", "none",
-           "what holds fine-grained GPU shares to their limits: mps (an MPS control daemon per share shape) "
-           "or none (environment variables only)", SHARE_ENFORCEMENTS),
+           "what holds fine-grained GPU shares to their limits: strict (one MPS server per GPU, the GPU "
+           "EXCLUSIVE_PROCESS while it holds shares: no container edit escapes), mps or per-shape (an MPS control "
+           "daemon per share shape; a container that skips its server escapes) or none (environment variables "
+           "only)", SHARE_ENFORCEMENTS),
+    Option("kubegpu.mpsServerUid", "mps-server-uid", "KUBEGPU_MPS_SERVER_UID", "int", 0,
+           "strict share enforcement: the user each GPU's MPS server runs for (share containers must run as it)",
+           (), 0, 2**31 - 1),
     Option("kubegpu.mpsControlBinary", "mps-control-binary", "KUBEGPU_MPS_CONTROL_BINARY", "str", "",
            "the nvidia-cuda-mps-control to run ('' = the one under the driver root)"),
     # The DRA driver's own settings (--kubelet-plugin dra); the device plugins ignore them.

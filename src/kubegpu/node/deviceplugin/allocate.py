@@ -28,7 +28,13 @@ from kubegpu.node.container_edits import (
     unique,
 )
 from kubegpu.node.deviceplugin.cdi import annotation_key, qualified_name
-from kubegpu.node.deviceplugin.plugin_model import REPLICA_SEPARATOR, AdvertisedDevice, PluginSettings, ResourcePlan
+from kubegpu.node.deviceplugin.plugin_model import (
+    REPLICA_SEPARATOR,
+    AdvertisedDevice,
+    Enforcer,
+    PluginSettings,
+    ResourcePlan,
+)
 from kubegpu.node.deviceplugin.resolver import ResolvedAllocation
 from kubegpu.node.mps.spec import Binding
 from kubegpu.node.proto import deviceplugin_pb2 as pb
@@ -72,12 +78,21 @@ def runtime_devices(devices: Sequence[AdvertisedDevice], strategy: str) -> list[
     return list(out.items())
 
 
+def holder_of(resource: str, device_ids: Sequence[str]) -> str:
+    """The name strict enforcement knows a container by. Built from what the kubelet gives ``Allocate`` and
+    lists again in PodResources (a device ID is held by one container at a time), so the node can tell which
+    holders still live (:meth:`kubegpu.node.daemon.NodeDaemon.reconcile_holders`) with or without the
+    scheduler's record of the pod."""
+    return f"{resource} {','.join(sorted(device_ids))}"
+
+
 def _mps_binding(plan: ResourcePlan, settings: PluginSettings, gpus: Sequence[str],
-                 shares: Sequence[SharePart]) -> Binding | None:
+                 shares: Sequence[SharePart], holder: str) -> Binding | None:
     """The MPS daemon that holds this container to its share, or None when nothing is to be enforced.
 
     MPS replicas are never served without their daemon (the H200 showed their limits are void without
-    one); a fine-grained share is served through its daemon when enforcement is on."""
+    one); a fine-grained share is served through its daemon when enforcement is on. A container that gets
+    its GPUs whole first claims them (strict: refused while shares hold one, each GPU's mode put back)."""
     enforcer = settings.enforcer
     try:
         if plan.sharing == "mps":
@@ -85,11 +100,26 @@ def _mps_binding(plan: ResourcePlan, settings: PluginSettings, gpus: Sequence[st
                 raise AllocateError(f"'{plan.name}' is shared with MPS but no MPS control daemon runs "
                                     "on this node: its limits would be void")
             return enforcer.for_replicas(plan.name, gpus)
-        if plan.sharing != "time-slicing" and enforcer is not None and shares:
-            return enforcer.for_share(shares, gpus)
+        if plan.sharing == "time-slicing" or enforcer is None:
+            return None
+        bound = enforcer.for_share(shares, gpus, holder) if shares else None
     except RuntimeError as exc:  # MpsError: the daemon is down, the GPU cannot be enforced, ...
         raise AllocateError(f"'{plan.name}': share cannot be enforced: {exc}") from exc
-    return None
+    if bound is None:
+        _claim_whole(plan, enforcer, gpus, holder)
+    return bound
+
+
+def _claim_whole(plan: ResourcePlan, enforcer: Enforcer, gpus: Sequence[str], holder: str) -> None:
+    claimed: list[str] = []
+    try:
+        for u in gpus:
+            enforcer.claim_whole(u, holder)
+            claimed.append(u)
+    except RuntimeError as exc:  # MpsError: strict shares hold the GPU, or its mode cannot be put back
+        for u in claimed:
+            enforcer.release_whole(u, holder)
+        raise AllocateError(f"'{plan.name}': the GPU cannot be given whole now: {exc}") from exc
 
 
 def container_edits_for(plan: ResourcePlan, ids: Sequence[str], known: Mapping[str, AdvertisedDevice],
@@ -121,7 +151,8 @@ def container_edits_for(plan: ResourcePlan, ids: Sequence[str], known: Mapping[s
         shares = [(u, max(1, 100 // plan.replicas), first[u].memory_bytes // plan.replicas) for u in gpus]
     order = list(resolved.uuids) if resolved is not None else gpus
     return container_edits(runtime_devices(devices, settings.device_id_strategy), gpus, shares,
-                           _mps_binding(plan, settings, order, shares), minors=mig_minors)
+                           _mps_binding(plan, settings, order, shares, holder_of(plan.name, ids)),
+                           minors=mig_minors)
 
 
 def build_response(plan: ResourcePlan, edits: ContainerEdits,

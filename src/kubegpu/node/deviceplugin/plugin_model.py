@@ -66,12 +66,17 @@ class ResourcePlan:
 
 class Enforcer(Protocol):
     """What Allocate asks of the node's MPS side (:class:`kubegpu.node.mps.enforcer.ShareEnforcer`);
-    both raise ``MpsError`` (a RuntimeError) when the share cannot be enforced now."""
+    each raises ``MpsError`` (a RuntimeError) when the share cannot be enforced now, or (strict) when a GPU
+    cannot change hands now. ``holder`` names the container (:func:`~.allocate.holder_of`)."""
 
     def for_replicas(self, resource: str, order: Sequence[str]) -> Binding: ...
 
-    def for_share(self, parts: Sequence[tuple[str, int, int]],
-                  order: Sequence[str] | None = None) -> Binding | None: ...
+    def for_share(self, parts: Sequence[tuple[str, int, int]], order: Sequence[str] | None = None,
+                  holder: str = "") -> Binding | None: ...
+
+    def claim_whole(self, uuid: str, holder: str) -> None: ...
+
+    def release_whole(self, uuid: str, holder: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

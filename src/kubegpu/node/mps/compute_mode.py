@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Protocol
+from typing import Final, Protocol, runtime_checkable
 
 from kubegpu.inventory.compute_modes import EXCLUSIVE_PROCESS, MODES, PROHIBITED
 from kubegpu.node.mps.control import MpsError
@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 STATE_FILE: Final = "compute-modes.json"
 
 
+@runtime_checkable
 class ComputeModes(Protocol):
     """Read and set a GPU's compute mode (NVML on a real node, the fake backend elsewhere)."""
 

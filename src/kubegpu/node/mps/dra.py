@@ -80,7 +80,8 @@ class DraEnforcement:
         """GPU UUID -> why shares on it cannot be enforced now."""
         return {u: f"shares cannot be enforced: {e.reason}" for u, e in self.table().items() if not e.enforced}
 
-    def stop(self) -> None:
-        if self._enforcer is not None:
-            self._enforcer.stop()
-        self.manager.stop()
+    def stop(self) -> dict[str, str]:
+        """GPU UUID -> why it keeps its mode and its server (strict: prepared shares still run)."""
+        kept = self._enforcer.stop() if self._enforcer is not None else {}
+        self.manager.stop(keep=kept)
+        return kept

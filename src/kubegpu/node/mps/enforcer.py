@@ -63,6 +63,7 @@ class ShareEnforcer:
         self.time_sliced = frozenset(time_sliced)
         self.replica_specs = dict(replica_specs or {})
         self._memory = {g.uuid: g.memory_bytes for g in inventory.gpus}
+        self._shareable = frozenset(g.uuid for g in inventory.gpus if not g.mig_enabled)
         self._lock = threading.Lock()
 
     # ----- per GPU --------------------------------------------------------------------------------
@@ -153,13 +154,18 @@ class ShareEnforcer:
             self.strict.release(holder, uuids)
 
     def claim_whole(self, uuid: str, holder: str) -> None:
-        """Before a whole-GPU container gets ``uuid``; raises MpsError (the reason) while strict shares hold it."""
-        if self.strict is not None:
+        """Before a whole-GPU container gets ``uuid``; raises MpsError (the reason) while strict shares hold it.
+        A MIG device (or a GPU with MIG on) takes no strict shares: nothing to claim."""
+        if self.strict is not None and uuid in self._shareable:
             self.strict.claim_whole(uuid, holder)
 
     def release_whole(self, uuid: str, holder: str) -> None:
-        if self.strict is not None:
+        if self.strict is not None and uuid in self._shareable:
             self.strict.release_whole(uuid, holder)
+
+    def holders(self, uuid: str) -> tuple[frozenset[str], frozenset[str]]:
+        """(share holders, whole-GPU holders) strict enforcement knows on ``uuid`` (empty otherwise)."""
+        return self.strict.guard.holders(uuid) if self.strict is not None else (frozenset(), frozenset())
 
     def reconcile(self, shares: Mapping[str, Iterable[str]], whole: Mapping[str, Iterable[str]]) -> list[str]:
         return self.strict.reconcile(shares, whole) if self.strict is not None else []

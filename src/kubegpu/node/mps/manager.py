@@ -203,8 +203,11 @@ class MpsManager:
             except Exception:
                 log.exception("MPS supervision pass failed; retrying")
 
-    def stop(self) -> None:
-        """Stop supervising and quit every daemon (their servers end once their clients have)."""
+    def stop(self, keep: Iterable[str] = ()) -> None:
+        """Stop supervising and quit every daemon (their servers end once their clients have), but those on
+        GPUs in ``keep``: strict enforcement keeps a GPU's server while its shares run, so the server still
+        holds the exclusive GPU's one context and the next node daemon adopts it (:meth:`recover`)."""
+        kept = set(keep)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.timeout_s + 2)
@@ -214,7 +217,7 @@ class MpsManager:
             self._entries.clear()
         for e in entries:
             with e.lock:
-                if e.up:
+                if e.up and not kept & set(e.spec.uuids):
                     e.control.quit()
                 e.up = False
 

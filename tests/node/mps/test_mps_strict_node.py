@@ -1,0 +1,128 @@
+"""Strict share enforcement wired through the node daemon, over the stand-in kubelet's sockets, with the fake
+NVML and the stand-in MPS control obeying compute modes as the driver does: shares make their GPU
+EXCLUSIVE_PROCESS, a whole-GPU Allocate on it is refused with the reason, the GPU's mode comes back once the
+kubelet no longer lists its shares, and only then is it served whole."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from kubegpu.inventory.compute_modes import DEFAULT, EXCLUSIVE_PROCESS
+from kubegpu.inventory.fake import FakeBackend
+from kubegpu.model.allocation import DeviceGrant
+from kubegpu.model.inventory import NodeInventory
+from kubegpu.node.deviceplugin.resolver import ResolvedAllocation
+from kubegpu_standins.fake_driver import ENV_DRIVER_STATE
+from kubegpu_standins.kubelet import StandinKubelet
+from kubegpu_standins.mps_control import connect_client
+
+SLOTS = "kubegpu.io/gpu.shared"
+WHOLE = "nvidia.com/gpu"
+GIB = 2**30
+
+
+class Records:
+    """The scheduler's record: a 25 % / 4 GiB share on whatever slot the kubelet picked; whole GPUs unrecorded."""
+
+    def resolve(self, resource: str, device_ids: Sequence[str]) -> ResolvedAllocation | None:
+        if resource != SLOTS:
+            return None
+        return ResolvedAllocation(tuple(DeviceGrant(0, i.split("::")[0], 25, 4 * GIB, 0) for i in device_ids),
+                                  pod="default/p", container="c")
+
+    def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str],
+                  size: int) -> Sequence[str] | None:
+        return None
+
+    def set_inventory(self, inventory: NodeInventory) -> None:
+        pass
+
+    def kubelet_registered(self, resource: str) -> None:
+        pass
+
+
+@pytest.fixture
+def strict_node(kubelet: StandinKubelet, make_daemon: Any, sockdir: Path, mps_binary: str,
+                monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, FakeBackend, Path]]:
+    """A strict node (daemon, backend, PodResources socket); the live holders are read only when a test asks."""
+    state = sockdir / "driver"
+    monkeypatch.setenv(ENV_DRIVER_STATE, str(state))  # the stand-in MPS servers see the fake driver's modes
+    podres = sockdir / "podres.sock"
+    kubelet.serve_pod_resources(podres)
+    backend = FakeBackend("t4x4", driver_state=state)
+    flags = {"shared-slots": "4", "share-enforcement": "strict", "mps-control-binary": mps_binary,
+             "mps-root": str(sockdir / "mps"), "pod-resources-socket": str(podres)}
+    d, _ = make_daemon("t4x4", flags=flags, resolver=Records(), backend=backend, holder_grace_s=0.0,
+                       holders_s=1e9)
+    assert kubelet.wait_registered(SLOTS, timeout_s=5) and kubelet.wait_registered(WHOLE, timeout_s=5)
+    yield d, backend, state
+
+
+def _refused(kubelet: StandinKubelet, resource: str, ids: list[str]) -> str:
+    with pytest.raises(grpc.RpcError) as err:
+        kubelet.allocate_ids(resource, ids)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    return str(err.value.details())
+
+
+def test_a_strict_gpu_goes_exclusive_refuses_whole_until_its_shares_end(
+        kubelet: StandinKubelet, strict_node: tuple[Any, FakeBackend, Path]) -> None:
+    d, backend, state = strict_node
+    share = kubelet.allocate(SLOTS, 1, pod="default/p1", container="c")
+    gpu = dict(share.response.envs)["KUBEGPU_VISIBLE_GPUS"]
+    assert backend.compute_mode(gpu) == EXCLUSIVE_PROCESS
+    # A tenant that skips its server gets no GPU at all.
+    assert "busy" in str(connect_client({}, [gpu], driver_state=str(state))["error"])
+    # A second share of the same shape joins the GPU's one server; a whole GPU is refused with the reason.
+    same = kubelet.allocate(SLOTS, 1, must_include=[i for i in share.device_ids], pod="default/p2", container="c")
+    assert same.response.envs["CUDA_MPS_PIPE_DIRECTORY"] == share.response.envs["CUDA_MPS_PIPE_DIRECTORY"]
+    why = _refused(kubelet, WHOLE, [gpu])
+    assert "cannot be given whole" in why and "MPS-enforced share" in why and gpu in why
+    assert backend.compute_mode(gpu) == EXCLUSIVE_PROCESS  # nothing switched under the shares
+    views = d.enforcer.views()
+    assert (views[gpu].mode, views[gpu].compute_mode, views[gpu].shape_lock, views[gpu].escapable) == (
+        "strict", EXCLUSIVE_PROCESS, "25% / 4096M", False)
+    # One share ends: the GPU stays exclusive for the other.
+    kubelet.release_pod("default/p1")
+    assert d.reconcile_holders() == [] and backend.compute_mode(gpu) == EXCLUSIVE_PROCESS
+    # The last ends: the kubelet no longer lists it, the server quits and the mode goes back.
+    kubelet.release_pod("default/p2")
+    assert d.reconcile_holders() == [gpu]
+    assert backend.compute_mode(gpu) == DEFAULT and d.enforcer.views()[gpu].shape_lock == ""
+    # Now the GPU is served whole, and a share waits for that container, with the reason.
+    whole = kubelet.allocate_ids(WHOLE, [gpu])
+    assert gpu in whole.envs["NVIDIA_VISIBLE_DEVICES"] and backend.compute_mode(gpu) == DEFAULT
+    why = _refused(kubelet, SLOTS, [f"{gpu}::0"])
+    assert "held whole by" in why
+
+
+def test_a_served_share_the_kubelet_does_not_list_yet_keeps_its_gpu_within_the_grace(
+        kubelet: StandinKubelet, strict_node: tuple[Any, FakeBackend, Path]) -> None:
+    d, backend, _ = strict_node
+    d.options = replace(d.options, holder_grace_s=3600.0)
+    share = kubelet.allocate(SLOTS, 1)  # no pod: PodResources does not list it
+    gpu = dict(share.response.envs)["KUBEGPU_VISIBLE_GPUS"]
+    assert d.reconcile_holders() == [] and backend.compute_mode(gpu) == EXCLUSIVE_PROCESS
+
+
+def test_a_node_restart_with_shares_running_keeps_the_gpu_bound_and_restores_it_after(
+        kubelet: StandinKubelet, make_daemon: Any, strict_node: tuple[Any, FakeBackend, Path]) -> None:
+    d, backend, state = strict_node
+    share = kubelet.allocate(SLOTS, 1, pod="default/p1", container="c")
+    gpu = dict(share.response.envs)["KUBEGPU_VISIBLE_GPUS"]
+    d.stop()
+    assert backend.compute_mode(gpu) == EXCLUSIVE_PROCESS  # its share still runs: switching back would free it
+    assert "busy" in str(connect_client({}, [gpu], driver_state=str(state))["error"])
+    again, _ = make_daemon("t4x4", flags=d.flags, resolver=Records(), backend=backend, holder_grace_s=0.0,
+                           holders_s=1e9)
+    assert kubelet.wait_registered(WHOLE, timeout_s=5, count=2)
+    assert again.reconcile_holders() == [] and backend.compute_mode(gpu) == EXCLUSIVE_PROCESS
+    assert "MPS-enforced share" in _refused(kubelet, WHOLE, [gpu])
+    kubelet.release_pod("default/p1")
+    assert again.reconcile_holders() == [gpu] and backend.compute_mode(gpu) == DEFAULT
