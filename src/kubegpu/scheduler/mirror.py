@@ -10,7 +10,7 @@ arrays hold or a GPU model not seen before rebuild the arrays (a new layout).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from itertools import repeat
 
 import numpy as np
@@ -70,12 +70,6 @@ class ArrayMirror:
     def row(self, name: str) -> int | None:
         self.cluster  # noqa: B018 - rows current
         return self._row.get(name)
-
-    @property
-    def row_index(self) -> Mapping[str, int]:
-        """name -> row of every node with a known GPU state (current arrays)."""
-        self.cluster  # noqa: B018 - rows current
-        return self._row
 
     def invalidate(self) -> None:
         self._cluster = None

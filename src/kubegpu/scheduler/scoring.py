@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kubegpu.placement import Demand, Policy, ScoreContext, get_policy
+from kubegpu.placement import Policy, ScoreContext, get_policy
 from kubegpu.placement.workload import LearnedWorkload, Workload
 
 
@@ -41,9 +41,3 @@ class Scoring:
     @property
     def workload(self) -> Workload:
         return self.learner.current
-
-    def learn(self, shape: Demand | None) -> None:
-        self.learner.add(shape)
-
-    def forget(self, shape: Demand | None) -> None:
-        self.learner.remove(shape)
