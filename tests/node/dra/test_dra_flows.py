@@ -628,3 +628,70 @@ def test_rediscovery_republishes_a_new_mig_geometry(bed: Bed) -> None:
     names = {d["name"] for s in bed.slices() for d in s["spec"].get("devices") or []}
     assert "gpu-0-mig-1g10gb-13" in names
     assert {s["spec"]["pool"]["generation"] for s in bed.slices()} == {2}
+
+
+def _strict_attrs(bed: Bed, gpu: str) -> dict[str, Any]:
+    """The enforcement attributes the slices publish for GPU ``gpu``'s shared device."""
+    dev = next(d for s in bed.slices() for d in s["spec"].get("devices", [])
+               if d["attributes"]["uuid"]["string"] == gpu and "shareEnforcement" in d["attributes"])
+    return {k: next(iter(v.values())) for k, v in dev["attributes"].items()
+            if k in ("shareEnforcement", "computeMode", "shareShapeLock", "shareEscapable")}
+
+
+def test_strict_shares_make_their_gpu_exclusive_and_a_whole_claim_waits_for_them(
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubegpu.inventory.compute_modes import DEFAULT, EXCLUSIVE_PROCESS
+    from kubegpu.inventory.fake import FakeBackend
+    from kubegpu.node.dra.prepare import PrepareError
+    from kubegpu_standins.fake_driver import ENV_DRIVER_STATE
+    from kubegpu_standins.mps_control import install
+
+    bed = make_bed(root, shared="all")
+    mps_root = Path(tempfile.mkdtemp(prefix="kgm-", dir="/tmp"))  # unix socket paths stay short
+    state = mps_root / "driver"
+    monkeypatch.setenv(ENV_DRIVER_STATE, str(state))  # the stand-in MPS servers see the fake driver's modes
+    try:
+        assert bed.settings is not None
+        bed.backend = FakeBackend(FIXTURES / "gpu-node-1.yaml", node_name=bed.settings.node_name, driver_state=state)
+        bed.settings = replace(bed.settings, mps=True, enforcement="strict", mps_root=str(mps_root),
+                               mps_binary=install(mps_root))
+        _ready(bed)
+        _classes(bed)
+        gpu0 = bed.backend.discover().gpus[0].uuid
+        assert _strict_attrs(bed, gpu0) == {"shareEnforcement": "strict", "shareEscapable": False}
+        _claim(bed, "s", {"deviceClassName": "shared-gpu.kubegpu.io", "allocationMode": "ExactCount", "count": 1,
+                          "capacity": {"requests": {"compute": "25", "memory": "4Gi"}}})
+        pod = bed.pod("p", [{"name": "gpu", "resourceClaimName": "s"}])
+        assert bed.run(pod) and bed.wait(lambda: bed.running(pod))
+        claim = bed.claim("s")
+        env = dict(e.split("=", 1) for e in json.loads(cdi_spec_path(bed.cdi_dir, claim["metadata"]["uid"])
+                                                       .read_text())["containerEdits"]["env"])
+        gpu = env["KUBEGPU_VISIBLE_GPUS"]
+        assert bed.backend.compute_mode(gpu) == EXCLUSIVE_PROCESS
+        assert "busy" in str(connect_client({}, [gpu], driver_state=str(state))["error"])  # no way around the server
+        assert bed.wait(lambda: _strict_attrs(bed, gpu) == {
+            "shareEnforcement": "strict", "computeMode": EXCLUSIVE_PROCESS, "shareShapeLock": "25% / 4096M",
+            "shareEscapable": False})
+        # A claim handed the same GPU whole (a placement that did not know of the shares) is refused, with why.
+        whole = json.loads(json.dumps(claim))
+        whole["metadata"] = {"name": "w", "namespace": "default", "uid": "uid-whole"}
+        for r in whole["status"]["allocation"]["devices"]["results"]:
+            r.pop("consumedCapacity", None)
+            r.pop("shareID", None)
+        whole["status"].pop("reservedFor", None)  # not the share's pod: its end leaves this claim allocated
+        bed.api.put_object(whole)
+        d = bed.daemon
+        assert d is not None and d.preparer is not None
+        with pytest.raises(PrepareError, match=r"cannot be given whole now.*MPS-enforced share"):
+            d.preparer.prepare("default", "uid-whole", "w")
+        assert bed.backend.compute_mode(gpu) == EXCLUSIVE_PROCESS
+        # The share is unprepared: its server quits, the mode goes back, the slices say so; then the GPU goes whole.
+        bed.delete(pod)
+        assert bed.backend.compute_mode(gpu) == DEFAULT
+        assert bed.wait(lambda: _strict_attrs(bed, gpu) == {"shareEnforcement": "strict", "shareEscapable": False})
+        d.preparer.prepare("default", "uid-whole", "w")
+        assert bed.backend.compute_mode(gpu) == DEFAULT
+        d.preparer.unprepare("default", "uid-whole", "w")
+    finally:
+        bed.close()
+        shutil.rmtree(mps_root, ignore_errors=True)

@@ -33,9 +33,12 @@ def dra_options(config: Config, node_name: str) -> Any:
                  dra.shared_gpus, "GPUs " + ",".join(map(str, sorted(shared))) if shared else "no GPU")
     if dra.resync_s <= 0:
         raise ConfigError("--dra-resync: must be more than 0 seconds")
-    mps = config.sharing.strategy == "mps" or config.kubegpu.share_enforcement == "mps"
+    enforcement = config.kubegpu.share_enforcement
+    mps = config.sharing.strategy == "mps" or enforcement != "none"
     settings = DraSettings(node_name=node_name, shared_gpus=shared, mps=mps, mps_root=config.flags.mps_root,
-                           mps_binary=config.kubegpu.mps_control_binary, driver_root=config.flags.nvidia_driver_root)
+                           mps_binary=config.kubegpu.mps_control_binary, driver_root=config.flags.nvidia_driver_root,
+                           enforcement=enforcement if enforcement != "none" else "mps",
+                           mps_server_uid=config.kubegpu.mps_server_uid)
     return DraOptions(settings=settings, plugins_dir=dra.plugins_dir, registry_dir=dra.registry_dir,
                       state_dir=dra.state_dir, cdi_dir=config.kubegpu.cdi_spec_dir, xid_policy=config.health,
                       recovery_interval_s=config.kubegpu.health_recovery_interval_s, resync_s=dra.resync_s)

@@ -43,7 +43,9 @@ from kubegpu.node.health.monitor import HealthMonitor
 from kubegpu.node.health.state import HealthState
 from kubegpu.node.lifecycle import DaemonInitError, ReloadRefused
 from kubegpu.node.metrics import NodeMetrics
+from kubegpu.node.mps.compute_mode import ComputeModes
 from kubegpu.node.mps.dra import DraEnforcement
+from kubegpu.node.mps.enforcer import GpuView
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +96,7 @@ class DraDaemon:
         self.plugin: DraPlugin | None = None
         self.publisher: SlicePublisher | None = None
         self.taints: dict[str, DeviceTaint] = {}
+        self._views: dict[str, GpuView] = {}  # what the published slices show of each GPU's enforcement
         self.content = PoolContent()
         self.timings: dict[str, list[float]] = {"prepare": [], "unprepare": [], "publish": []}
         self.health_changed_at: float | None = None
@@ -119,7 +122,8 @@ class DraDaemon:
                     health[u], reasons[u] = False, why
         with self._lock:
             self.taints = health_taints(inv, health, reasons, self.taints, _now())
-            self.content = pool_content(inv, self.options.settings, self.taints)
+            self._views = self.mps.views() if self.mps is not None else {}
+            self.content = pool_content(inv, self.options.settings, self.taints, self._views)
 
     def desired(self, generation: int) -> list[dict[str, Any]]:
         with self._lock:
@@ -173,6 +177,8 @@ class DraDaemon:
         lst.append(seconds)
         if len(lst) > 10000:
             del lst[: len(lst) - 10000]
+        if self.mps is not None and self.inventory is not None and self.mps.views() != self._views:
+            self._on_health({})  # a strict GPU changed mode or lock: the slices show it
 
     # ----- lifecycle ---------------------------------------------------------------------------
 
@@ -235,8 +241,12 @@ class DraDaemon:
         opts = self.options
         self._watch_health(self.backend.discover())
         if opts.settings.mps and self.inventory is not None:  # shares enforced by MPS daemons (node/mps)
-            self.mps = DraEnforcement(opts.settings.mps_root, opts.settings.driver_root, opts.settings.mps_binary,
-                                      on_change=lambda: self._on_health({}))
+            s = opts.settings
+            # strict: GPU compute modes through the inventory backend (NVML); without them strict shares are
+            # refused with the reason.
+            modes = self.backend if isinstance(self.backend, ComputeModes) else None
+            self.mps = DraEnforcement(s.mps_root, s.driver_root, s.mps_binary, on_change=lambda: self._on_health({}),
+                                      selected=s.enforcement, compute_modes=modes, server_uid=s.mps_server_uid)
             self.mps.start(self.inventory)
             self._rebuild()
         self.preparer = Preparer(self.reader, self.table, opts.settings, cdi_dir=opts.cdi_dir,
@@ -281,7 +291,8 @@ class DraDaemon:
         if self.monitor is not None:
             self.monitor.stop()
         if self.mps is not None:
-            self.mps.stop()
+            for uuid, why in self.mps.stop().items():
+                log.warning("GPU %s keeps its compute mode and its MPS server: %s", uuid, why)
         if self.state is not None:
             self.state.close()
 

@@ -31,7 +31,7 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -48,7 +48,7 @@ from kubegpu.node.container_edits import (
     read_mig_minors,
     unique,
 )
-from kubegpu.node.dra.names import CDI_CLASS, CDI_KIND, CDI_VENDOR, DRIVER, TYPE_MIG, cdi_device_id
+from kubegpu.node.dra.names import CDI_CLASS, CDI_KIND, CDI_VENDOR, DRIVER, TYPE_GPU, TYPE_MIG, cdi_device_id
 from kubegpu.node.dra.names import cdi_device_name as _cdi_name
 from kubegpu.node.dra.slices import DraSettings, PublishedDevice
 from kubegpu.node.mps.dra import DraEnforcement
@@ -246,13 +246,17 @@ class Preparer:
                 return have.devices
             claim = self.reader.get_claim(namespace, name)
             prepared = self._build(claim, namespace, uid, name)
-            self._write_spec(uid, prepared.spec_file)
             try:
-                self.checkpoint.save(prepared)
-            except OSError as exc:
-                with contextlib.suppress(FileNotFoundError):
-                    cdi_spec_path(self.cdi_dir, uid).unlink()
-                raise PrepareError(f"cannot write checkpoint {self.checkpoint.dir}: {exc}") from exc
+                self._write_spec(uid, prepared.spec_file)
+                try:
+                    self.checkpoint.save(prepared)
+                except OSError as exc:
+                    with contextlib.suppress(FileNotFoundError):
+                        cdi_spec_path(self.cdi_dir, uid).unlink()
+                    raise PrepareError(f"cannot write checkpoint {self.checkpoint.dir}: {exc}") from exc
+            except PrepareError:
+                self._let_go(uid, self._gpus(prepared))
+                raise
             with self._lock:
                 self.claims[uid] = prepared
             return prepared.devices
@@ -284,9 +288,25 @@ class Preparer:
             used.append((dev, r))
         return PreparedClaim(namespace, name, uid, devices, spec_file(self._spec(namespace, name, uid, used)))
 
-    def _edits(self, namespace: str, name: str,
+    def _gpus(self, claim: PreparedClaim) -> list[str]:
+        """The GPUs (by UUID) a prepared claim holds, as far as this node still publishes them."""
+        table = self.table()
+        return unique(table[d.device].gpu_uuid for d in claim.devices if d.device in table)
+
+    def _let_go(self, uid: str, gpus: Sequence[str]) -> None:
+        """Strict: claim ``uid`` no longer holds ``gpus`` (shares and whole alike: both are no-ops where it
+        held none), so a GPU left without holders gets its compute mode back."""
+        if self.enforcer is None:
+            return
+        self.enforcer.release(uid, gpus)
+        for u in gpus:
+            self.enforcer.release_whole(u, uid)
+
+    def _edits(self, namespace: str, name: str, uid: str,
                used: list[tuple[PublishedDevice, dict[str, Any]]]) -> tuple[ContainerEdits, list[str]]:
-        """The claim's container edits (one device each per allocation result), and its share IDs."""
+        """The claim's container edits (one device each per allocation result), and its share IDs. Under
+        strict enforcement the claim (by ``uid``) enters its GPUs: a share joins its GPU's one server, a whole
+        GPU is claimed (refused while shares hold it, its mode put back)."""
         minors = read_mig_minors(self.settings.mig_minors_file) if any(
             d.type == TYPE_MIG for d, _ in used) else {}
         shares: list[SharePart] = []
@@ -303,9 +323,20 @@ class Preparer:
                 raise PrepareError(f"ResourceClaim {namespace}/{name}: MPS is on but no MPS daemon runs here")
             order = [g for g, _, _ in shares]
             try:
-                bound = self.enforcer.for_share(shares, order)
+                bound = self.enforcer.for_share(shares, order, holder=uid)
             except RuntimeError as exc:  # MpsError
                 raise PrepareError(f"ResourceClaim {namespace}/{name}: share cannot be enforced: {exc}") from exc
+        whole = [d.gpu_uuid for d, r in used if d.type == TYPE_GPU and share_limits(d, r) is None]
+        if whole and self.enforcer is not None:
+            claimed: list[str] = []
+            try:
+                for u in whole:
+                    self.enforcer.claim_whole(u, uid)
+                    claimed.append(u)
+            except RuntimeError as exc:  # MpsError: strict shares hold the GPU
+                self._let_go(uid, [*claimed, *(g for g, _, _ in shares)])
+                raise PrepareError(f"ResourceClaim {namespace}/{name}: the GPU cannot be given whole now: "
+                                   f"{exc}") from exc
         edits = container_edits([(dev.uuid, dev) for dev, _ in used], unique(d.gpu_uuid for d, _ in used),
                                 shares, bound, minors=minors)
         return edits, share_ids
@@ -313,7 +344,7 @@ class Preparer:
     def _spec(self, namespace: str, name: str, uid: str,
               used: list[tuple[PublishedDevice, dict[str, Any]]]) -> dict[str, Any]:
         """The claim's edits as its CDI spec."""
-        edits, share_ids = self._edits(namespace, name, used)
+        edits, share_ids = self._edits(namespace, name, uid, used)
         cdi_devices: list[dict[str, Any]] = []
         for (dev, r), dev_edits in zip(used, edits.devices, strict=True):
             # Per device, what adds up when a container uses several claims: its device nodes and its
@@ -347,6 +378,9 @@ class Preparer:
 
     def unprepare(self, namespace: str, uid: str, name: str) -> None:
         with self._claim_lock(uid):
+            have = self.claims.get(uid)
+            if have is not None:
+                self._let_go(uid, self._gpus(have))
             with contextlib.suppress(FileNotFoundError):
                 cdi_spec_path(self.cdi_dir, uid).unlink()
             try:

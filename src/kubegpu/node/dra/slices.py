@@ -35,7 +35,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from kubegpu.model.inventory import Gpu, MigDevice, NodeInventory
 from kubegpu.model.quantity import format_bytes
@@ -47,6 +47,9 @@ from kubegpu.node.dra.names import (
     TYPE_GPU,
     TYPE_MIG,
 )
+
+if TYPE_CHECKING:
+    from kubegpu.node.mps.enforcer import GpuView
 
 GI: Final = 2**30
 MAX_DEVICES_PER_SLICE: Final = 128
@@ -72,6 +75,8 @@ class DraSettings:
     share_memory_step: int = GI
     sysfs_root: str = "/sys"
     mps: bool = False  # shares are enforced through MPS daemons (node/mps), refused when they cannot be
+    enforcement: str = "mps"  # with mps: "mps" (a daemon per share shape) or "strict" (one per GPU, exclusive)
+    mps_server_uid: int = 0  # strict: the user each GPU's MPS server runs for
     mps_root: str = "/run/nvidia/mps"
     mps_binary: str = ""  # "" = nvidia-cuda-mps-control under driver_root
     driver_root: str = "/"
@@ -285,10 +290,12 @@ class PoolContent:
     table: dict[str, PublishedDevice] = field(default_factory=dict)  # device name -> device
 
 
-def pool_content(inv: NodeInventory, settings: DraSettings,
-                 taints: Mapping[str, DeviceTaint] | None = None) -> PoolContent:
-    """Every device of the node's pool. ``taints`` maps a GPU or MIG UUID to its taint."""
+def pool_content(inv: NodeInventory, settings: DraSettings, taints: Mapping[str, DeviceTaint] | None = None,
+                 views: Mapping[str, GpuView] | None = None) -> PoolContent:
+    """Every device of the node's pool. ``taints`` maps a GPU or MIG UUID to its taint; ``views`` a GPU UUID
+    to how its shares are enforced now (:meth:`kubegpu.node.mps.enforcer.ShareEnforcer.views`)."""
     taints = taints or {}
+    views = views or {}
     out = PoolContent()
     cliques = nvlink_cliques(inv)
     pool = settings.pool
@@ -340,7 +347,7 @@ def pool_content(inv: NodeInventory, settings: DraSettings,
                                     m.gi, m.ci))
         elif settings.is_shared(g):
             # How a share here is held to its limits (a daemon that is down taints the device instead).
-            attrs["shareEnforcement"] = {"string": "mps" if settings.mps else "none"}
+            attrs.update(enforcement_attrs(views.get(g.uuid), settings))
             step = settings.share_memory_step
             mem_max = g.memory_bytes - g.memory_bytes % step
             if mem_max < step:
@@ -365,6 +372,21 @@ def pool_content(inv: NodeInventory, settings: DraSettings,
         else:
             add({"attributes": _sorted(attrs), "capacity": {"memory": {"value": format_bytes(g.memory_bytes)}},
                  "name": name}, base)
+    return out
+
+
+def enforcement_attrs(view: GpuView | None, settings: DraSettings) -> dict[str, dict[str, Any]]:
+    """A shared GPU's enforcement as device attributes (a CEL selector can ask for ``shareEscapable == false``):
+    its mode, and under strict its compute mode and the share shape it is locked to while its shares run."""
+    if view is None:
+        mode = settings.enforcement if settings.mps else "none"
+        return {"shareEnforcement": {"string": mode}, "shareEscapable": {"bool": mode != "strict"}}
+    out: dict[str, dict[str, Any]] = {"shareEnforcement": {"string": view.mode},
+                                      "shareEscapable": {"bool": view.escapable}}
+    if view.compute_mode:
+        out["computeMode"] = {"string": view.compute_mode}
+    if view.shape_lock:
+        out["shareShapeLock"] = {"string": view.shape_lock}
     return out
 
 

@@ -15,7 +15,7 @@ from kubegpu.model.inventory import NodeInventory
 from kubegpu.node.mps.capability import MODE_MPS, MODE_STRICT, Enforcement
 from kubegpu.node.mps.compute_mode import ComputeModeGuard, ComputeModes
 from kubegpu.node.mps.control import MpsError, find_binary
-from kubegpu.node.mps.enforcer import ShareEnforcer
+from kubegpu.node.mps.enforcer import GpuView, ShareEnforcer
 from kubegpu.node.mps.manager import MpsManager
 from kubegpu.node.mps.spec import Binding
 
@@ -69,6 +69,13 @@ class DraEnforcement:
 
     def release_whole(self, uuid: str, holder: str) -> None:
         self._current().release_whole(uuid, holder)
+
+    def views(self) -> dict[str, GpuView]:
+        """Per GPU what the slices, status and metrics show (:meth:`ShareEnforcer.views`)."""
+        try:
+            return self._current().views()
+        except MpsError:
+            return {}
 
     def table(self) -> dict[str, Enforcement]:
         try:
