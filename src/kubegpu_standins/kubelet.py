@@ -485,6 +485,13 @@ class StandinKubelet:
         with self._cond:
             return {r: st.allocatable for r, st in self.resources.items()}
 
+    def node_status(self) -> dict[str, dict[str, str]]:
+        """The device part of the Node's status as the kubelet posts it: per resource, capacity (every device
+        the plugin listed) and allocatable (the healthy ones)."""
+        with self._cond:
+            return {"capacity": {r: str(st.capacity) for r, st in self.resources.items()},
+                    "allocatable": {r: str(st.allocatable) for r, st in self.resources.items()}}
+
     def healthy(self, resource: str) -> set[str]:
         with self._cond:
             st = self.resources.get(resource)
@@ -546,6 +553,11 @@ class StandinKubelet:
             in_use = self.in_use.setdefault(resource, set())
             reused = [d for d in must_include]
             needed = n - len(reused)
+            if not st.healthy and st.unhealthy:
+                # The device manager's own check before any choice (devicesToAllocate): a plugin whose stream
+                # ended leaves every device of its resource Unhealthy (recorded on v1.36, kubegpu-on-v1.36/
+                # turn4-scale.md: a node daemon stopped while pods were bound there).
+                raise AllocationFailed(f"no healthy devices present; cannot allocate unhealthy devices {resource}")
             available = [d for d in st.healthy if d not in in_use and d not in reused]
             self._rng.shuffle(available)
             if needed > len(available):
@@ -747,9 +759,14 @@ class PodAdmitter:
     the device manager's message); deleted pods free their devices."""
 
     def __init__(self, kubelet: StandinKubelet, client: Any, node: str, *, swap_prob: float = 0.0,
-                 batch_window_s: float = 0.02, seed: int = 0, write_status: bool = True) -> None:
+                 batch_window_s: float = 0.02, seed: int = 0, write_status: bool = True,
+                 node_status_s: float = 0.0) -> None:
         self.kubelet, self.client, self.node = kubelet, client, node
         self.swap_prob, self.batch_window_s, self.write_status = swap_prob, batch_window_s, write_status
+        # The kubelet's nodeStatusUpdateFrequency (10 s by default; 0: the Node's status is not written): every
+        # period it posts the devices' capacity and allocatable when they changed.
+        self.node_status_s = node_status_s
+        self._status_thread: threading.Thread | None = None
         self._rng = random.Random(seed)
         self._queue: list[dict[str, Any]] = []
         self._seen: set[str] = set()
@@ -790,7 +807,27 @@ class PodAdmitter:
         self._watch.wait_synced(10)
         self._thread = threading.Thread(target=self._run, name=f"standin-admit-{self.node}", daemon=True)
         self._thread.start()
+        if self.node_status_s > 0:
+            self._status_thread = threading.Thread(target=self._post_status, name=f"standin-status-{self.node}",
+                                                   daemon=True)
+            self._status_thread.start()
         return self
+
+    def _post_status(self) -> None:
+        from lightkube.types import PatchType
+
+        from kubegpu.kube.resources import Node
+
+        posted: dict[str, dict[str, str]] = {}
+        while not self._stop.wait(self.node_status_s):
+            status = self.kubelet.node_status()
+            if status == posted:
+                continue
+            try:
+                self.client.patch(Node.Status, self.node, {"status": status}, patch_type=PatchType.MERGE)
+                posted = status
+            except Exception as exc:  # the next period tries again, as the kubelet does
+                log.info("standin kubelet %s: cannot post the node status: %s", self.node, exc)
 
     def stop(self) -> None:
         self._stop.set()
@@ -800,6 +837,8 @@ class PodAdmitter:
             self._watch.stop()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if self._status_thread is not None:
+            self._status_thread.join(timeout=5)
 
     def _batch(self) -> list[dict[str, Any]]:
         with self._cond:
@@ -856,9 +895,10 @@ class PodAdmitter:
 
         from kubegpu.kube.resources import Pod
 
+        # The kubelet's words (rejectPod, and the device manager's admit handler).
+        why = f"Pod was rejected: Allocate failed due to {got.reason}, which is unexpected"
         status: dict[str, Any] = ({"phase": "Running"} if got.ok else
-                                  {"phase": "Failed", "reason": "UnexpectedAdmissionError",
-                                   "message": f"Allocate failed due to {got.reason}, which is unexpected"})
+                                  {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": why})
         try:
             self.client.patch(Pod.Status, meta.get("name"), {"status": status},
                               namespace=meta.get("namespace", "default"), patch_type=PatchType.MERGE)

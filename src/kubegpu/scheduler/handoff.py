@@ -45,6 +45,9 @@ class HandoffQueue:
         # node's view may still show it waiting and serve its record to the next pod's call.
         self.node_seen: dict[str, int] = {}
         self.ended: dict[str, dict[str, int]] = {}
+        # node -> why its node daemon does not serve its GPUs now (restarting, or its kubelet has none of our
+        # devices healthy): a bind there waits until it serves again (scheduler/nodes.py NodeDaemons).
+        self.not_serving: dict[str, str] = {}
         # node -> binds waiting in the extender for their turn there (prioritize sends a pod to the shortest queue)
         self.waiting_binds: dict[str, int] = {}
         # Set (and replaced) at every change that can let a waiting bind through: waiters wake on it.
@@ -109,6 +112,18 @@ class HandoffQueue:
         if not per:
             del self.ended[node]
 
+    def node_daemon(self, node: str, why: str | None) -> None:
+        """``node``'s daemon does not serve its GPUs now (``why``), or serves them (None): binds held for the
+        node are let through only once it serves, so the kubelet has healthy devices when it admits them."""
+        if why is None:
+            if self.not_serving.pop(node, None) is not None:
+                log.info("node %s: its kubegpu node daemon serves again", node)
+                self._notify()
+        elif self.not_serving.get(node) != why:
+            if node not in self.not_serving:
+                log.info("node %s: nothing placed on its GPUs: %s", node, why)
+            self.not_serving[node] = why
+
     def _reindex(self, node: str, shapes: frozenset[Shape]) -> None:
         """Who waits first on ``node`` for each kind of ``shapes``, after a change of the node's waiting pods."""
         per = self.pending.get(node, {})
@@ -167,11 +182,15 @@ class HandoffQueue:
                 return _reason(other, count, res)
         return None
 
+    def _why_waits(self, node: str, key: str, shapes: frozenset[Shape]) -> str | None:
+        return self.not_serving.get(node) or self.blocked(key, shapes).get(node)
+
     async def turn(self, node: str, key: str, shapes: frozenset[Shape], deadline: float) -> str | None:
-        """Wait (until ``deadline``, on the loop's clock) until no other pod of ``key``'s kinds waits on
-        ``node``: None once it is its turn, else why not. The caller holds right after, with no await in
-        between, so two binds of a kind can never both pass. Counted in :attr:`waiting_binds` while it waits."""
-        why = self.blocked(key, shapes).get(node)
+        """Wait (until ``deadline``, on the loop's clock) until ``node``'s daemon serves and no other pod of
+        ``key``'s kinds waits on ``node``: None once it is its turn, else why not. The caller holds right after,
+        with no await in between, so two binds of a kind can never both pass. Counted in :attr:`waiting_binds`
+        while it waits."""
+        why = self._why_waits(node, key, shapes)
         if why is None:
             return None
         loop = asyncio.get_running_loop()
@@ -186,7 +205,7 @@ class HandoffQueue:
                 changed = self._changed
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), left)
-                why = self.blocked(key, shapes).get(node)
+                why = self._why_waits(node, key, shapes)
             return None
         finally:
             left_waiting = self.waiting_binds.get(node, 1) - 1

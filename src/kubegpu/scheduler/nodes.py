@@ -1,17 +1,21 @@
 """A GPU node as the extender knows it, and the questions asked of one node: which GPU models it offers
-to a pod's allowed list, and whether a choice of GPUs is fully NVLink-connected."""
+to a pod's allowed list, whether a choice of GPUs is fully NVLink-connected, and whether its node daemon
+serves its GPUs now (:class:`NodeDaemons`)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from kubegpu.model import annotations as A
+from kubegpu.model import node_daemon as ND
 from kubegpu.model.allocation import DeviceGrant
 from kubegpu.model.inventory import NodeInventory
 from kubegpu.model.request import PodRequest
+from kubegpu.model.resources import SERVED_RESOURCES_ANNOTATION
 from kubegpu.placement import NodeState
 
 
@@ -93,3 +97,40 @@ def all_linked(rec: NodeRecord, containers: Iterable[_Granted]) -> bool:
         if not all(by_uuid[a].links.get(b, 0) > 0 for i, a in enumerate(uuids) for b in uuids[i + 1:]):
             return False
     return True
+
+
+class NodeDaemons:
+    """Which nodes' kubegpu daemons do not serve their GPUs now, with the reason a pod is told, from the Node
+    watch (:mod:`kubegpu.model.node_daemon`): one that said it is stopping, until its next daemon says it
+    serves; one whose kubelet reports none of its plugin resources healthy (a daemon that died saying nothing),
+    until the kubelet reports them again or a newer daemon says it serves. A node that says nothing (an older
+    daemon, a DRA-only node) serves."""
+
+    def __init__(self) -> None:
+        # node -> the daemon (boot) that was the node's when its kubelet was seen with no healthy device of
+        # ours: the node is down while that daemon is still the last to have spoken.
+        self._lost_under: dict[str, str] = {}
+
+    def observe(self, node: str, annotations: Mapping[str, str], status: Mapping[str, Any] | None) -> str | None:
+        """Why nothing may be placed on ``node``'s GPUs now (None: its daemon serves them)."""
+        state = ND.decode(annotations.get(ND.NODE_DAEMON))
+        boot = state.boot if state is not None else ""
+        served = [r for r in (annotations.get(SERVED_RESOURCES_ANNOTATION) or "").split(",") if r]
+        lost = ND.kubelet_lost_devices(status, served)
+        # Kept whatever the daemon says, so that the next daemon's "serving" outranks a kubelet status older
+        # than it (the kubelet posts its devices only every nodeStatusUpdateFrequency).
+        under = self._lost_under.setdefault(node, boot) if lost else self._lost_under.pop(node, None)
+        if state is not None and state.state == ND.STOPPING:
+            return (f"kubegpu node daemon on {node} is restarting (stopping since {_clock(state.since)}); "
+                    "nothing is placed on its GPUs until the next one serves them")
+        if not lost or under != boot:
+            return None  # healthy, or a daemon started since the kubelet lost them has said it serves
+        return (f"the kubelet on {node} reports no healthy {', '.join(lost)} (its kubegpu node daemon is not "
+                "serving them); nothing is placed on its GPUs until it is")
+
+    def forget(self, node: str) -> None:
+        self._lost_under.pop(node, None)
+
+
+def _clock(since: float) -> str:
+    return time.strftime("%H:%M:%SZ", time.gmtime(since)) if since > 0 else "an unknown time"

@@ -11,14 +11,15 @@ next call (and on the daemon's periodic republish), never raised into the daemon
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping
 from typing import Any
 
 from kubegpu.model.device_object import device_object
 from kubegpu.model.inventory import NodeInventory
 from kubegpu.node.config import Config
-from kubegpu.node.publish.labels import gpu_labels, label_changes
 from kubegpu.node.publish.capacity import publish_capacity
+from kubegpu.node.publish.labels import gpu_labels, label_changes
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,34 @@ class KubeNodePublisher:
                 if not is_conflict(exc):
                     raise
         log.warning("node %s: Device object kept conflicting; next publish retries", self.node_name)
+
+    def announce(self, state: str, boot: str, timeout_s: float) -> bool:
+        """Write this daemon's state on the Node (:mod:`kubegpu.model.node_daemon`), waiting at most
+        ``timeout_s``: a stop must not hang on an API server that does not answer. Whether it landed."""
+        from lightkube.types import PatchType
+
+        from kubegpu.kube.resources import Node
+        from kubegpu.model.node_daemon import announce
+
+        landed = threading.Event()
+
+        def write() -> None:
+            try:
+                self.client.patch(Node, self.node_name, announce(state, boot), patch_type=PatchType.MERGE)
+                landed.set()
+            except Exception as exc:  # logged below with the outcome
+                log.warning("node %s: cannot write the daemon state %r: %s", self.node_name, state, exc)
+
+        # On its own thread so a stuck connection costs the caller timeout_s, not the client's own timeout.
+        t = threading.Thread(target=write, name=f"announce-{state}", daemon=True)
+        t.start()
+        t.join(timeout_s)
+        if landed.is_set():
+            log.info("node %s: daemon %s (%s) written", self.node_name, state, boot[:8])
+            return True
+        log.warning("node %s: the daemon state %r was not written within %.1fs; going on", self.node_name, state,
+                    timeout_s)
+        return False
 
     def close(self) -> None:
         pass

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from kubegpu.model.inventory import NodeInventory
 
@@ -25,6 +25,15 @@ class NodePublisher(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class StateAnnouncer(Protocol):
+    """A publisher that also tells the cluster whether this daemon serves the node's GPUs now
+    (:mod:`kubegpu.model.node_daemon`): "stopping" before it stops serving, "serving" once the kubelet has its
+    plugins. ``announce`` returns whether the write landed within ``timeout_s``; it never raises."""
+
+    def announce(self, state: str, boot: str, timeout_s: float) -> bool: ...
 
 
 class NullPublisher:
