@@ -2,11 +2,14 @@
 
 An ``Allocate`` answer must not wait for the API server: the acknowledgement is what the accounting follows,
 but the container's GPUs are decided by the answer alone. So the resolver only *asks* for a pod's
-acknowledgement to be written; this writer does it on its own thread, one pod at a time (every write carries
-the pod's full current acknowledgement, so a later one supersedes an earlier one), and retries a failed write
-with back-off (``first_s`` doubling to ``max_s``) for as long as the pod lives: an API server or a validating
-webhook that is down only delays the acknowledgement, it never loses it (an acknowledgement refused during a
-webhook outage would otherwise never be written).
+acknowledgement to be written; this writer does it on a small pool of threads, so that on a slow link each
+acknowledgement lands one round trip after its ``Allocate`` instead of queueing behind the others' round trips.
+Writes of different pods run concurrently (each carries its own UID precondition); writes of one pod never
+overlap: a pod asked again while its write is in flight is written again after it, and every write carries the
+pod's full current acknowledgement, so the later one supersedes the earlier one and never lands first. A failed
+write is retried with back-off (``first_s`` doubling to ``max_s``) for as long as the pod lives: an API server or
+a validating webhook that is down only delays the acknowledgement, it never loses it (an acknowledgement refused
+during a webhook outage would otherwise never be written).
 """
 
 from __future__ import annotations
@@ -18,46 +21,55 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
+DEFAULT_WORKERS = 4  # concurrent writes per node: the kubelet admits one pod at a time, so a few cover a burst
+
 
 class AckWriter:
     """``write(pod_key)`` returns True when there is nothing more to write for the pod (written, already as
-    wanted, or the pod is gone) and False to be retried. Keys asked again while queued are written once."""
+    wanted, or the pod is gone) and False to be retried. Keys asked again while queued are written once; a key
+    asked again while being written is written once more after that write."""
 
     def __init__(self, write: Callable[[str], bool], *, first_s: float = 0.2, max_s: float = 10.0,
-                 name: str = "handoff-acks") -> None:
+                 name: str = "handoff-acks", workers: int = DEFAULT_WORKERS) -> None:
+        if workers < 1:
+            raise ValueError("an acknowledgement writer needs at least one worker")
         self._write, self.first_s, self.max_s = write, first_s, max_s
         self._cond = threading.Condition()
         self._due: dict[str, float] = {}  # pod -> monotonic time of its next attempt
         self._backoff: dict[str, float] = {}
+        self._busy: set[str] = set()  # pods whose write is in flight (never two at once for one pod)
         self._stop = False
         self.failures = 0
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(workers)]
+        for t in self._threads:
+            t.start()
 
     def ask(self, pod_key: str) -> None:
-        """Write the pod's acknowledgement now (or as soon as the writer is free)."""
+        """Write the pod's acknowledgement now (or as soon as a worker, and the pod's previous write, is done)."""
         with self._cond:
             self._due[pod_key] = time.monotonic()
             self._backoff.pop(pod_key, None)
-            self._cond.notify()
+            self._cond.notify_all()
 
     def pending(self) -> int:
         with self._cond:
-            return len(self._due)
+            return len(self._due) + len(self._busy)
 
     def stop(self) -> None:
         with self._cond:
             self._stop = True
-            self._cond.notify()
+            self._cond.notify_all()
 
     def _next(self) -> str | None:
         with self._cond:
             while not self._stop:
                 now = time.monotonic()
-                if self._due:
-                    key, due = min(self._due.items(), key=lambda kv: kv[1])
+                ready = [(due, key) for key, due in self._due.items() if key not in self._busy]
+                if ready:
+                    due, key = min(ready)
                     if due <= now:
                         del self._due[key]
+                        self._busy.add(key)
                         return key
                     self._cond.wait(due - now)
                 else:
@@ -72,6 +84,8 @@ class AckWriter:
                 log.exception("acknowledgement of %s: unexpected failure; retrying", key)
                 done = False
             with self._cond:
+                self._busy.discard(key)
+                self._cond.notify_all()  # the pod may have been asked again meanwhile
                 if done:
                     self._backoff.pop(key, None)
                     continue

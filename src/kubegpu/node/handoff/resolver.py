@@ -109,7 +109,6 @@ class HandoffResolver:
         # pod's end until PodResources shows the devices on that container: who really holds them is what
         # verification compares with (a container served another pod's record, see verify.compare).
         self._given: dict[tuple[str, frozenset[str]], tuple[str, str, Ack]] = {}
-        self._ack_lock = threading.Lock()
         self._pods: dict[str, PodView] = {}
         self._served: dict[tuple[str, str], Ack] = {}  # (uid, container) -> what this process served
         # GPU -> (who, when) for GPUs given whole to pods without a record: served by this process (kept
@@ -124,6 +123,13 @@ class HandoffResolver:
         self._seen = -1
         self._published = -1
         self._listed_at = -1  # the version of the last consistent read
+        # When the latest consistent read that completed was started (monotonic), the reads in flight (their start
+        # and completion), and the kind and start of the kubelet's last GetPreferredAllocation not yet followed by
+        # its Allocate: a whole-GPU Allocate needs a read started after its container's calls began, and the one
+        # its GetPreferredAllocation started (racing the watch) is such a read (see _read_since).
+        self._read_from = float("-inf")
+        self._reading: dict[int, tuple[float, threading.Event]] = {}
+        self._last_gpa: tuple[str, int, float] | None = None
         self._gpus: dict[str, tuple[int, int]] = {}  # uuid -> (minor, memory bytes)
         self._mig_parent: dict[str, tuple[str, str]] = {}  # MIG uuid -> (parent GPU uuid, profile)
         self.pod_resources: Callable[[], list[Holding]] | None = None  # the kubelet's own word, when reachable
@@ -283,6 +289,9 @@ class HandoffResolver:
         if self._refresh is None:
             return False
         self.metrics.consistent_reads.inc()
+        started, done = time.monotonic(), threading.Event()
+        with self._lock:
+            self._reading[id(done)] = (started, done)
         try:
             listed = self._refresh()
             pods = list(listed)
@@ -290,7 +299,12 @@ class HandoffResolver:
         except Exception as e:  # the API being down: decide from the local view (and refuse if unsure)
             log.warning("node %s: cannot list pods for the handoff: %s", self.node, e)
             return False
+        finally:
+            with self._lock:
+                self._reading.pop(id(done), None)
+                done.set()
         with self._lock:
+            self._read_from = max(self._read_from, started)
             seen_before = self._seen
             present = set()
             for p in pods:
@@ -313,6 +327,20 @@ class HandoffResolver:
                 if ended or self._published < 0:  # the first LIST: the node publishes how far its view has got
                     self._seen_up_to(cutoff)
         return True
+
+    def _read_since(self, since: float) -> bool:
+        """Make sure a consistent read started at or after ``since`` (monotonic) has completed: one that did, or
+        one in flight (waited for), else a new one. Whether there is one."""
+        with self._lock:
+            if self._read_from >= since:
+                return True
+            inflight = [ev for t, ev in self._reading.values() if t >= since]
+        for ev in inflight:
+            ev.wait()
+        with self._lock:
+            if self._read_from >= since:
+                return True
+        return self.consistent_read()  # none in flight, or those failed (the API down): one more decides
 
     # ---- AllocationResolver --------------------------------------------------------------------
     def _match(self, resource: str, ids: Sequence[str]) -> Entry | None:
@@ -433,13 +461,19 @@ class HandoffResolver:
 
     def _resolve(self, resource: str, ids: tuple[str, ...]) -> ResolvedAllocation | None:
         gpus = M.kubelet_gpus(ids)
+        with self._lock:
+            # The kubelet calls GetPreferredAllocation then Allocate for one container and resource, one
+            # container at a time: a GetPreferredAllocation of this kind just before is this container's.
+            gpa, self._last_gpa = self._last_gpa, None
+        since = gpa[2] if gpa is not None and gpa[:2] == (resource, len(ids)) else time.monotonic()
         waiting, listed = self._decide(resource, len(ids), gpus)
-        if not listed and resource != R.GPU_SLOTS and M.waiting_pods(waiting) and self.consistent_read():
+        if not listed and resource != R.GPU_SLOTS and M.waiting_pods(waiting) and self._read_since(since):
             # Whole GPUs and MIG devices are also asked by pods another scheduler bound here, with no record.
             # The kubelet admits such a pod once it sees it bound, but this node's watch may be behind the
             # kubelet's, and serving the waiting record to that pod's call would give it another pod's GPUs
-            # (seen in the stress test with a 2 s watch lag). A consistent read shows every pod bound before
-            # the call, so the ambiguity check below sees that pod: one LIST per such container start.
+            # (seen in the stress test with a 2 s watch lag). A consistent read started after the container's
+            # first call shows every pod bound before it, so the ambiguity check below sees that pod: one LIST
+            # per such container start (the one its GetPreferredAllocation raced the watch with, when it did).
             waiting, listed = self._decide(resource, len(ids), gpus)
         pods = M.waiting_pods(waiting)
         if len(pods) > 1:
@@ -544,6 +578,8 @@ class HandoffResolver:
                   size: int) -> Sequence[str] | None:
         if not M.is_handoff_resource(resource):
             return None
+        with self._lock:
+            self._last_gpa = (resource, size, time.monotonic())
         # Steer from the cache when it names the one waiting pod of this kind (else the same bounded wait and
         # LIST as Allocate's, so the Allocate that follows answers from the cache). Several pods waiting:
         # no preference (the kubelet picks; Allocate refuses what it cannot attribute).
@@ -578,35 +614,36 @@ class HandoffResolver:
         if pod_key == _PROGRESS:
             return self._write_progress()
         ns, name = pod_key.split("/", 1)
-        with self._ack_lock:  # one writer at a time: a later acknowledgement never lands first
-            with self._lock:
-                view = self._pods.get(pod_key)
-                if view is None:
-                    return True
-                acks = dict(view.acks)
-                acks.update({c: a for (uid, c), a in self._served.items() if uid == view.uid})
-                uid = view.uid
-                if acks == view.acks:
-                    return True
-            value = encode_acks(acks)
-            ann = {A.DEVICE_ASSIGNED: value}
-            if self.key is not None:
-                ann[signing.ACK_SIGNATURE] = signing.sign(self.key, uid, self.node, value, kind="ack")
-            try:
-                # The UID as a precondition: never acknowledge a recreated pod of the same name.
-                self.client.patch(HandoffPod, name, {"metadata": {"annotations": ann, "uid": uid}}, namespace=ns,
-                                  patch_type=PatchType.MERGE)
-            except Exception as e:
-                status = getattr(getattr(e, "status", None), "code", None)
-                if status in (404, 409):
-                    return True  # gone, or recreated under the same name: nothing of ours to acknowledge
-                log.warning("pod %s: cannot write %s yet (retried with back-off): %s", pod_key,
-                            A.DEVICE_ASSIGNED, e)
-                return False
-            with self._lock:
-                if (v := self._pods.get(pod_key)) is not None and v.uid == uid:
-                    v.acks = acks
-            return True
+        # The writer never runs two writes of one pod at once (acks.AckWriter), so a later acknowledgement
+        # never lands before an earlier one; writes of different pods run side by side.
+        with self._lock:
+            view = self._pods.get(pod_key)
+            if view is None:
+                return True
+            acks = dict(view.acks)
+            acks.update({c: a for (uid, c), a in self._served.items() if uid == view.uid})
+            uid = view.uid
+            if acks == view.acks:
+                return True
+        value = encode_acks(acks)
+        ann = {A.DEVICE_ASSIGNED: value}
+        if self.key is not None:
+            ann[signing.ACK_SIGNATURE] = signing.sign(self.key, uid, self.node, value, kind="ack")
+        try:
+            # The UID as a precondition: never acknowledge a recreated pod of the same name.
+            self.client.patch(HandoffPod, name, {"metadata": {"annotations": ann, "uid": uid}}, namespace=ns,
+                              patch_type=PatchType.MERGE)
+        except Exception as e:
+            status = getattr(getattr(e, "status", None), "code", None)
+            if status in (404, 409):
+                return True  # gone, or recreated under the same name: nothing of ours to acknowledge
+            log.warning("pod %s: cannot write %s yet (retried with back-off): %s", pod_key,
+                        A.DEVICE_ASSIGNED, e)
+            return False
+        with self._lock:
+            if (v := self._pods.get(pod_key)) is not None and v.uid == uid:
+                v.acks = acks
+        return True
 
     # ---- verification --------------------------------------------------------------------------
     def verify(self, holdings: Iterable[Holding]) -> list[str]:
