@@ -35,6 +35,7 @@ import numpy as np
 
 from kubegpu.model.limits import DEFAULT_MAX_GPU_CONTAINERS, count_gpu_containers, too_many_gpu_containers
 from kubegpu.model.request import PodRequest, RequestKind
+from kubegpu.model.share_enforcement import unenforced_reason
 from kubegpu.placement import MILLI, Demand, request_demand
 from kubegpu.scheduler.plan import PodPlan
 from kubegpu.scheduler.reasons import ReasonMap
@@ -168,10 +169,51 @@ async def bounded_filter(view: ClusterView, plan: PodPlan, names: Sequence[str],
     """The filter with every bound above: the array filter (:meth:`ClusterView.filter`) for a refused pod,
     a pod without GPUs and a vectorised one; every other GPU pod is fitted node by node here."""
     if not fitted_node_by_node(plan):
-        return view.filter(plan, names)
+        return _say_why_no_shares(view, plan, view.filter(plan, names))
     share = share or LoopShare()
     with share.expensive_work():
-        return await _exact(view, plan, names, limits, clock, share)
+        return _say_why_no_shares(view, plan, await _exact(view, plan, names, limits, clock, share))
+
+
+# ---- nodes that cannot enforce shares ---------------------------------------------------------------
+_unenforced_kept: dict[str, tuple[object, str]] = {}  # node -> (the inventory it was read from, the reason or '')
+
+
+def cannot_enforce_shares(view: ClusterView) -> dict[str, str]:
+    """GPU nodes where no GPU can take a share because the node cannot enforce shares as configured (each GPU
+    that would take one reports ``unenforced``, e.g. MPS selected and its control binary missing), with why.
+    Such a node advertises no share capacity (node/publish/capacity.py), so kube-scheduler rules it out with a
+    bare ``Insufficient`` before the extender sees it; the reason is read once per Device object."""
+    out: dict[str, str] = {}
+    for name, rec in view.nodes.items():
+        inv = rec.inventory
+        if inv is None:
+            _unenforced_kept.pop(name, None)
+            continue
+        kept = _unenforced_kept.get(name)
+        if kept is None or kept[0] is not inv:
+            kept = (inv, unenforced_reason(inv))
+            _unenforced_kept[name] = kept
+        if kept[1]:
+            out[name] = kept[1]
+    return out
+
+
+def _say_why_no_shares(view: ClusterView, plan: PodPlan, outcome: FilterOutcome) -> FilterOutcome:
+    """A pod asking a share is told, for every GPU node that cannot enforce shares, why (kube-scheduler adds an
+    extender's reason for a node it ruled out itself to that node's own, so the pod's FailedScheduling names it)."""
+    if plan.refusal or not any(c.request is not None and c.request.kind is RequestKind.SHARE
+                               for c in plan.request.gpu_containers):
+        return outcome
+    why = cannot_enforce_shares(view)
+    if not why:
+        return outcome
+    passed = set(outcome.passed)
+    failed = outcome.failed
+    for node, reason in why.items():
+        if node not in passed:
+            failed[node] = reason  # type: ignore[index]  # a ReasonMap or a dict: both take a node's reason
+    return outcome
 
 
 async def _exact(view: ClusterView, plan: PodPlan, names: Sequence[str], limits: Limits, clock: Any,
@@ -239,4 +281,5 @@ async def _exact(view: ClusterView, plan: PodPlan, names: Sequence[str], limits:
 
 
 __all__ = ["DEFAULT_MAX_GPU_CONTAINERS", "Aggregate", "Limits", "LoopShare", "aggregate", "aggregate_short",
-           "bounded_filter", "count_gpu_containers", "fitted_node_by_node", "too_many_gpu_containers"]
+           "bounded_filter", "cannot_enforce_shares", "count_gpu_containers", "fitted_node_by_node",
+           "too_many_gpu_containers"]

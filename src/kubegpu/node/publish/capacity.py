@@ -5,7 +5,9 @@ kube-scheduler's in-tree NodeResourcesFit checks ``kubegpu.io/gpu-core``,
 allocatable, so the node daemon advertises them (as ``kubectl patch node
 --subresource=status`` does for any extended resource the kubelet does not
 manage; the kubelet keeps such entries). Call :func:`publish_capacity` at start
-and on every health change: an unhealthy or MIG-enabled GPU offers no share.
+and on every health change: an unhealthy or MIG-enabled GPU offers no share, nor does one whose shares the
+node cannot enforce as configured (``unenforced``: MPS selected and its control binary missing), whose share
+slots the kubelet holds Unhealthy anyway.
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ from kubegpu.kube.resources import Node
 from kubegpu.model import resources as R
 from kubegpu.model.inventory import NodeInventory
 from kubegpu.model.quantity import format_bytes
+from kubegpu.model.share_enforcement import takes_shares
 
 log = logging.getLogger(__name__)
 
 
 def share_capacity(inventory: NodeInventory) -> dict[str, str]:
-    """Capacity (= allocatable) of the share resources: the sum over healthy, non-MIG GPUs."""
-    usable = [g for g in inventory.gpus if g.healthy and not g.mig_enabled]
+    """Capacity (= allocatable) of the share resources: the sum over the GPUs that may carry shares."""
+    usable = [g for g in inventory.gpus if takes_shares(g)]
     return {
         R.GPU_CORE: str(sum(min(100, g.core) for g in usable)),
         R.GPU_MEMORY: format_bytes(sum(g.memory_bytes for g in usable)),
