@@ -23,6 +23,9 @@ import typer
 
 from kubegpu.cli.main import app
 from kubegpu.model.limits import DEFAULT_MAX_GPU_CONTAINERS
+from kubegpu.placement.reservations import ReservationConfig
+
+_RESERVE = ReservationConfig()  # the reservation flags' defaults
 
 EXIT_CONFIG = 2
 
@@ -115,6 +118,17 @@ def scheduler(
                                  help="relist when one watch has run this long without ending: gone silent "
                                       "(the API server ends a healthy one every 4 minutes and it resumes where "
                                       "it was; an expired watch relists at once)"),
+    reservation_min_gpus: int = typer.Option(_RESERVE.min_gpus, "--reservation-min-gpus", min=1, metavar="N",
+                                             help="a pending pod asking N or more whole GPUs is wide: once it has "
+                                                  "waited --reservation-wait, GPUs are held for it on one node"),
+    reservation_wait: float = typer.Option(_RESERVE.wait_seconds, "--reservation-wait", min=0.0, metavar="SECONDS",
+                                           help="how long a wide pod waits before it gets a reservation"),
+    reservation_max_share: float = typer.Option(_RESERVE.max_share, "--reservation-max-share", min=0.0, max=1.0,
+                                                metavar="FRACTION",
+                                                help="reservations hold at most this share of the cluster's GPUs "
+                                                     "(the oldest wide pod is always served)"),
+    no_reservations: bool = typer.Option(False, "--no-reservations",
+                                         help="hold no GPUs for waiting wide pods (place as they come)"),
     log_level: str = typer.Option("info", "--log-level", metavar="LEVEL", help="debug, info, warning or error"),
 ) -> None:
     """Run the scheduler extender beside kube-scheduler."""
@@ -146,6 +160,8 @@ def scheduler(
             typer.echo(f"kubegpu scheduler: {e}", err=True)
             raise typer.Exit(EXIT_CONFIG) from None
     limits = Limits(max_gpu_containers=max_gpu_containers, filter_budget_s=filter_budget_ms / 1000)
+    reservations = ReservationConfig(reservation_min_gpus, reservation_wait, reservation_max_share,
+                                     enabled=not no_reservations)
 
     async def main() -> None:
         try:
@@ -154,7 +170,8 @@ def scheduler(
             typer.echo(f"kubegpu scheduler: {e}", err=True)
             raise typer.Exit(EXIT_CONFIG) from None
         service = ExtenderService(client, node_policy, gpu_policy, resync_s=resync, limits=limits,
-                                  per_gpu_metrics=metrics_per_gpu, **environment_settings(os.environ))
+                                  per_gpu_metrics=metrics_per_gpu, reservations=reservations,
+                                  **environment_settings(os.environ))
         logging.getLogger("kubegpu.scheduler").info(
             "extender on %s://%s:%d (node policy %s, GPU policy %s)", "https" if tls_cert else "http", host, port,
             node_policy, gpu_policy)

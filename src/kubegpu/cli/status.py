@@ -161,6 +161,7 @@ def status(
     """Show every GPU: model, health, compute and memory allocated, which pods hold it, and the
     cluster's totals, including stranded (fragmented) GPU: free compute on partly used GPUs that no
     whole-GPU request can use."""
+    from kubegpu.status.reservations import reservations_from_extender, reservations_table
     from kubegpu.status.sources import SourceError, from_api_server, from_extender
 
     fmt = output_format(output or ("json" if as_json else ""))
@@ -187,8 +188,11 @@ def status(
 
     def data() -> dict[str, Any]:
         view = snapshot()
-        return {**view.to_json(), "source": "extender" if extender else "api-server",
-                "notes": source_notes(view, extender is not None)}
+        out = {**view.to_json(), "source": "extender" if extender else "api-server",
+               "notes": source_notes(view, extender is not None)}
+        if extender:  # only the extender knows them
+            out["reservations"] = reservations_from_extender(extender, ca=extender_ca)
+        return out
 
     console = make_console()  # piped output is read by scripts and pagers: never fold rows
     try:
@@ -198,7 +202,10 @@ def status(
 
         def table() -> Group:
             view = snapshot()
-            return render_table(view, wide=fmt == "wide", notes=source_notes(view, extender is not None))
+            out = render_table(view, wide=fmt == "wide", notes=source_notes(view, extender is not None))
+            held = reservations_from_extender(extender, ca=extender_ca) if extender else None
+            extra = reservations_table(held) if held is not None else None
+            return out if extra is None else Group(out, extra)
 
         if not watch:
             console.print(table())

@@ -16,6 +16,7 @@ import yaml
 from kubegpu.install import security
 from kubegpu.install.network import network_policies
 from kubegpu.install.values import (
+    ReservationValues,
     Values,
     check_values,
     default_affinity,
@@ -402,7 +403,8 @@ def scheduler_objects(v: Values) -> list[Obj]:
                 c["args"] = ["scheduler", "--listen", f"127.0.0.1:{sv.port}", "--metrics-listen", "0.0.0.0:9401",
                              "--node-policy", sv.node_policy, "--gpu-policy", sv.gpu_policy,
                              f"--max-gpu-containers={v.max_gpu_containers}",
-                             *(["--metrics-per-gpu"] if sv.metrics_per_gpu else [])]
+                             *(["--metrics-per-gpu"] if sv.metrics_per_gpu else []),
+                             *reservation_args(sv.reservation)]
                 if sv.resources:
                     c["resources"] = sv.resources
                 c["env"] = c.get("env", []) + resources_env(v) + record_key_env(v)
@@ -421,6 +423,15 @@ def scheduler_objects(v: Values) -> list[Obj]:
                  "data": {"scheduler-config.yaml": yaml.safe_dump(scheduler_config(v), sort_keys=False),
                           "kubeconfig": yaml.safe_dump(kube_scheduler_kubeconfig(), sort_keys=False)}})
     return objs
+
+
+def reservation_args(r: ReservationValues) -> list[str]:
+    """The extender's reservation flags from ``scheduler.reservation`` (docs/scheduler.md, "Reservations for wide
+    pods"): off, or the three settings."""
+    if not r.enabled:
+        return ["--no-reservations"]
+    return [f"--reservation-min-gpus={r.min_gpus}", f"--reservation-wait={r.wait_seconds:g}",
+            f"--reservation-max-share={r.max_share:g}"]
 
 
 def kube_scheduler_kubeconfig() -> Obj:

@@ -55,10 +55,12 @@ class SlimSpec(msgspec.Struct, omit_defaults=True):
     containers: list[SlimContainer] | None = None
     initContainers: list[SlimContainer] | None = None
     overhead: dict[str, Any] | None = None
+    activeDeadlineSeconds: int | None = None  # a declared run time: reservations may backfill behind it
 
 
 class SlimStatus(msgspec.Struct, omit_defaults=True):
     phase: str | None = None
+    startTime: str | None = None  # with activeDeadlineSeconds, when the pod ends at the latest
 
 
 class SlimPod(NamespacedResourceG, msgspec.Struct, omit_defaults=True):

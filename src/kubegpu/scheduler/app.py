@@ -30,12 +30,14 @@ from starlette.types import Receive, Scope, Send
 
 from kubegpu.httpserve import BodyError, receive_body
 from kubegpu.placement import DEFAULT_POLICY
+from kubegpu.placement.reservations import ReservationConfig
 from kubegpu.scheduler import wire
 from kubegpu.scheduler.bind import DEFAULT_HANDOFF_WAIT_S, Binder
 from kubegpu.scheduler.limits import Limits, LoopShare, bounded_filter
 from kubegpu.scheduler.metrics import ExtenderMetrics
 from kubegpu.scheduler.pending import PendingPods
 from kubegpu.scheduler.plan import PlanCache, PlanSettings
+from kubegpu.scheduler.reservations import Reservations
 from kubegpu.scheduler.state import ClusterView
 
 log = logging.getLogger(__name__)
@@ -74,7 +76,8 @@ class Extender:
                  ready: asyncio.Event | None = None, limits: Limits | None = None,
                  body_timeout_s: float = 10.0, handoff_wait_s: float = DEFAULT_HANDOFF_WAIT_S,
                  pending: PendingPods | None = None, per_gpu_metrics: bool = False,
-                 gpu_resources: frozenset[str] = frozenset()) -> None:
+                 gpu_resources: frozenset[str] = frozenset(), reservations: ReservationConfig | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.view = view
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
@@ -82,6 +85,11 @@ class Extender:
         # Every verb and watch event asks the same pod versions: each is planned once (the CycleState).
         self.plans = PlanCache(PlanSettings(node_policy, gpu_policy, self.limits.max_gpu_containers, gpu_resources))
         self.metrics = ExtenderMetrics(view, per_gpu=per_gpu_metrics)
+        # GPUs kept for waiting wide pods: the verbs read them through the view (``clock``: the wall clock
+        # pods' creation and start times are on).
+        self.reservations = view.reservations = Reservations(
+            view.nodes, view.mirror, view.ledger, reservations, clock,
+            on_placed=lambda width, wait: self.metrics.wait.labels(width).observe(wait))
         self.binder = Binder(view, client, self.plans, self.metrics, pending=pending, handoff_wait_s=handoff_wait_s,
                              ready=ready)
         self._ready = ready
@@ -108,6 +116,7 @@ class Extender:
             Route("/apis/v1/plugins/DeviceShare/nodeDeviceSummaries", self.summaries, methods=["GET"]),
             Route("/apis/v1/plugins/DeviceShare/nodeDeviceSummaries/{node}", self.summary, methods=["GET"]),
             Route("/apis/v1/plugins/DeviceShare/workload", self.workload, methods=["GET"]),
+            Route("/apis/v1/plugins/DeviceShare/reservations", self.reservations_summary, methods=["GET"]),
             Route("/metrics", self.prometheus, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
         ]
@@ -152,7 +161,9 @@ class Extender:
         names = wire.node_names(args)
         try:
             self.view.ledger.expire_assumed()
-            out = await bounded_filter(self.view, self.plans.plan(args.Pod), names, self.limits, share=self.share)
+            plan = self.plans.plan(args.Pod)
+            self.reservations.saw_filter(plan, args.Pod)  # it waits: a wide one may get a reservation
+            out = await bounded_filter(self.view, plan, names, self.limits, share=self.share)
         except Exception as e:  # a bug must not fail scheduling silently: say it in Error
             log.exception("filter failed")
             return _json(wire.encode(wire.ExtenderFilterResult(None, None, {}, {}, f"kubegpu filter: {e}")))
@@ -223,6 +234,11 @@ class Extender:
     async def workload(self, request: Request) -> Response:
         """The target workload learned from the live pods (what fragmentation-aware scoring uses)."""
         return JSONResponse(self.view.scoring.learner.summary())
+
+    async def reservations_summary(self, request: Request) -> Response:
+        """The reservations for waiting wide pods (where each will run, what it waits for) and the waits by
+        pod width."""
+        return JSONResponse(self.reservations.summary())
 
     async def prometheus(self, request: Request) -> Response:
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)

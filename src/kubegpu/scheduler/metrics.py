@@ -3,14 +3,15 @@
 One registry per extender (no global state, so tests can run several). Allocation and fragmentation are
 computed when scraped, from the cluster view, on the extender's event loop: so by default the cluster's
 totals only (the GPUs by how much of them is allocated, the allocated share of compute and memory), from
-the arrays. Per-GPU series (``per_gpu``) are two per GPU: 80,000 at 5,000 nodes x 8 GPUs, a 5 MB answer
-that held the loop, and with it every filter, prioritize and bind, for 0.5-0.8 s a scrape (measured with
-``bench/extender.py``); ``kubegpu status`` and the debug API give each GPU's allocation when asked.
+the arrays. Per-GPU series (``per_gpu``) are two per GPU, so a large cluster's answer is large and holds the
+loop, and with it every filter, prioritize and bind, for the length of each scrape (docs/performance.md);
+``kubegpu status`` and the debug API give each GPU's allocation when asked.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -18,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from kubegpu.scheduler.state import ClusterView
 
+_WAIT_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -75,6 +77,32 @@ class _ViewCollector(Collector):
                                 "with other pods' (held anyway: those GPUs are full)")
         col.add_metric([], len(self._view.ledger.collisions))
         yield col
+        yield from self._reservations()
+
+    def _reservations(self) -> Iterator[GaugeMetricFamily]:
+        r = self._view.reservations
+        summary: dict[str, Any] = (r.summary() if r is not None else
+                                   {"reserved_gpus": 0, "reservations": [], "waiting": {}})
+        yield GaugeMetricFamily("kubegpu_reserved_gpus", "GPUs held for waiting wide pods",
+                                value=summary["reserved_gpus"])
+        count = GaugeMetricFamily("kubegpu_reservations", "Reservations for waiting wide pods, by pod width "
+                                  "(whole GPUs)", labels=["width"])
+        widths: dict[str, int] = {}
+        for item in summary["reservations"]:
+            widths[str(item["width"])] = widths.get(str(item["width"]), 0) + 1
+        for width, n in sorted(widths.items()):
+            count.add_metric([width], n)
+        yield count
+        longest = GaugeMetricFamily("kubegpu_pods_waiting_longest_seconds", "The longest wait so far of the GPU "
+                                    "pods kube-scheduler is placing, by pod width (share or whole GPUs)",
+                                    labels=["width"])
+        waiting = GaugeMetricFamily("kubegpu_pods_waiting", "GPU pods kube-scheduler is placing, by pod width",
+                                    labels=["width"])
+        for width, w in sorted(summary["waiting"].items()):
+            longest.add_metric([width], w["max_wait_s"])
+            waiting.add_metric([width], w["pods"])
+        yield longest
+        yield waiting
 
 
 class ExtenderMetrics:
@@ -93,4 +121,6 @@ class ExtenderMetrics:
                                      registry=self.registry)
         self.bad_requests = Counter("kubegpu_extender_bad_requests_total", "Requests answered 400", ["verb"],
                                     registry=self.registry)
+        self.wait = Histogram("kubegpu_pod_wait_seconds", "GPU pods' wait from creation to bound, by pod width "
+                              "(share or whole GPUs)", ["width"], buckets=_WAIT_BUCKETS, registry=self.registry)
         self.registry.register(_ViewCollector(view, per_gpu))

@@ -62,6 +62,7 @@ class PodPlan:
     node_policy: str
     gpu_policy: str
     learned: Demand | None  # what the learned workload counts for the pod (None: not counted)
+    deadline_s: float | None = None  # spec.activeDeadlineSeconds: how long it may run once started (reservations)
 
     @property
     def refusal(self) -> str:
@@ -93,7 +94,7 @@ def plan_pod(pod: Mapping[str, Any], settings: PlanSettings) -> PodPlan:
     learned = LearnedWorkload.shape_of(demand) if request.ok and not too_many and not follows_its_node(pod) else None
     return PodPlan(key, str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""), too_many, request,
                    demand, _vectorised(request), request_shapes(request), requires_nvlink(pod), node_policy,
-                   gpu_policy, learned)
+                   gpu_policy, learned, _deadline(pod))
 
 
 class PlanCache:
@@ -122,6 +123,12 @@ class PlanCache:
 
     def __len__(self) -> int:
         return len(self._kept)
+
+
+def _deadline(pod: Mapping[str, Any]) -> float | None:
+    spec = pod.get("spec") if isinstance(pod, Mapping) else None
+    value = spec.get("activeDeadlineSeconds") if isinstance(spec, Mapping) else None
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _vectorised(request: PodRequest) -> bool:

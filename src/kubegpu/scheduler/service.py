@@ -19,6 +19,7 @@ import contextlib
 import gc
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ from kubegpu.kube.slim import SlimMeta, SlimPod, SlimSpec
 from kubegpu.model import annotations as A
 from kubegpu.model.device_object import DeviceObjectError, inventory_from_device
 from kubegpu.placement import DEFAULT_POLICY
+from kubegpu.placement.reservations import ReservationConfig
 from kubegpu.scheduler.app import Extender
 from kubegpu.scheduler.bind import DEFAULT_HANDOFF_WAIT_S
 from kubegpu.scheduler.limits import Limits
@@ -80,6 +82,8 @@ def pod_handler(view: ClusterView, plan: Callable[[dict[str, Any]], PodPlan]) ->
     ledger = view.ledger
 
     def on_pod(ev: WatchEvent) -> None:
+        if view.reservations is not None:  # a waiting pod bound, deleted or finished; a bound pod's declared end
+            view.reservations.observe_pod(ev.obj, ev.type is EventType.DELETED)
         meta = ev.obj.metadata
         ann = meta.annotations or {}
         node = ev.obj.spec.nodeName if ev.obj.spec else None
@@ -133,6 +137,8 @@ class ExtenderService:
     handoff_wait: bool = True
     handoff_wait_s: float = DEFAULT_HANDOFF_WAIT_S  # how long a bind waits for its turn
     gpu_resources: frozenset[str] = frozenset()  # renamed GPU resources the deployment declared
+    reservations: ReservationConfig | None = None  # GPUs kept for waiting wide pods (scheduler/reservations.py)
+    clock: Callable[[], float] = time.time  # the wall clock reservations count waits on
 
     def __post_init__(self) -> None:
         self.view = ClusterView(handoff_wait=self.handoff_wait)
@@ -154,7 +160,8 @@ class ExtenderService:
                                  max_body_bytes=self.serve_limits.max_body_bytes,
                                  body_timeout_s=self.serve_limits.body_timeout_s, pending=self.pending,
                                  per_gpu_metrics=self.per_gpu_metrics, handoff_wait_s=self.handoff_wait_s,
-                                 gpu_resources=self.gpu_resources)
+                                 gpu_resources=self.gpu_resources, reservations=self.reservations,
+                                 clock=self.clock)
 
     def synced(self) -> bool:
         return all(i.synced.is_set() for i in self.informers)
@@ -223,8 +230,10 @@ class ServiceThread:
 
     def __init__(self, kubeconfig: str | Path, *, host: str = "127.0.0.1", port: int = 0,
                  node_policy: str = DEFAULT_POLICY, gpu_policy: str = DEFAULT_POLICY, handoff_wait: bool = True,
-                 handoff_wait_s: float = DEFAULT_HANDOFF_WAIT_S) -> None:
+                 handoff_wait_s: float = DEFAULT_HANDOFF_WAIT_S,
+                 reservations: ReservationConfig | None = None, clock: Callable[[], float] = time.time) -> None:
         self._kubeconfig = kubeconfig
+        self._reservations = (reservations, clock)
         self._host, self._port = host, port
         self._policies = (node_policy, gpu_policy)
         self._handoff = (handoff_wait, handoff_wait_s)
@@ -246,7 +255,8 @@ class ServiceThread:
             from kubegpu.kube.client import make_async_client
 
             self.service = ExtenderService(make_async_client(self._kubeconfig), *self._policies,
-                                           handoff_wait=self._handoff[0], handoff_wait_s=self._handoff[1])
+                                           handoff_wait=self._handoff[0], handoff_wait_s=self._handoff[1],
+                                           reservations=self._reservations[0], clock=self._reservations[1])
             started = asyncio.Event()
             self._task = asyncio.create_task(self.service.serve(self._host, self._port, started=started))
             waiter = asyncio.create_task(started.wait())

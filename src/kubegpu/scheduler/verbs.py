@@ -31,6 +31,7 @@ from kubegpu.scheduler.mirror import ArrayMirror
 from kubegpu.scheduler.nodes import NOT_LINKED, NodeRecord, all_linked, for_node
 from kubegpu.scheduler.plan import PodPlan
 from kubegpu.scheduler.reasons import NameTable, ReasonMap, TextTable
+from kubegpu.scheduler.reservations import Reservations
 from kubegpu.scheduler.scoring import Scoring
 from kubegpu.scheduler.wire import HeldNames, HostTable, NameWindow, RowNames, encode_priorities
 
@@ -66,6 +67,7 @@ class Verbs:
     handoffs: HandoffQueue
     scoring: Scoring
     exact_fit_enough: int
+    reservations: Reservations | None = None  # GPUs kept for waiting wide pods (None: no reservations)
     # Kept per array layout (rows change only with it): the names' JSON by row, the rows of the name list
     # kube-scheduler sends (as NameMemo holds it), and the last filter's passing names and rows where they are
     # a plain list (prioritize is sent that very list).
@@ -163,15 +165,34 @@ class Verbs:
             ok = ok & roomy
         demand = plan.gpu_demand
         enough = (self.mirror.candidate_counts(demand) >= demand.count)[rows]
+        allowed = self.reservation_mask(plan)
+        mine = self.reservations.own_row(plan.key) if self.reservations is not None else None
+        if allowed is not None:  # GPUs kept for a waiting wide pod count as taken for this one
+            held_back = ok & enough & ~((self.mirror.candidates(demand) & allowed).sum(axis=1) >= demand.count)[rows]
+            if held_back.any():
+                assert self.reservations is not None
+                sub = rows[held_back]
+                failed.add_texts(by_row, sub, table, [self.reservations.holding(r, mine) for r in sub.tolist()])
+                reasons["reserved"] += len(sub)
+                ok = ok & ~held_back
         good = rows[ok & enough]
         good.flags.writeable = False
         short = ok & ~enough
+        if mine is not None and mine[0] in rows[short]:
+            # The wide pod's own node: its event says where it will run and what it waits for.
+            short = short & (rows != mine[0])
+            failed[by_row[mine[0]]] = mine[1]
+            reasons["reserved"] += 1
         if short.any():
             sub = rows[short]
             failed.add_rows(by_row, sub, table,
                             *self.mirror.reasons.codes(cluster, sub, demand, self.mirror.candidates(demand)))
             reasons["insufficient-gpu"] += len(sub)
         return FilterOutcome(RowNames(by_row, good), failed, {}, reasons, table.list_json(good))
+
+    def reservation_mask(self, plan: PodPlan) -> np.ndarray | None:
+        """(N, G) bool: the GPUs this pod may take without delaying a waiting wide pod (None: all of them)."""
+        return None if self.reservations is None else self.reservations.allowed(plan)
 
     def known_and_allowed(self, names: Sequence[str], all_rows: np.ndarray, request: PodRequest,
                           failed: ReasonMap, reasons: Counter[str],
@@ -232,7 +253,22 @@ class Verbs:
             return "nvlink", NOT_LINKED
         if not result.ok:
             return "insufficient-gpu", result.reason
+        if result.choice is not None and (why := self._delays_reservation(plan, rec, result.choice.to_allocation())):
+            return "reserved", why
         return None
+
+    def _delays_reservation(self, plan: PodPlan, rec: NodeRecord, alloc: PodAllocation) -> str:
+        """Why placing ``alloc`` on ``rec``'s node would delay a reservation ('' when it would not): the check
+        for a pod fitted node by node, whose GPU choice ignores reservations (filter and bind make the same)."""
+        allowed = self.reservation_mask(plan)
+        row = self.mirror.row(rec.name)
+        if allowed is None or row is None or rec.state is None:
+            return ""
+        slot = {g.uuid: i for i, g in enumerate(rec.state.gpus)}
+        if all(allowed[row, slot[g.uuid]] for g in alloc.grants() if g.uuid in slot):
+            return ""
+        assert self.reservations is not None
+        return self.reservations.holding(row, None)
 
     # ---- prioritize ------------------------------------------------------------------------------
     def prioritize(self, plan: PodPlan, names: Sequence[str]) -> list[int]:
@@ -268,8 +304,13 @@ class Verbs:
         rows = all_rows if known is None else all_rows[known]
         if len(rows):
             # Over every row at once (contiguous), then one take in the order given.
+            cand = self.mirror.candidates(demand)
+            allowed = self.reservation_mask(plan)
+            if allowed is not None:
+                cand = cand & allowed
             feasible = ((cluster.cpu_free >= demand.cpu_milli) & (cluster.mem_free >= demand.memory_bytes)
-                        & (self.mirror.candidate_counts(demand) >= demand.count))
+                        & ((self.mirror.candidate_counts(demand) if allowed is None else cand.sum(axis=1))
+                           >= demand.count))
             if demand.count and demand.models is not None:
                 feasible &= self.mirror.model_mask(demand.models)
             feasible = feasible[rows]
@@ -279,7 +320,7 @@ class Verbs:
                 scores[known] = 0
             if feasible.any():
                 fit_rows = rows[feasible]
-                raw = self.node_scores(plan.node_policy, demand, fit_rows, self.mirror.candidates(demand)[fit_rows])
+                raw = self.node_scores(plan.node_policy, demand, fit_rows, cand[fit_rows])
                 best = pick_best(raw, None, self.mirror.rank[fit_rows])
                 lo, hi = float(raw.min()), float(raw.max())
                 scaled = np.zeros(len(raw), np.int64) if hi - lo < 1e-12 else np.floor(
@@ -335,9 +376,16 @@ class Verbs:
             cluster = self.mirror.cluster
             if cluster.cpu_free[row] < demand.cpu_milli or cluster.mem_free[row] < demand.memory_bytes:
                 return None, f"node {node}: " + _resources_short(cluster, np.array([row]), demand)[0]
+            allowed = self.reservation_mask(plan)
             try:
-                slots = choose_gpus(cluster, row, demand, policy, ctx)
+                slots = choose_gpus(cluster, row, demand, policy, ctx, allowed)
             except ValueError as exc:
+                if allowed is not None and self.reservations is not None:
+                    try:
+                        choose_gpus(cluster, row, demand, policy, ctx)
+                    except ValueError:
+                        return None, str(exc)
+                    return None, f"node {node}: {self.reservations.holding(row, self.reservations.own_row(plan.key))}"
                 return None, str(exc)
             c = request.gpu_containers[0]
             assert c.request is not None
@@ -350,6 +398,8 @@ class Verbs:
             if not result.ok or result.choice is None:
                 return None, result.reason
             alloc, reason = result.choice.to_allocation(), result.reason
+            if why := self._delays_reservation(plan, rec, alloc):
+                return None, f"node {node}: {why}"
         if plan.nvlink and not all_linked(rec, alloc.containers):
             return None, f"node {node}: {NOT_LINKED}"
         return alloc, reason

@@ -1,0 +1,213 @@
+"""Reservations for wide pods through the extender's HTTP app: a wide pod that waited past the threshold gets GPUs
+held on one node, small pods go elsewhere, the pod binds there once the node drained, and the reservation goes
+with the pod; the plan is rebuilt after a restart and bounded by its share. The clock is the test's."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from polling import until
+from sched_harness import Cluster
+from test_scheduler_behaviour import pod
+from typer.testing import CliRunner
+
+from kubegpu.cli.main import app
+from kubegpu.inventory.fake import FakeBackend
+from kubegpu.model.device_object import device_object
+from kubegpu.placement.reservations import ReservationConfig
+from kubegpu.scheduler.reservations import api_time
+from kubegpu.scheduler.service import ServiceThread
+from kubegpu_standins.apiserver import ApiServer
+
+A, B = "gpu-node-a", "gpu-node-b"
+BOTH = [A, B]
+CONFIG = ReservationConfig(min_gpus=4, wait_seconds=60.0, max_share=0.5)
+
+
+class Clock:
+    """The extender's wall clock, moved by the test (seconds past the first pod's creation)."""
+
+    def __init__(self) -> None:
+        self.base: float | None = None
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return (self.base or 0.0) + self.offset
+
+
+def _start(api: ApiServer, tmp_path: Path, clock: Clock, config: ReservationConfig) -> ServiceThread:
+    kc = api.write_kubeconfig(tmp_path / "kubeconfig")
+    return ServiceThread(kc, handoff_wait=False, reservations=config, clock=clock).start()
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[tuple[Cluster, Clock]]:
+    api = ApiServer(history=5000).start()
+    for name in BOTH:
+        api.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+        api.put_object(device_object(FakeBackend("dgx-a100", node_name=name).discover()))
+    clock = Clock()
+    ext = _start(api, tmp_path, clock, CONFIG)
+    cluster = Cluster(api, ext)
+    try:
+        yield cluster, clock
+    finally:
+        cluster.ext.stop()
+        api.stop()
+
+
+def create(cluster: Cluster, clock: Clock, name: str, gpus: int, **spec: Any) -> dict[str, Any]:
+    p = pod(name, {"nvidia.com/gpu": str(gpus)})
+    p["spec"].update(spec)
+    created = cluster.api.put_object(p)
+    if clock.base is None:
+        clock.base = api_time(created["metadata"]["creationTimestamp"])
+    return created
+
+
+def filter_(cluster: Cluster, p: dict[str, Any]) -> dict[str, Any]:
+    out = cluster.post("/filter", {"Pod": p, "Nodes": None, "NodeNames": BOTH}).json()
+    assert not out.get("Error"), out
+    return out
+
+
+def bind(cluster: Cluster, p: dict[str, Any], node: str) -> str:
+    meta = p["metadata"]
+    r = cluster.post("/bind", {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"],
+                               "Node": node})
+    return str(r.json().get("Error", ""))
+
+
+def summary(cluster: Cluster) -> dict[str, Any]:
+    r = cluster.http.get("/apis/v1/plugins/DeviceShare/reservations")
+    assert r.status_code == 200
+    return r.json()
+
+
+def fill(cluster: Cluster, clock: Clock, counts: dict[str, int]) -> None:
+    """Single-GPU pods bound through the extender, ``counts[node]`` on each node; wait until the watch has them."""
+    n = 0
+    for node, count in counts.items():
+        for _ in range(count):
+            p = create(cluster, clock, f"small-{n}", 1)
+            assert bind(cluster, p, node) == ""
+            n += 1
+    view = cluster.view
+    assert until(lambda: cluster.ext.call(lambda: sum(len(view.ledger.by_node.get(x, ())) for x in BOTH)
+                                          - view.ledger.assumed_count) == n)
+
+
+def reserved(cluster: Cluster, clock: Clock) -> dict[str, Any]:
+    """Nodes a: 6 of 8 GPUs busy, b: 7; a pod asking 4 GPUs waits past the threshold: its reservation."""
+    fill(cluster, clock, {A: 6, B: 7})
+    wide = create(cluster, clock, "wide", 4)
+    clock.offset = 10.0
+    out = filter_(cluster, wide)
+    assert out["NodeNames"] == []
+    assert summary(cluster)["reservations"] == []  # not waited long enough yet
+    clock.offset = 61.0
+    out = filter_(cluster, wide)
+    assert out["NodeNames"] == []
+    # a is drained soonest at the least cost (fewer busy GPUs): the event says where and what it waits for.
+    assert out["FailedNodes"][A].startswith("waiting for 4 GPUs on gpu-node-a: 2 free, 2 held by default/small-")
+    return wide
+
+
+def test_a_wide_pod_gets_a_reservation_small_pods_go_elsewhere_and_it_binds_once_drained(
+        world: tuple[Cluster, Clock]) -> None:
+    cluster, clock = world
+    wide = reserved(cluster, clock)
+    s = summary(cluster)
+    assert s["reserved_gpus"] == 4 and s["waiting"]["4"]["pods"] == 1
+    (r,) = s["reservations"]
+    assert (r["pod"], r["node"], r["width"], r["free"]) == ("default/wide", A, 4, 2)
+    holders = r["held_by"]
+    assert len(holders) == 2
+    metrics = cluster.http.get("/metrics").text
+    assert "kubegpu_reserved_gpus 4.0" in metrics and 'kubegpu_reservations{width="4"} 1.0' in metrics
+    # A small pod: a's free GPUs are held, so it goes to b; a bind to a is refused with the reason.
+    small = create(cluster, clock, "late", 1)
+    out = filter_(cluster, small)
+    assert out["NodeNames"] == [B]
+    assert out["FailedNodes"][A] == "GPUs held for a waiting wide pod: default/wide (4 GPUs, waiting 61 s)"
+    assert "GPUs held for a waiting wide pod: default/wide" in bind(cluster, small, A)
+    assert bind(cluster, small, B) == ""
+    # The holders end: the wide pod fits a and binds there; its reservation is gone with it.
+    for key in holders:
+        cluster.api.store.delete(cluster.api.kind("pods"), "default", key.split("/")[1])
+    assert until(lambda: summary(cluster)["reservations"][0]["free"] == 4)
+    assert filter_(cluster, wide)["NodeNames"] == [A]
+    assert bind(cluster, wide, A) == ""
+    assert until(lambda: summary(cluster)["reservations"] == [])
+    assert summary(cluster)["waiting"] == {}  # every pod filtered here is bound
+    assert 'kubegpu_pod_wait_seconds_count{width="4"} 1.0' in cluster.http.get("/metrics").text
+
+
+def test_kubegpu_status_shows_the_reservations_from_the_extender(world: tuple[Cluster, Clock]) -> None:
+    cluster, clock = world
+    reserved(cluster, clock)
+    out = CliRunner().invoke(app, ["status", "--extender", cluster.ext.url, "-o", "json"])
+    assert out.exit_code == 0, out.output
+    (r,) = json.loads(out.output)["reservations"]["reservations"]
+    assert (r["pod"], r["node"]) == ("default/wide", A)
+    out = CliRunner().invoke(app, ["status", "--extender", cluster.ext.url], env={"COLUMNS": "250"})
+    assert out.exit_code == 0, out.output
+    assert "Reservations for wide pods (4 GPUs held)" in out.output
+    assert "waiting for 4 GPUs on gpu-node-a: 2 free, 2 held by" in out.output
+
+
+def test_deleting_the_wide_pod_drops_its_reservation(world: tuple[Cluster, Clock]) -> None:
+    cluster, clock = world
+    reserved(cluster, clock)
+    cluster.api.store.delete(cluster.api.kind("pods"), "default", "wide")
+    assert until(lambda: summary(cluster)["reservations"] == [])
+    assert filter_(cluster, create(cluster, clock, "late", 1))["NodeNames"] == BOTH
+
+
+def test_a_restart_rebuilds_the_reservation_on_the_same_gpus(world: tuple[Cluster, Clock], tmp_path: Path) -> None:
+    cluster, clock = world
+    wide = reserved(cluster, clock)
+    before = summary(cluster)["reservations"]
+    cluster.ext.stop()
+    cluster.ext = _start(cluster.api, tmp_path, clock, CONFIG)
+    cluster.http = httpx.Client(base_url=cluster.ext.url, timeout=10)
+    assert summary(cluster)["reservations"] == []  # nothing waits until kube-scheduler asks again
+    out = filter_(cluster, wide)  # its creation time says how long it has waited
+    assert out["FailedNodes"][A].startswith("waiting for 4 GPUs on gpu-node-a: 2 free, 2 held by")
+    assert summary(cluster)["reservations"] == before
+
+
+def test_reservations_are_bounded_by_their_share_and_served_by_priority(world: tuple[Cluster, Clock],
+                                                                         tmp_path: Path) -> None:
+    cluster, clock = world
+    cluster.ext.stop()  # a budget of a quarter of the 16 GPUs: one 4-GPU reservation
+    cluster.ext = _start(cluster.api, tmp_path, clock, ReservationConfig(max_share=0.25))
+    cluster.http = httpx.Client(base_url=cluster.ext.url, timeout=10)
+    fill(cluster, clock, {A: 6, B: 7})
+    old = create(cluster, clock, "wide-old", 4)
+    urgent = create(cluster, clock, "wide-urgent", 4, priority=10)
+    clock.offset = 61.0
+    filter_(cluster, old)
+    out = filter_(cluster, urgent)
+    assert out["FailedNodes"][A].startswith("waiting for 4 GPUs on gpu-node-a")
+    s = summary(cluster)
+    assert [r["pod"] for r in s["reservations"]] == ["default/wide-urgent"]
+    assert s["without_reservation"] == ["default/wide-old"] and s["reserved_gpus"] == 4
+
+
+def test_disabled_reservations_hold_nothing(world: tuple[Cluster, Clock], tmp_path: Path) -> None:
+    cluster, clock = world
+    cluster.ext.stop()
+    cluster.ext = _start(cluster.api, tmp_path, clock, ReservationConfig(enabled=False))
+    cluster.http = httpx.Client(base_url=cluster.ext.url, timeout=10)
+    fill(cluster, clock, {A: 6, B: 7})
+    wide = create(cluster, clock, "wide", 4)
+    clock.offset = 600.0
+    assert "waiting for" not in filter_(cluster, wide)["FailedNodes"][A]
+    assert filter_(cluster, create(cluster, clock, "late", 1))["NodeNames"] == BOTH
+    assert summary(cluster)["reserved_gpus"] == 0
