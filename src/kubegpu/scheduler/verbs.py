@@ -198,7 +198,8 @@ class Verbs:
                           failed: ReasonMap, reasons: Counter[str],
                           ) -> tuple[Sequence[str], np.ndarray, np.ndarray]:
         """The filter's first cut, for the plain and the bounded filter alike: nodes without a readable
-        Device object, then nodes whose GPU model the pod does not allow, each failed with its reason.
+        Device object, nodes whose node daemon does not serve now, then nodes whose GPU model the pod does not
+        allow, each failed with its reason.
         Returns the known names, their rows and which of them allow the pod's models."""
         known = all_rows >= 0
         if known.all():
@@ -212,11 +213,17 @@ class Verbs:
                 reasons["no-device-object"] += 1
             names_known, rows = list(compress(names, known.tolist())), all_rows[known]
         models = request.allowed_models
+        ok = np.ones(len(rows), bool)
+        if (down := self.handoffs.not_serving) and len(rows):  # node daemons restarting (scheduler/nodes.py)
+            for j in np.flatnonzero(self.named(names_known, rows, down)).tolist():
+                failed[names_known[j]] = down[names_known[j]]
+                reasons["node-daemon"] += 1
+                ok[j] = False
         if models is None:
-            return names_known, rows, np.ones(len(rows), bool)
-        ok = self.mirror.model_mask(models)[rows] if len(rows) else np.zeros(0, bool)
-        if not ok.all():
-            sub = rows[~ok]
+            return names_known, rows, ok
+        allows = self.mirror.model_mask(models)[rows] if len(rows) else np.zeros(0, bool)
+        if not (allows | ~ok).all():
+            sub = rows[ok & ~allows]
             codes, present = self._models_present()
             allowed = ", ".join(sorted(models))
             texts = TextTable()
@@ -224,7 +231,7 @@ class Verbs:
                 texts.code(f"GPU model {p} not in the allowed {allowed}")  # code i: present[i]
             failed.add_rows(self.mirror.names_by_row, sub, self.name_table(), texts, codes[sub])
             reasons["gpu-model"] += len(sub)
-        return names_known, rows, ok
+        return names_known, rows, ok & allows
 
     _models_kept: tuple[int, np.ndarray, list[str]] | None = None
 
