@@ -148,6 +148,34 @@ def test_a_wide_pod_gets_a_reservation_small_pods_go_elsewhere_and_it_binds_once
     assert 'kubegpu_pod_wait_seconds_count{width="4"} 1.0' in cluster.http.get("/metrics").text
 
 
+def test_held_gpus_are_backfilled_only_by_pods_that_end_before_the_wide_pod_can_start(
+        world: tuple[Cluster, Clock]) -> None:
+    """The pods on a declare their run time (100 s from the first pod's creation): the wide pod can start there
+    at 100 s, so at 61 s a pod declaring 30 s may use a held GPU, and one declaring 60 s may not."""
+    cluster, clock = world
+    fill(cluster, clock, {A: 6, B: 7})
+    started = cluster.api.get_object("pods", "small-0", "default")["metadata"]["creationTimestamp"]
+    pods = cluster.api.kind("pods")
+    for i in range(6):
+        cluster.api.store.update(pods, "default", f"small-{i}",
+                                 lambda o: {**o, "spec": {**o["spec"], "activeDeadlineSeconds": 100}})
+        cluster.api.store.update(pods, "default", f"small-{i}",
+                                 lambda o: {**o, "status": {"phase": "Running", "startTime": started}},
+                                 subresource="status")
+    view = cluster.view
+    assert until(lambda: cluster.ext.call(lambda: len(view.reservations.ends)) == 6)
+    wide = create(cluster, clock, "wide", 4)
+    clock.offset = 61.0
+    out = filter_(cluster, wide)
+    assert out["FailedNodes"][A].endswith("(declared to end within 39 s)")
+    short = create(cluster, clock, "short", 1, activeDeadlineSeconds=30)
+    assert filter_(cluster, short)["NodeNames"] == BOTH
+    long = create(cluster, clock, "long", 1, activeDeadlineSeconds=60)
+    assert filter_(cluster, long)["NodeNames"] == [B]
+    assert bind(cluster, short, A) == ""
+    assert "GPUs held for a waiting wide pod" in bind(cluster, long, A)
+
+
 def test_kubegpu_status_shows_the_reservations_from_the_extender(world: tuple[Cluster, Clock]) -> None:
     cluster, clock = world
     reserved(cluster, clock)

@@ -73,6 +73,7 @@ class Reservations:
         # A waiting pod leaves the set bound: its width and wait (creation to the watch showing it bound).
         self.on_placed = on_placed or (lambda width, wait: None)
         self.waiting: dict[str, tuple[str, WaitingPod]] = {}  # key -> (uid, the pod)
+        self._wide: dict[str, WaitingPod] = {}  # the wide ones of them: what the plan reads (each verb asks)
         self.ends: dict[str, float] = {}  # bound pods that declare their end: key -> when
         self._changes = 0  # of the wide waiting pods and of the declared ends: the plan depends on both
         self._plan: ReservationPlan | None = None
@@ -95,7 +96,10 @@ class Reservations:
                                       _priority(pod)))
         if kept != entry:
             self.waiting[plan.key] = entry
-            if self.config.is_wide(plan.demand) or (kept is not None and self.config.is_wide(kept[1].demand)):
+            was_wide = self._wide.pop(plan.key, None) is not None
+            if self.config.is_wide(plan.demand):
+                self._wide[plan.key] = entry[1]
+            if was_wide or plan.key in self._wide:
                 self._changes += 1
 
     def observe_pod(self, pod: SlimPod, deleted: bool) -> None:
@@ -110,7 +114,7 @@ class Reservations:
         kept = self.waiting.get(key)
         if kept is not None and (gone or node) and (not meta.uid or kept[0] == meta.uid):
             del self.waiting[key]
-            if self.config.is_wide(kept[1].demand):
+            if self._wide.pop(key, None) is not None:
                 self._changes += 1
             if node and not gone:
                 self.on_placed(width_of(kept[1].demand), max(0.0, self.clock() - kept[1].created))
@@ -127,11 +131,11 @@ class Reservations:
     # ---- the plan --------------------------------------------------------------------------------
     def current(self) -> ReservationPlan | None:
         """The reservations in force now (None: none), recomputed only when what they depend on changed."""
-        if not self.config.enabled or not self.waiting:
+        if not self.config.enabled or not self._wide:
             self._plan = None
             return None
         now = self.clock()
-        wide = [w for _, w in self.waiting.values() if self.config.is_wide(w.demand)]
+        wide = list(self._wide.values())
         due = sum(1 for w in wide if now - w.created >= self.config.wait_seconds)
         if not due:
             self._plan = None
