@@ -96,6 +96,19 @@ def source_notes(view: ClusterView, extender: bool) -> list[str]:
     return notes
 
 
+def _enforcement(g: GpuView) -> str:
+    """The SHARES cell: the mode, and under strict the compute mode and the shape lock; "escapable" where a
+    container could take more than its share."""
+    parts = [g.share_enforcement or "-"]
+    if g.compute_mode:
+        parts.append(g.compute_mode)
+    if g.shape_lock:
+        parts.append(f"locked to {g.shape_lock}")
+    if g.escapable:
+        parts.append("escapable")
+    return ", ".join(parts)
+
+
 def render_table(view: ClusterView, *, wide: bool = False, notes: list[str] | None = None) -> Group:
     """The status as rich renderables: one row per GPU, the MIG layout and the replicas, then the totals."""
     table = Table(title="GPUs", expand=False)
@@ -108,7 +121,7 @@ def render_table(view: ClusterView, *, wide: bool = False, notes: list[str] | No
             core, held = _gpu_row(g)
             table.add_row(node.name if i == 0 else "", str(g.index), g.model or "-", health, core,
                           f"{_gib(g.memory_used)}/{_gib(g.memory_bytes)}",
-                          escape(g.share_enforcement or "-"), held,
+                          escape(_enforcement(g)), held,
                           *((str(g.minor), g.uuid) if wide else ()), end_section=i == len(node.gpus) - 1)
     t = view.totals
     totals = Table.grid(padding=(0, 2))

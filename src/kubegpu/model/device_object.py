@@ -83,9 +83,15 @@ def gpu_entry(g: Gpu, peers: Mapping[str, int] | None = None) -> dict[str, Any]:
     if g.replicated:  # only when set: objects of nodes without replicas keep the seed's shape
         entry["replicated"] = True
     if g.share_enforcement:  # only when reported: how shares on this GPU are held to their limits
-        enf = {"mode": g.share_enforcement}
+        enf: dict[str, Any] = {"mode": g.share_enforcement}
         if g.share_enforcement_reason:
             enf["reason"] = g.share_enforcement_reason
+        if g.compute_mode:
+            enf["computeMode"] = g.compute_mode
+        if g.share_shape_lock:
+            enf["shapeLock"] = g.share_shape_lock
+        if g.share_escapable is not None:
+            enf["escapable"] = g.share_escapable
         entry["shareEnforcement"] = enf
     return entry
 
@@ -244,6 +250,10 @@ def _parse_gpu(v: Any, path: str, position: int) -> Gpu:
         replicated=F.boolean(d.get("replicated", False), f"{path}.replicated"),
         share_enforcement=F.string(enf.get("mode", ""), f"{path}.shareEnforcement.mode"),
         share_enforcement_reason=F.string(enf.get("reason", ""), f"{path}.shareEnforcement.reason"),
+        compute_mode=F.string(enf.get("computeMode", ""), f"{path}.shareEnforcement.computeMode"),
+        share_shape_lock=F.string(enf.get("shapeLock", ""), f"{path}.shareEnforcement.shapeLock"),
+        share_escapable=None if "escapable" not in enf else F.boolean(enf["escapable"],
+                                                                      f"{path}.shareEnforcement.escapable"),
     )
 
 

@@ -58,6 +58,12 @@ class Gpu:
     # (shares are labels), "unenforced" (enforcement selected but not possible now; the reason says why).
     share_enforcement: str = ""
     share_enforcement_reason: str = ""
+    # Strict enforcement, as the node reports it: the compute mode it manages ("" = not managed), the one share
+    # shape the GPU takes while its shares run ("" = none), and whether a container could escape its share
+    # (None = not reported).
+    compute_mode: str = ""
+    share_shape_lock: str = ""
+    share_escapable: bool | None = None
 
     def with_health(self, healthy: bool) -> Gpu:
         return replace(self, healthy=healthy)

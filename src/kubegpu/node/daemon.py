@@ -48,7 +48,7 @@ from kubegpu.node.mps import (
     find_binary,
     replica_spec,
 )
-from kubegpu.node.mps.enforcer import ShareEnforcer
+from kubegpu.node.mps.enforcer import GpuView, ShareEnforcer
 from kubegpu.node.publish.publisher import NodePublisher, NullPublisher
 
 if TYPE_CHECKING:
@@ -57,6 +57,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins/"
+
+
+def enforcement_fields(view: GpuView | None) -> dict[str, Any]:
+    """What the Device object says of one GPU's share enforcement (node/mps/enforcer.py views)."""
+    if view is None:
+        return {"share_enforcement": "none", "share_enforcement_reason": ""}
+    return {"share_enforcement": view.mode, "share_enforcement_reason": view.reason,
+            "compute_mode": view.compute_mode, "share_shape_lock": view.shape_lock, "share_escapable": view.escapable}
 
 
 def _whole_gpus_only(inv: NodeInventory) -> list[ResourcePlan]:
@@ -289,7 +297,7 @@ class NodeDaemon:
             state.set_blocked(srv.plan.name, {u: f"shares cannot be enforced: {t.reason}"
                                               for u, t in table.items() if u in gpus and not t.enforced})
         daemons = [(d.name, d.kind, d.limits, d.up, d.restarts) for d in (self.mps.states() if self.mps else [])]
-        self.metrics.set_enforcement({u: t.mode for u, t in table.items()}, daemons)
+        self.metrics.set_enforcement(e.views(), daemons)
         self._publish_pending = True
         self._wake.set()
 
@@ -467,10 +475,9 @@ class NodeDaemon:
         # records a whole GPU or a share on one (the kubelet could not give it).
         replicated = {d.uuid for srv in self.servers if srv.plan.sharing in ("time-slicing", "mps")
                       for d in srv.plan.devices}
-        table = self.enforcer.table() if self.enforcer is not None else {}
+        views = self.enforcer.views() if self.enforcer is not None else {}
         gpus = tuple(replace(g, healthy=health.get(g.uuid, g.healthy), replicated=g.uuid in replicated,
-                             share_enforcement=table[g.uuid].mode if g.uuid in table else "none",
-                             share_enforcement_reason=table[g.uuid].reason if g.uuid in table else "")
+                             **enforcement_fields(views.get(g.uuid)))
                      for g in inv.gpus)
         try:
             current = NodeInventory(inv.name, gpus, inv.cpu_milli, inv.memory_bytes, inv.labels,

@@ -19,11 +19,14 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from kubegpu.model.inventory import NodeInventory
+
+if TYPE_CHECKING:
+    from kubegpu.node.mps.enforcer import GpuView
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,16 @@ class NodeMetrics:
         self.share_enforced = Gauge("kubegpu_node_gpu_share_enforced",
                                     "1 when shares on the GPU are held to their limits (by the mode named)",
                                     [*DEVICE_LABELS, "mode"], registry=r)
+        self.compute_mode = Gauge("kubegpu_node_gpu_compute_mode",
+                                  "1 for the compute mode of a GPU that strict share enforcement manages "
+                                  "(Exclusive_Process while it holds shares)", [*DEVICE_LABELS, "mode"], registry=r)
+        self.share_escapable = Gauge("kubegpu_node_gpu_share_escapable",
+                                     "1 when a container could take more than its share on the GPU by editing "
+                                     "what it was given (0 only under strict enforcement)", list(DEVICE_LABELS),
+                                     registry=r)
+        self.share_shape_lock = Gauge("kubegpu_node_gpu_share_shape_lock",
+                                      "1 for the one share shape a strict GPU takes while its shares run",
+                                      [*DEVICE_LABELS, "shape"], registry=r)
         self.mps_daemon_up = Gauge("kubegpu_node_mps_daemon_up", "1 while the MPS control daemon answers",
                                    ["daemon", "kind", "limits"], registry=r)
         self.mps_daemon_restarts = Gauge("kubegpu_node_mps_daemon_restarts",
@@ -84,12 +97,20 @@ class NodeMetrics:
     def device_labels(self, uuid: str) -> dict[str, str]:
         return self._labels.get(uuid) or {"node": "", "index": "", "model": "", "uuid": uuid}
 
-    def set_enforcement(self, modes: Mapping[str, str],
+    def set_enforcement(self, views: Mapping[str, GpuView],
                         daemons: Sequence[tuple[str, str, str, bool, int]]) -> None:
-        """``modes``: GPU UUID -> mps / none / unenforced; ``daemons``: (name, kind, limits, up, restarts)."""
-        self.share_enforced.clear()
-        for uuid, mode in modes.items():
-            self.share_enforced.labels(**self.device_labels(uuid), mode=mode).set(1 if mode == "mps" else 0)
+        """``views``: GPU UUID -> its enforcement (:meth:`kubegpu.node.mps.enforcer.ShareEnforcer.views`);
+        ``daemons``: (name, kind, limits, up, restarts)."""
+        for g in (self.share_enforced, self.compute_mode, self.share_escapable, self.share_shape_lock):
+            g.clear()
+        for uuid, v in views.items():
+            labels = self.device_labels(uuid)
+            self.share_enforced.labels(**labels, mode=v.mode).set(1 if v.mode in ("mps", "strict") else 0)
+            self.share_escapable.labels(**labels).set(1 if v.escapable else 0)
+            if v.compute_mode:
+                self.compute_mode.labels(**labels, mode=v.compute_mode).set(1)
+            if v.shape_lock:
+                self.share_shape_lock.labels(**labels, shape=v.shape_lock).set(1)
         self.mps_daemon_up.clear()
         for name, kind, limits, up, restarts in daemons:
             self.mps_daemon_up.labels(daemon=name, kind=kind, limits=limits).set(1 if up else 0)

@@ -127,7 +127,10 @@ class GpuView:
     # On a DRA node a MIG GPU is published whole too (its parent device takes all the MIG counters):
     # idle it is a free whole GPU, in use its other MIG devices are free (status.dra, docs/dra.md).
     dra_mig: bool = False
-    share_enforcement: str = ""  # how shares here are held to their limits: mps, none, "unenforced: <why>"
+    share_enforcement: str = ""  # how shares here are held to their limits: strict, mps, none, "unenforced: <why>"
+    compute_mode: str = ""  # strict: the compute mode the node manages ("" = not managed)
+    shape_lock: str = ""  # strict: the one share shape the GPU takes while its shares run
+    escapable: bool | None = None  # whether a container could take more than its share (None = not reported)
 
     @property
     def gpu_used(self) -> float:
@@ -218,7 +221,8 @@ class ClusterView:
                     {"index": g.index, "minor": g.minor, "uuid": g.uuid, "model": g.model, "healthy": g.healthy,
                      "memory_bytes": g.memory_bytes, "core_used": g.core_used, "memory_used": g.memory_used,
                      "mig_enabled": g.mig_enabled, "replica_only": g.replica_only,
-                     "share_enforcement": g.share_enforcement,
+                     "share_enforcement": g.share_enforcement, "compute_mode": g.compute_mode,
+                     "share_shape_lock": g.shape_lock, "share_escapable": g.escapable,
                      "holders": [_holder_json(h) for h in g.holders],
                      "mig": [{"uuid": m.uuid, "index": m.index, "profile": m.profile,
                               "memory_bytes": m.memory_bytes, "healthy": m.healthy, "slices": m.slices,
@@ -377,7 +381,8 @@ def build_view(
                          g.mig_enabled, g.replicated or (mark_replicas and not g.mig_enabled),
                          g.mig_enabled and inv.labels.get(DRA_NODE_LABEL) == "dra",
                          g.share_enforcement + (f": {g.share_enforcement_reason}" if g.share_enforcement_reason
-                                                and g.share_enforcement != "none" else ""))
+                                                and g.share_enforcement != "none" else ""),
+                         g.compute_mode, g.share_shape_lock, g.share_escapable)
             if gv.overcommitted:
                 problems.append(f"{inv.name} GPU {g.index}: overcommitted ({gv.core_used} % compute, "
                                 f"{gv.memory_used} of {gv.memory_bytes} bytes)")

@@ -5,7 +5,7 @@ kubelet no longer lists its shares, and only then is it served whole."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ import pytest
 from kubegpu.inventory.compute_modes import DEFAULT, EXCLUSIVE_PROCESS
 from kubegpu.inventory.fake import FakeBackend
 from kubegpu.model.allocation import DeviceGrant
+from kubegpu.model.device_object import device_object
 from kubegpu.model.inventory import NodeInventory
 from kubegpu.node.deviceplugin.resolver import ResolvedAllocation
 from kubegpu_standins.fake_driver import ENV_DRIVER_STATE
@@ -25,6 +26,32 @@ from kubegpu_standins.mps_control import connect_client
 SLOTS = "kubegpu.io/gpu.shared"
 WHOLE = "nvidia.com/gpu"
 GIB = 2**30
+
+
+class Published:
+    """A publisher that keeps what the node last published (its Device object)."""
+
+    def __init__(self) -> None:
+        self.objects: list[dict[str, Any]] = []
+
+    def publish(self, inventory: NodeInventory, resources: Mapping[str, int]) -> None:
+        self.objects.append(device_object(inventory))
+
+    def close(self) -> None:
+        pass
+
+
+def _shown(d: Any, gpu: str) -> tuple[dict[str, Any], dict[str, float]]:
+    """GPU ``gpu``'s shareEnforcement in the Device object the node publishes now, and its metric samples."""
+    d.publisher = Published()
+    d._publish()
+    [obj] = d.publisher.objects
+    enf = next(g["shareEnforcement"] for g in obj["spec"]["devices"] if g["id"] == gpu)
+    samples = {f"{m.name}{'/' + s.labels['mode'] if 'mode' in s.labels else ''}": s.value
+               for m in d.metrics.registry.collect() for s in m.samples
+               if s.labels.get("uuid") == gpu and m.name.startswith(("kubegpu_node_gpu_compute_mode",
+                                                                      "kubegpu_node_gpu_share_"))}
+    return enf, samples
 
 
 class Records:
@@ -85,16 +112,23 @@ def test_a_strict_gpu_goes_exclusive_refuses_whole_until_its_shares_end(
     why = _refused(kubelet, WHOLE, [gpu])
     assert "cannot be given whole" in why and "MPS-enforced share" in why and gpu in why
     assert backend.compute_mode(gpu) == EXCLUSIVE_PROCESS  # nothing switched under the shares
-    views = d.enforcer.views()
-    assert (views[gpu].mode, views[gpu].compute_mode, views[gpu].shape_lock, views[gpu].escapable) == (
-        "strict", EXCLUSIVE_PROCESS, "25% / 4096M", False)
+    # The Device object and the metrics show the GPU exclusive, locked to the shape, not escapable.
+    enf, samples = _shown(d, gpu)
+    assert enf == {"mode": "strict", "computeMode": EXCLUSIVE_PROCESS, "shapeLock": "25% / 4096M",
+                   "escapable": False}
+    assert samples == {f"kubegpu_node_gpu_compute_mode/{EXCLUSIVE_PROCESS}": 1.0,
+                       "kubegpu_node_gpu_share_escapable": 0.0, "kubegpu_node_gpu_share_shape_lock": 1.0,
+                       "kubegpu_node_gpu_share_enforced/strict": 1.0}
     # One share ends: the GPU stays exclusive for the other.
     kubelet.release_pod("default/p1")
     assert d.reconcile_holders() == [] and backend.compute_mode(gpu) == EXCLUSIVE_PROCESS
     # The last ends: the kubelet no longer lists it, the server quits and the mode goes back.
     kubelet.release_pod("default/p2")
     assert d.reconcile_holders() == [gpu]
-    assert backend.compute_mode(gpu) == DEFAULT and d.enforcer.views()[gpu].shape_lock == ""
+    assert backend.compute_mode(gpu) == DEFAULT
+    enf, samples = _shown(d, gpu)
+    assert enf == {"mode": "strict", "escapable": False}
+    assert samples == {"kubegpu_node_gpu_share_escapable": 0.0, "kubegpu_node_gpu_share_enforced/strict": 1.0}
     # Now the GPU is served whole, and a share waits for that container, with the reason.
     whole = kubelet.allocate_ids(WHOLE, [gpu])
     assert gpu in whole.envs["NVIDIA_VISIBLE_DEVICES"] and backend.compute_mode(gpu) == DEFAULT

@@ -165,6 +165,9 @@ class DraDaemon:
         ok = sum(1 for _pool, _name, healthy, _why in rows if healthy)
         self.metrics.devices.labels(resource=DRIVER, health="Healthy").set(ok)
         self.metrics.devices.labels(resource=DRIVER, health="Unhealthy").set(len(rows) - ok)
+        if self.mps is not None:
+            daemons = [(d.name, d.kind, d.limits, d.up, d.restarts) for d in self.mps.manager.states()]
+            self.metrics.set_enforcement(self._views, daemons)
 
     def _observe(self, what: str, seconds: float) -> None:
         if what == "prepare":
