@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -39,6 +40,10 @@ DEFAULT_HANDOFF_WAIT_S = 7.0
 # Reads of the pod one bind may make: the watch's copy, the API server's pod, and once more when the pod
 # changed between that read and the Binding (its resourceVersion is the Binding's precondition).
 BIND_READS = 3
+# How far back a bind that finds its node full looks for what took the room since the pod was filtered: kube-scheduler
+# binds asynchronously, so a pod's bind follows its filter by one scheduling cycle and the binds queued before it.
+RECENT_S = 10.0
+RECENT_KEPT = 16  # binds remembered per node for that reason
 
 
 class KeyLocks:
@@ -87,6 +92,9 @@ class Binder:
         # Set once the first lists are in: before that a pod waiting on a node is invisible to the queue.
         self.ready = ready
         self.locks = KeyLocks()
+        # Per node, the latest binds through here (loop time, pod, what it took): when a bind finds no room on a
+        # node its filter passed, they say what changed in between.
+        self.recent: dict[str, deque[tuple[float, str, str]]] = {}
 
     async def bind(self, args: wire.ExtenderBindingArgs) -> str:
         """Bind the pod ``args`` names to ``args.Node``: '' or why it failed."""
@@ -184,7 +192,7 @@ class Binder:
             if not confirmed:
                 return _Reread()
             self.metrics.bind_failures.labels("no-fit").inc()
-            return f"kubegpu bind: {why}"
+            return f"kubegpu bind: {why}; {self._changed_since_filter(node, key)}"
         try:
             self.ledger.hold(key, uid, node, alloc, assumed=True, plan=plan)
         except PlacementConflict as e:  # cannot happen right after choose; refuse rather than over-commit
@@ -226,7 +234,33 @@ class Binder:
             return f"kubegpu bind: {type(e).__name__}: {e}"
         self.ledger.mark_bound(key)
         self.metrics.placed.inc()
+        self._remember(node, key, alloc)
         return ""
+
+    def _remember(self, node: str, key: str, alloc: PodAllocation) -> None:
+        now = asyncio.get_running_loop().time()
+        taken = ", ".join(f"GPU {g.minor} {'whole' if g.core >= 100 else f'{g.core} %'}" for g in alloc.held().grants())
+        per = self.recent.get(node)
+        if per is None:
+            per = self.recent[node] = deque(maxlen=RECENT_KEPT)
+        per.append((now, key, taken or "CPU and memory"))
+        for n in [n for n, q in self.recent.items() if q and now - q[-1][0] > RECENT_S]:
+            del self.recent[n]  # bounded by the nodes bound to lately
+
+    def _changed_since_filter(self, node: str, key: str) -> str:
+        """What took the room on ``node`` since kube-scheduler's filter passed it for ``key``: the binds through
+        here in the last RECENT_S seconds (kube-scheduler filters the next pod before the previous bind arrives,
+        and its own count of a node's GPUs does not see how shares fill them), else the cluster itself."""
+        now = asyncio.get_running_loop().time()
+        recent = [(t, k, taken) for t, k, taken in self.recent.get(node, ()) if now - t <= RECENT_S and k != key]
+        if recent:
+            shown = "; ".join(f"{k} ({taken}, {now - t:.1f} s ago)" for t, k, taken in reversed(recent[-4:]))
+            more = f" and {len(recent) - 4} more" if len(recent) > 4 else ""
+            return (f"the room its filter saw was taken since by pods bound there: {shown}{more} (kube-scheduler "
+                    "filters a pod before the binds ahead of it arrive; retried after back-off)")
+        return (f"no pod was bound there through this extender in the last {RECENT_S:g} s: the room its filter saw "
+                "went since to a pod the watch showed bound there, or with the node's GPUs (health, Device object); "
+                "retried after back-off")
 
     async def _turn(self, plan: PodPlan, node: str, deadline: float) -> str:
         """Wait until no other pod of this pod's kinds waits on ``node`` for its handoff: the
