@@ -136,20 +136,28 @@ def node_security_context(v: Values) -> Obj:
         "seccompProfile": {"type": "RuntimeDefault"},
         "capabilities": {"drop": ["ALL"]},
     }
-    if mig_monitoring(v):
+    if mig_monitoring(v) or strict_in_use(v):
         ctx["capabilities"]["add"] = ["SYS_ADMIN"]
     if mps_in_use(v):  # the MPS control daemon starts each server as its client's user (docs/sharing.md)
         ctx["capabilities"]["add"] = [*ctx["capabilities"].get("add", []), "SETUID", "SETGID"]
     return ctx
 
 
+ENFORCING = ("mps", "per-shape", "strict")  # kubegpu.shareEnforcement values that run MPS daemons
 MPS_ROOT = "/run/nvidia/mps"  # flags.mpsRoot's default; mounted at the same path so host paths are the daemon's
 
 
 def mps_in_use(v: Values) -> bool:
     """Whether a config.map entry shares GPUs with MPS (sharing.mps) or enforces shares with it."""
     return any(doc is not None and ((doc.get("sharing") or {}).get("mps")
-                                    or (doc.get("kubegpu") or {}).get("shareEnforcement") == "mps")
+                                    or (doc.get("kubegpu") or {}).get("shareEnforcement") in ENFORCING)
+               for doc in _config_docs(v))
+
+
+def strict_in_use(v: Values) -> bool:
+    """Whether a config.map entry selects strict share enforcement: the node daemon then sets GPU compute modes,
+    which NVML allows only with CAP_SYS_ADMIN (as ``nvidia-smi -c``)."""
+    return any(doc is not None and (doc.get("kubegpu") or {}).get("shareEnforcement") == "strict"
                for doc in _config_docs(v))
 
 

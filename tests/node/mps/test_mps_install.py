@@ -24,7 +24,15 @@ def test_mps_root_and_shared_memory_are_the_hosts(mode: str) -> None:
     assert "SETUID" not in str(ctr["securityContext"])  # no MPS configured: no extra capability
 
 
-def test_enforcing_with_mps_lets_the_daemon_start_servers_as_their_clients() -> None:
-    cfg = "version: v1\nkubegpu:\n  shareEnforcement: mps\n"
+@pytest.mark.parametrize("enforcement", ["mps", "per-shape", "strict"])
+def test_enforcing_with_mps_lets_the_daemon_start_servers_as_their_clients(enforcement: str) -> None:
+    cfg = f"version: v1\nkubegpu:\n  shareEnforcement: {enforcement}\n"
     pod = _node_pod(render(values_from_dict({"mode": "full", "config": {"map": {"default": cfg}}})))
     assert {"SETUID", "SETGID"} <= set(pod["containers"][0]["securityContext"]["capabilities"]["add"])
+
+
+@pytest.mark.parametrize(("enforcement", "sys_admin"), [("mps", False), ("strict", True)])
+def test_strict_enforcement_may_set_compute_modes(enforcement: str, sys_admin: bool) -> None:
+    cfg = f"version: v1\nkubegpu:\n  shareEnforcement: {enforcement}\n"
+    pod = _node_pod(render(values_from_dict({"mode": "full", "config": {"map": {"default": cfg}}})))
+    assert ("SYS_ADMIN" in pod["containers"][0]["securityContext"]["capabilities"]["add"]) is sys_admin
