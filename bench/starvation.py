@@ -4,7 +4,8 @@ Two workloads through the queued replay (src/kubegpu/sim/queue.py, the same pure
 calls): the stand-in for the recorded churn (10 nodes x 8 A100, 400 pods at 1.7 pods/s living 20-90 s, a pod
 not placed within 120 s withdrawn; pods declare their run time, so short ones may backfill held GPUs), and the
 openb default list replayed in time with departures (every pod, or the first ``--openb-pods`` by creation;
-arrivals compressed to the load that brings the peak request to 95 % of the GPUs).
+arrivals compressed to the load that brings the peak request to 95 % of the GPUs). ``bench/starvation_extender.py``
+runs the same churn through the extender's HTTP verbs.
 
 Prints one line per run, then ONE JSON object as the last line: wide_pods_never_placed (target 0),
 wide_wait_p99_s, small_wait_p99_s, the same ``_without`` reservations, idle_gpu_cost_pct (target <= 1: held GPUs
