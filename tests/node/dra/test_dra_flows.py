@@ -525,7 +525,8 @@ def test_daemon_restart_keeps_prepared_claims(bed: Bed) -> None:
 def test_plugin_down_slices_wiped_prepare_retried(root: Path) -> None:
     bed = make_bed(root, wipe_delay_s=6.0, retry_s=0.3)
     try:
-        _ready(bed)
+        bed.start_daemon(withdraw_timeout_s=0.0)  # it goes as a killed driver does: its devices not withdrawn
+        assert bed.wait(lambda: DRIVER in bed.kubelet.plugins and len(bed.slices()) == 1)
         _classes(bed)
         _claim(bed, "noplugin-claim", {"deviceClassName": "gpu.kubegpu.io", "allocationMode": "ExactCount",
                                        "count": 1})

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,7 +28,7 @@ from kubegpu.inventory.base import InventoryBackend, InventoryError
 from kubegpu.model.inventory import NodeInventory
 from kubegpu.node.config import XidPolicy
 from kubegpu.node.dra.kube import ApiClaimReader, SlicePublisher
-from kubegpu.node.dra.names import DRIVER, SUPPORTED_VERSIONS
+from kubegpu.node.dra.names import DRIVER, SUPPORTED_VERSIONS, TAINT_RESTARTING
 from kubegpu.node.dra.plugin import DraPlugin
 from kubegpu.node.dra.prepare import ClaimReader, Preparer
 from kubegpu.node.dra.slices import (
@@ -67,6 +68,8 @@ class DraOptions:
     resync_s: float = 30.0
     socket_check_s: float = 1.0
     watch_slices: bool = True
+    # The most a stop waits for its devices to be published as withdrawn (0: not withdrawn, as a killed driver).
+    withdraw_timeout_s: float = 5.0
 
     @property
     def state_path(self) -> str:
@@ -80,7 +83,8 @@ def _now() -> str:
 class DraDaemon:
     def __init__(self, backend: InventoryBackend, options: DraOptions, client: Client | None, *,
                  reader: ClaimReader | None = None,
-                 metrics: NodeMetrics | None = None) -> None:
+                 metrics: NodeMetrics | None = None, env: Mapping[str, str] | None = None) -> None:
+        self.env = env  # the node's environment, from its entry: the MPS control daemons run with it
         if client is None and reader is None:
             raise ValueError("the DRA plugin needs an API client (to read claims and publish slices)")
         self.backend = backend
@@ -104,6 +108,11 @@ class DraDaemon:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # From the start of a stop every device is published tainted: the kubelet cannot prepare claims here
+        # until the next driver has registered, which publishes them untainted only then (docs/handoff.md,
+        # "Restarts").
+        self.restarting = False
+        self._away: DeviceTaint | None = None  # that taint, its time kept while it lasts
 
     # ----- pieces ------------------------------------------------------------------------------
 
@@ -123,7 +132,12 @@ class DraDaemon:
         with self._lock:
             self.taints = health_taints(inv, health, reasons, self.taints, _now())
             self._views = self.mps.views() if self.mps is not None else {}
-            self.content = pool_content(inv, self.options.settings, self.taints, self._views)
+            shown = self.taints
+            if self.restarting:
+                away = self._away = self._away or DeviceTaint(TAINT_RESTARTING, "", "NoSchedule", _now())
+                every = [g.uuid for g in inv.gpus] + [m.uuid for g in inv.gpus for m in g.mig_devices]
+                shown = {**dict.fromkeys(every, away), **self.taints}
+            self.content = pool_content(inv, self.options.settings, shown, self._views)
 
     def desired(self, generation: int) -> list[dict[str, Any]]:
         with self._lock:
@@ -249,7 +263,8 @@ class DraDaemon:
             # refused with the reason.
             modes = self.backend if isinstance(self.backend, ComputeModes) else None
             self.mps = DraEnforcement(s.mps_root, s.driver_root, s.mps_binary, on_change=lambda: self._on_health({}),
-                                      selected=s.enforcement, compute_modes=modes, server_uid=s.mps_server_uid)
+                                      selected=s.enforcement, compute_modes=modes, server_uid=s.mps_server_uid,
+                                      base_env=self.env)
             self.mps.start(self.inventory)
             self._rebuild()
         self.preparer = Preparer(self.reader, self.table, opts.settings, cdi_dir=opts.cdi_dir,
@@ -258,7 +273,6 @@ class DraDaemon:
             self.publisher = SlicePublisher(self.client, opts.settings.node_name, self.desired,
                                             resync_s=opts.resync_s, watch=opts.watch_slices,
                                             on_published=self._on_published)
-            self.publisher.start()
         self.plugin = DraPlugin(self.preparer, self.health_snapshot, plugins_dir=opts.plugins_dir,
                                 registry_dir=opts.registry_dir, versions=opts.versions,
                                 on_registered=self._on_registered, observe=self._observe)
@@ -271,6 +285,9 @@ class DraDaemon:
 
     def _on_registered(self) -> None:
         self.metrics.registrations.labels(resource=DRIVER).inc()
+        publisher = self.publisher
+        if publisher is not None and not publisher.started and not self._stop.is_set():
+            publisher.start()  # the kubelet can prepare claims here now: the devices are offered (again)
         # The kubelet deletes the node's slices right after a (re-)registration: look again soon.
         if self.publisher is not None:
             self.publisher.wake()
@@ -283,7 +300,39 @@ class DraDaemon:
             except Exception:
                 log.exception("DRA lifecycle check failed; retrying")
 
+    def _withdraw(self) -> None:
+        """Before the plugin goes: every device tainted and published (bounded), so the scheduler allocates
+        nothing here that the kubelet could not prepare until the next driver has registered."""
+        publisher = self.publisher
+        timeout_s = self.options.withdraw_timeout_s
+        if (publisher is None or self.inventory is None or self.state is None or self._stop.is_set()
+                or timeout_s <= 0):
+            return
+        self.restarting, self._away = True, None
+        self._rebuild()
+        done = threading.Event()
+        deadline = time.monotonic() + timeout_s
+
+        def write() -> None:
+            error: Exception | None = None
+            while time.monotonic() < deadline:
+                try:
+                    publisher.reconcile()  # the publisher's own loop may write too: a conflict is tried again
+                    done.set()
+                    return
+                except Exception as exc:
+                    error = exc
+                    time.sleep(0.05)
+            log.warning("DRA driver: cannot publish the devices as withdrawn: %s", error)
+
+        t = threading.Thread(target=write, name="kubegpu-dra-withdraw", daemon=True)
+        t.start()
+        t.join(timeout_s)
+        if not done.is_set():
+            log.warning("DRA driver: devices not published as withdrawn within %.1fs; stopping anyway", timeout_s)
+
     def stop(self) -> None:
+        self._withdraw()
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)

@@ -87,6 +87,10 @@ class SlicePublisher:
 
     # ----- lifecycle ---------------------------------------------------------------------------
 
+    @property
+    def started(self) -> bool:
+        return bool(self._threads)
+
     def start(self) -> None:
         self._stop.clear()
         t = threading.Thread(target=self._run, name="kubegpu-dra-slices", daemon=True)

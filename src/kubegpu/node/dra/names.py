@@ -24,6 +24,8 @@ TYPE_SHARED: Final = "shared-gpu"  # published before GPUs took whole claims and
 # Taints the driver puts on unhealthy devices.
 TAINT_XID: Final = DRIVER + "/xid-error"
 TAINT_UNHEALTHY: Final = DRIVER + "/unhealthy"
+# On every device while the driver cannot prepare claims (stopping, or started and not yet registered).
+TAINT_RESTARTING: Final = DRIVER + "/driver-restarting"
 
 # The node label choosing the kubelet plugin (``dra`` for this driver), see kubegpu.install.dra.
 MODE_LABEL: Final = "kubegpu.io/kubelet-plugin"
