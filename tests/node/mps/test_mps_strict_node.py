@@ -5,27 +5,25 @@ kubelet no longer lists its shares, and only then is it served whole."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from test_mps_node import Records  # the scheduler's record: 25 % / 4 GiB on the kubelet's slot
 
 from kubegpu.inventory.compute_modes import DEFAULT, EXCLUSIVE_PROCESS
 from kubegpu.inventory.fake import FakeBackend
-from kubegpu.model.allocation import DeviceGrant
 from kubegpu.model.device_object import device_object
 from kubegpu.model.inventory import NodeInventory
-from kubegpu.node.deviceplugin.resolver import ResolvedAllocation
 from kubegpu_standins.fake_driver import ENV_DRIVER_STATE
 from kubegpu_standins.kubelet import StandinKubelet
 from kubegpu_standins.mps_control import connect_client
 
 SLOTS = "kubegpu.io/gpu.shared"
 WHOLE = "nvidia.com/gpu"
-GIB = 2**30
 
 
 class Published:
@@ -52,26 +50,6 @@ def _shown(d: Any, gpu: str) -> tuple[dict[str, Any], dict[str, float]]:
                if s.labels.get("uuid") == gpu and m.name.startswith(("kubegpu_node_gpu_compute_mode",
                                                                       "kubegpu_node_gpu_share_"))}
     return enf, samples
-
-
-class Records:
-    """The scheduler's record: a 25 % / 4 GiB share on whatever slot the kubelet picked; whole GPUs unrecorded."""
-
-    def resolve(self, resource: str, device_ids: Sequence[str]) -> ResolvedAllocation | None:
-        if resource != SLOTS:
-            return None
-        return ResolvedAllocation(tuple(DeviceGrant(0, i.split("::")[0], 25, 4 * GIB, 0) for i in device_ids),
-                                  pod="default/p", container="c")
-
-    def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str],
-                  size: int) -> Sequence[str] | None:
-        return None
-
-    def set_inventory(self, inventory: NodeInventory) -> None:
-        pass
-
-    def kubelet_registered(self, resource: str) -> None:
-        pass
 
 
 @pytest.fixture
