@@ -30,14 +30,19 @@ CONFIG = ReservationConfig(min_gpus=4, wait_seconds=60.0, max_share=0.5)
 
 
 class Clock:
-    """The extender's wall clock, moved by the test (seconds past the first pod's creation)."""
+    """The extender's wall clock, moved by the test: ``at(pod, s)`` is ``s`` seconds after ``pod``'s creation (the
+    API server stamps it, in whole seconds), so waits are exact whatever the time the test takes."""
 
     def __init__(self) -> None:
-        self.base: float | None = None
-        self.offset = 0.0
+        self.now = 0.0
 
     def __call__(self) -> float:
-        return (self.base or 0.0) + self.offset
+        return self.now
+
+    def at(self, pod: dict[str, Any], seconds: float) -> None:
+        created = api_time(pod["metadata"]["creationTimestamp"])
+        assert created is not None
+        self.now = created + seconds
 
 
 def _start(api: ApiServer, tmp_path: Path, clock: Clock, config: ReservationConfig) -> ServiceThread:
@@ -64,10 +69,7 @@ def world(tmp_path: Path) -> Iterator[tuple[Cluster, Clock]]:
 def create(cluster: Cluster, clock: Clock, name: str, gpus: int, **spec: Any) -> dict[str, Any]:
     p = pod(name, {"nvidia.com/gpu": str(gpus)})
     p["spec"].update(spec)
-    created = cluster.api.put_object(p)
-    if clock.base is None:
-        clock.base = api_time(created["metadata"]["creationTimestamp"])
-    return created
+    return cluster.api.put_object(p)
 
 
 def filter_(cluster: Cluster, p: dict[str, Any]) -> dict[str, Any]:
@@ -106,11 +108,11 @@ def reserved(cluster: Cluster, clock: Clock) -> dict[str, Any]:
     """Nodes a: 6 of 8 GPUs busy, b: 7; a pod asking 4 GPUs waits past the threshold: its reservation."""
     fill(cluster, clock, {A: 6, B: 7})
     wide = create(cluster, clock, "wide", 4)
-    clock.offset = 10.0
+    clock.at(wide, 10.0)
     out = filter_(cluster, wide)
     assert out["NodeNames"] == []
     assert summary(cluster)["reservations"] == []  # not waited long enough yet
-    clock.offset = 61.0
+    clock.at(wide, 61.0)
     out = filter_(cluster, wide)
     assert out["NodeNames"] == []
     # a is drained soonest at the least cost (fewer busy GPUs): the event says where and what it waits for.
@@ -150,11 +152,12 @@ def test_a_wide_pod_gets_a_reservation_small_pods_go_elsewhere_and_it_binds_once
 
 def test_held_gpus_are_backfilled_only_by_pods_that_end_before_the_wide_pod_can_start(
         world: tuple[Cluster, Clock]) -> None:
-    """The pods on a declare their run time (100 s from the first pod's creation): the wide pod can start there
+    """The pods on a declare their run time (100 s from the wide pod's creation): the wide pod can start there
     at 100 s, so at 61 s a pod declaring 30 s may use a held GPU, and one declaring 60 s may not."""
     cluster, clock = world
     fill(cluster, clock, {A: 6, B: 7})
-    started = cluster.api.get_object("pods", "small-0", "default")["metadata"]["creationTimestamp"]
+    wide = create(cluster, clock, "wide", 4)
+    started = wide["metadata"]["creationTimestamp"]  # the holders started as it was created: they end at 100 s
     pods = cluster.api.kind("pods")
     for i in range(6):
         cluster.api.store.update(pods, "default", f"small-{i}",
@@ -164,8 +167,7 @@ def test_held_gpus_are_backfilled_only_by_pods_that_end_before_the_wide_pod_can_
                                  subresource="status")
     view = cluster.view
     assert until(lambda: cluster.ext.call(lambda: len(view.reservations.ends)) == 6)
-    wide = create(cluster, clock, "wide", 4)
-    clock.offset = 61.0
+    clock.at(wide, 61.0)
     out = filter_(cluster, wide)
     assert out["FailedNodes"][A].endswith("(declared to end within 39 s)")
     short = create(cluster, clock, "short", 1, activeDeadlineSeconds=30)
@@ -187,6 +189,22 @@ def test_kubegpu_status_shows_the_reservations_from_the_extender(world: tuple[Cl
     assert out.exit_code == 0, out.output
     assert "Reservations for wide pods (4 GPUs held)" in out.output
     assert "waiting for 4 GPUs on gpu-node-a: 2 free, 2 held by" in out.output
+
+
+def test_a_wide_pod_kube_scheduler_never_sends_is_seen_waiting_in_the_watch(world: tuple[Cluster, Clock]) -> None:
+    """kube-scheduler calls the extender only with the nodes its own filters passed: a wide pod no node has room
+    for by its count is never filtered here. Pending pods of the profile that calls the extender (learnt from
+    the pods it filters) are seen waiting in the pod watch; another scheduler's are not."""
+    cluster, clock = world
+    fill(cluster, clock, {A: 6, B: 7})
+    filter_(cluster, create(cluster, clock, "late", 1, schedulerName="kubegpu-scheduler"))
+    create(cluster, clock, "other", 8, schedulerName="default-scheduler")
+    wide = create(cluster, clock, "wide", 4, schedulerName="kubegpu-scheduler", priority=5)
+    clock.at(wide, 61.0)
+    assert until(lambda: [r["pod"] for r in summary(cluster)["reservations"]] == ["default/wide"])
+    s = summary(cluster)
+    assert s["reservations"][0]["node"] == A and "8" not in s["waiting"]
+    assert filter_(cluster, create(cluster, clock, "next", 1))["NodeNames"] == [B]
 
 
 def test_deleting_the_wide_pod_drops_its_reservation(world: tuple[Cluster, Clock]) -> None:
@@ -219,7 +237,7 @@ def test_reservations_are_bounded_by_their_share_and_served_by_priority(world: t
     fill(cluster, clock, {A: 6, B: 7})
     old = create(cluster, clock, "wide-old", 4)
     urgent = create(cluster, clock, "wide-urgent", 4, priority=10)
-    clock.offset = 61.0
+    clock.at(urgent, 61.0)  # both waited past the threshold
     filter_(cluster, old)
     out = filter_(cluster, urgent)
     assert out["FailedNodes"][A].startswith("waiting for 4 GPUs on gpu-node-a")
@@ -235,7 +253,7 @@ def test_disabled_reservations_hold_nothing(world: tuple[Cluster, Clock], tmp_pa
     cluster.http = httpx.Client(base_url=cluster.ext.url, timeout=10)
     fill(cluster, clock, {A: 6, B: 7})
     wide = create(cluster, clock, "wide", 4)
-    clock.offset = 600.0
+    clock.at(wide, 600.0)
     assert "waiting for" not in filter_(cluster, wide)["FailedNodes"][A]
     assert filter_(cluster, create(cluster, clock, "late", 1))["NodeNames"] == BOTH
     assert summary(cluster)["reserved_gpus"] == 0

@@ -43,6 +43,7 @@ class SlimMeta(msgspec.Struct, omit_defaults=True):
     resourceVersion: str | None = None
     annotations: dict[str, str] | None = None
     ownerReferences: list[SlimOwner] | None = None
+    creationTimestamp: str | None = None  # how long a pending pod has waited (reservations)
 
 
 class SlimContainer(msgspec.Struct, omit_defaults=True):
@@ -56,6 +57,8 @@ class SlimSpec(msgspec.Struct, omit_defaults=True):
     initContainers: list[SlimContainer] | None = None
     overhead: dict[str, Any] | None = None
     activeDeadlineSeconds: int | None = None  # a declared run time: reservations may backfill behind it
+    priority: int | None = None  # reservations serve higher priority first
+    schedulerName: str | None = None  # a pending pod of a profile this extender serves waits for it
 
 
 class SlimStatus(msgspec.Struct, omit_defaults=True):

@@ -3,9 +3,12 @@
 The policy is the pure core's (:mod:`kubegpu.placement.reservations`, the simulator runs the same function);
 this component feeds it what the extender sees and keeps its answer between calls:
 
-- the waiting GPU pods, recorded when kube-scheduler asks the extender to filter them (creation time from
-  ``metadata.creationTimestamp``, priority from ``spec.priority``) and forgotten when the pod watch shows
-  them bound (here or by anyone else), deleted or finished;
+- the waiting GPU pods, recorded when kube-scheduler asks the extender to filter them, and from the pod watch
+  for pending pods of the profiles that call this extender (their ``spec.schedulerName``, learnt from the
+  filters): kube-scheduler calls the extender only with the nodes its own filters passed, so a wide pod no node
+  has room for by kube-scheduler's count is never filtered here, and the watch is how it is seen waiting.
+  Creation time from ``metadata.creationTimestamp``, priority from ``spec.priority``; forgotten when the watch
+  shows them bound (here or by anyone else), deleted or finished;
 - the bound pods that declare when they end (``status.startTime`` + ``spec.activeDeadlineSeconds``), the
   only ones a held GPU can be backfilled behind;
 - the plan, recomputed only when its inputs change (the arrays' layout or any row, the waiting wide pods,
@@ -40,6 +43,7 @@ from kubegpu.placement.reservations import (
 from kubegpu.scheduler.accounting import TERMINAL_PHASES, Ledger
 from kubegpu.scheduler.mirror import ArrayMirror
 from kubegpu.scheduler.nodes import NodeRecord
+from kubegpu.scheduler.pending import asks_extended_resource
 from kubegpu.scheduler.plan import PodPlan
 
 
@@ -75,6 +79,7 @@ class Reservations:
         self.waiting: dict[str, tuple[str, WaitingPod]] = {}  # key -> (uid, the pod)
         self._wide: dict[str, WaitingPod] = {}  # the wide ones of them: what the plan reads (each verb asks)
         self.ends: dict[str, float] = {}  # bound pods that declare their end: key -> when
+        self.profiles: set[str] = set()  # schedulerNames of the pods filtered here: the profiles served
         self._changes = 0  # of the wide waiting pods and of the declared ends: the plan depends on both
         self._plan: ReservationPlan | None = None
         self._inputs: tuple[int, int, int, int] | None = None
@@ -87,13 +92,19 @@ class Reservations:
         spec = pod.get("spec")
         if isinstance(spec, Mapping) and spec.get("nodeName"):
             return
+        if isinstance(spec, Mapping) and isinstance(spec.get("schedulerName"), str):
+            self.profiles.add(spec["schedulerName"])
         meta = pod.get("metadata")
-        created = api_time(meta.get("creationTimestamp")) if isinstance(meta, Mapping) else None
+        self._wait(plan, api_time(meta.get("creationTimestamp")) if isinstance(meta, Mapping) else None,
+                   _priority(pod))
+
+    def _wait(self, plan: PodPlan, created: float | None, priority: int) -> None:
+        if plan.refusal or not plan.vectorised or plan.demand.count == 0:
+            return
         kept = self.waiting.get(plan.key)
         if kept is not None and kept[0] == plan.uid and created is None:
             created = kept[1].created  # a body without its creation time: the first sighting stands
-        entry = (plan.uid, WaitingPod(plan.key, plan.demand, self.clock() if created is None else created,
-                                      _priority(pod)))
+        entry = (plan.uid, WaitingPod(plan.key, plan.demand, self.clock() if created is None else created, priority))
         if kept != entry:
             self.waiting[plan.key] = entry
             was_wide = self._wide.pop(plan.key, None) is not None
@@ -102,15 +113,20 @@ class Reservations:
             if was_wide or plan.key in self._wide:
                 self._changes += 1
 
-    def observe_pod(self, pod: SlimPod, deleted: bool) -> None:
-        """A pod event from the watch: a waiting pod bound, deleted or finished leaves the set (and its
-        reservation with it); a bound pod's declared end is kept while it runs."""
+    def observe_pod(self, pod: SlimPod, deleted: bool, plan: Callable[[dict[str, Any]], PodPlan]) -> None:
+        """A pod event from the watch (``plan``: the extender's plan of a pod): a pending pod of a profile served
+        here waits; a waiting pod bound, deleted or finished leaves the set (and its reservation with it); a
+        bound pod's declared end is kept while it runs."""
         meta, spec, status = pod.metadata, pod.spec, pod.status
         if meta is None:
             return
         key = f"{meta.namespace}/{meta.name}"
         node = spec.nodeName if spec is not None else None
         gone = deleted or (status is not None and status.phase in TERMINAL_PHASES)
+        if (not node and not gone and spec is not None and spec.schedulerName in self.profiles
+                and asks_extended_resource(spec)):
+            self._wait(plan(pod.to_dict()), api_time(meta.creationTimestamp), spec.priority or 0)
+            return
         kept = self.waiting.get(key)
         if kept is not None and (gone or node) and (not meta.uid or kept[0] == meta.uid):
             del self.waiting[key]

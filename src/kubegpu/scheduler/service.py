@@ -83,7 +83,7 @@ def pod_handler(view: ClusterView, plan: Callable[[dict[str, Any]], PodPlan]) ->
 
     def on_pod(ev: WatchEvent) -> None:
         if view.reservations is not None:  # a waiting pod bound, deleted or finished; a bound pod's declared end
-            view.reservations.observe_pod(ev.obj, ev.type is EventType.DELETED)
+            view.reservations.observe_pod(ev.obj, ev.type is EventType.DELETED, plan)
         meta = ev.obj.metadata
         ann = meta.annotations or {}
         node = ev.obj.spec.nodeName if ev.obj.spec else None
