@@ -4,8 +4,8 @@ A node served by kubegpu's DRA driver publishes no ``Device`` object; its Resour
 (driver ``gpu.kubegpu.io``) describe its GPUs instead, and the allocations are in ResourceClaims.
 This turns both into the view's own types, so DRA allocations appear beside device-plugin ones:
 
-- each ``gpu`` / ``shared-gpu`` device is a GPU (uuid, index, minor, product, memory, NUMA; a
-  taint makes it unhealthy); MIG devices are attached to their parent;
+- each ``gpu`` / ``shared-gpu`` device is a GPU (uuid, index, minor, product, memory, NUMA, how its shares
+  are enforced; a taint makes it unhealthy); MIG devices are attached to their parent;
 - each allocated claim is a record for every pod in ``reservedFor``: a whole GPU is 100 % of it, a
   MIG device its GPU-instance slices of 7 (a 1g.10gb is 14 %, as the device-plugin path counts it),
   a share its ``consumedCapacity`` (compute percent, memory bytes). MIG devices carry their
@@ -79,7 +79,12 @@ def inventories(slices: Iterable[_Obj]) -> tuple[list[NodeInventory], dict[tuple
                 gpus.setdefault(node, {})[uuid] = Gpu(
                     uuid=uuid, index=idx, minor=int(_attr(d, "minor") if _attr(d, "minor") is not None else idx),
                     model=str(_attr(d, "productName") or ""), memory_bytes=mem, healthy=healthy,
-                    numa_node=_attr(d, "numaNode"), pci_bus_id=str(_attr(d, "pciBusID") or ""))
+                    numa_node=_attr(d, "numaNode"), pci_bus_id=str(_attr(d, "pciBusID") or ""),
+                    # How a shared GPU's shares are enforced, as its device attributes say (node/dra/slices.py).
+                    share_enforcement=str(_attr(d, "shareEnforcement") or ""),
+                    compute_mode=str(_attr(d, "computeMode") or ""),
+                    share_shape_lock=str(_attr(d, "shareShapeLock") or ""),
+                    share_escapable=_attr(d, "shareEscapable"))
             elif t == TYPE_MIG:
                 parent = str(_attr(d, "parentUUID") or "")
                 n_slices = _mig_slices(d)

@@ -673,6 +673,12 @@ def test_strict_shares_make_their_gpu_exclusive_and_a_whole_claim_waits_for_them
         assert bed.wait(lambda: _strict_attrs(bed, gpu) == {
             "shareEnforcement": "strict", "computeMode": EXCLUSIVE_PROCESS, "shareShapeLock": "25% / 4096M",
             "shareEscapable": False})
+        from kubegpu.status.dra import inventories
+
+        [inv] = inventories(bed.slices())[0]
+        shown = inv.gpu(gpu)
+        assert (shown.share_enforcement, shown.compute_mode, shown.share_shape_lock, shown.share_escapable) == (
+            "strict", EXCLUSIVE_PROCESS, "25% / 4096M", False)  # what `kubegpu status` shows of a DRA node
         # A claim handed the same GPU whole (a placement that did not know of the shares) is refused, with why.
         whole = json.loads(json.dumps(claim))
         whole["metadata"] = {"name": "w", "namespace": "default", "uid": "uid-whole"}
