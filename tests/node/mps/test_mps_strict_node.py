@@ -112,6 +112,10 @@ def test_a_strict_gpu_goes_exclusive_refuses_whole_until_its_shares_end(
     assert gpu in whole.envs["NVIDIA_VISIBLE_DEVICES"] and backend.compute_mode(gpu) == DEFAULT
     why = _refused(kubelet, SLOTS, [f"{gpu}::0"])
     assert "held whole by" in why
+    # The whole-GPU container ends (the kubelet no longer lists it): shares may take the GPU again.
+    assert d.reconcile_holders() == [gpu]
+    kubelet.allocate_ids(SLOTS, [f"{gpu}::0"])
+    assert backend.compute_mode(gpu) == EXCLUSIVE_PROCESS
 
 
 def test_a_served_share_the_kubelet_does_not_list_yet_keeps_its_gpu_within_the_grace(
