@@ -87,8 +87,6 @@ class Reservations:
     # ---- what the verbs and the watch feed in ----------------------------------------------------
     def saw_filter(self, plan: PodPlan, pod: Mapping[str, Any]) -> None:
         """kube-scheduler asks where ``pod`` (unbound, planned as ``plan``) may go: it waits."""
-        if plan.refusal or not plan.vectorised or plan.demand.count == 0:
-            return
         spec = pod.get("spec")
         if isinstance(spec, Mapping) and spec.get("nodeName"):
             return
@@ -99,6 +97,7 @@ class Reservations:
                    _priority(pod))
 
     def _wait(self, plan: PodPlan, created: float | None, priority: int) -> None:
+        """The pod waits (a GPU pod the arrays place: only those can be reserved for or counted by width)."""
         if plan.refusal or not plan.vectorised or plan.demand.count == 0:
             return
         kept = self.waiting.get(plan.key)
