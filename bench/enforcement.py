@@ -275,7 +275,8 @@ def node_daemon(backend_factory: Callable[[], Any], work: Path, flags: dict[str,
     kubelet.start()
     settings = {"cdi_dir": str(work / "cdi"), "mig_minors_file": str(work / "mig-minors")}
     d = NodeDaemon(backend_factory(), lambda: load_node_options(flags, {}, settings=settings,
-                                                                 plugin_dir=str(plugin_dir)), resolver=resolver)
+                                                                 plugin_dir=str(plugin_dir)), resolver=resolver,
+                   env=os.environ)
     d.start()
     try:
         yield d, kubelet
@@ -309,7 +310,7 @@ def dra_share(backend_factory: Callable[[], Any], work: Path, mps_root: str, bin
         def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
             return claims[name]
 
-    d = DraDaemon(backend_factory(), opts, None, reader=Reader())
+    d = DraDaemon(backend_factory(), opts, None, reader=Reader(), env=os.environ)
     d.start()
     try:
         dev = next(x for x in d.table().values() if x.share_memory_max)  # a GPU that takes shares
@@ -390,7 +391,8 @@ def run(standin: bool, allocations: int = 200) -> dict[str, Any]:
             from kubegpu.node.mps import MpsManager, share_spec
 
             gpu0 = backend_factory().discover().gpus[0]
-            base = MpsManager(binary, str(work / "mps-base"))  # its own root: the node daemons do not restart it
+            # its own root: the node daemons do not restart it
+            base = MpsManager(binary, str(work / "mps-base"), base_env=os.environ)
             b = base.serve(share_spec([(gpu0.uuid, 100, gpu0.memory_bytes)]))
             env = {k: v for k, v in b.env}
             env["CUDA_MPS_PIPE_DIRECTORY"] = b.mounts[0][0]
@@ -556,7 +558,7 @@ def escape_mode(mode: str, runner: Runner, backend: Any, binary: str, work: Path
     gpu = inv.gpus[0]
     found = backend.compute_mode(gpu.uuid)
     root = str(work / "mps")
-    manager = MpsManager(binary, root) if mode != "none" else None
+    manager = MpsManager(binary, root, base_env=os.environ) if mode != "none" else None
     guard = ComputeModeGuard(backend, root) if mode == "strict" else None
     enf = ShareEnforcer(manager, "mps" if mode == "per-shape" else mode, inv, compute_modes=guard,
                         server_uid=os.getuid())

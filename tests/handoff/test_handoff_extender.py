@@ -45,9 +45,8 @@ def filter_(view: ClusterView, pod: dict[str, Any], names: list[str]) -> FilterO
 
 @pytest.fixture
 def view(monkeypatch: pytest.MonkeyPatch) -> ClusterView:
-    monkeypatch.setenv(signing.KEY_ENV, KEY.decode())
     monkeypatch.delenv("KUBEGPU_HANDOFF_WAIT", raising=False)
-    v = ClusterView()
+    v = ClusterView(record_key=KEY)
     v.set_inventory("n", FakeBackend("t4x4", node_name="n").discover())
     return v
 

@@ -15,7 +15,7 @@ from kubegpu.install.render import render, scheduler_config
 from kubegpu.install.values import ValuesError, values_from_dict
 from kubegpu.inventory.fake import FakeBackend
 from kubegpu.model import resources as R
-from kubegpu.model.normalise import review_pod
+from kubegpu.model.normalise import AdmissionPolicy, review_pod
 from kubegpu.model.request import parse_pod
 from kubegpu.node.config import load_config
 from kubegpu.node.deviceplugin.resources import expand
@@ -27,7 +27,7 @@ SEED_RENAMES = ("version: v1\nkubegpu:\n  resourceConfig: ['mig-3g.20gb:small:2'
 
 
 def _managed(raw: dict[str, Any]) -> set[str]:
-    (ext,) = scheduler_config(values_from_dict(raw))["extenders"]
+    ext, _binder = scheduler_config(values_from_dict(raw))["extenders"]
     return {m["name"] for m in ext["managedResources"]}
 
 
@@ -91,11 +91,12 @@ def _small_pod() -> dict[str, Any]:
 
 def test_declared_names_are_gpu_resources_to_the_parser_webhook_and_check(monkeypatch: pytest.MonkeyPatch,
                                                                          tmp_path: Any) -> None:
-    monkeypatch.delenv(R.GPU_RESOURCES_ENV, raising=False)
+    monkeypatch.setenv(R.GPU_RESOURCES_ENV, "nvidia.com/small")  # read by the roles' entries only
     assert not parse_pod(_small_pod()).wants_gpu
-    monkeypatch.setenv(R.GPU_RESOURCES_ENV, "nvidia.com/sharedgpu,nvidia.com/small")
-    assert parse_pod(_small_pod()).wants_gpu
-    review = review_pod(_small_pod())
+    declared = R.declared_gpu_resources({R.GPU_RESOURCES_ENV: "nvidia.com/sharedgpu, nvidia.com/small"})
+    assert declared == {"nvidia.com/sharedgpu", "nvidia.com/small"}
+    assert parse_pod(_small_pod(), replica_resources=declared).wants_gpu
+    review = review_pod(_small_pod(), AdmissionPolicy(replica_resources=declared))
     assert review.gpu_pod and review.allowed
     assert {"op": "add", "path": "/spec/tolerations",
             "value": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]} in review.patch

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -61,7 +62,8 @@ def make_daemon(sockdir: Path) -> Iterator[DaemonFactory]:
         def load() -> NodeOptions:
             return load_node_options(fl, env or {}, settings=st, **kw)
 
-        d = NodeDaemon(backend, load, resolver=resolver)
+        # The test is the node's entry: its environment (monkeypatched) reaches the MPS stand-ins.
+        d = NodeDaemon(backend, load, resolver=resolver, env=os.environ)
         d.flags = fl  # type: ignore[attr-defined]  # tests mutate it before reload()
         started.append((d, backend))
         if start:

@@ -12,7 +12,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from kubegpu.inventory.fake import FakeBackend
 from kubegpu.kube.client import make_client
 from kubegpu.kube.resources import Node
-from kubegpu.model.resources import GPU_RESOURCES_ENV, SERVED_RESOURCES_ANNOTATION, served_resources
+from kubegpu.model.resources import SERVED_RESOURCES_ANNOTATION, served_resources
 from kubegpu.node.config import load_config
 from kubegpu.node.deviceplugin.resources import expand, resource_counts
 from kubegpu.node.publish.kube import KubeNodePublisher
@@ -31,9 +31,7 @@ def api(tmp_path: Path) -> Iterator[object]:
         server.stop()
 
 
-def test_the_node_says_what_it_serves_and_status_counts_renamed_replicas(
-        api: object, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(GPU_RESOURCES_ENV, raising=False)
+def test_the_node_says_what_it_serves_and_status_counts_renamed_replicas(api: object) -> None:
     client = api
     config = load_config(flags={"resource-config": "gpu:small:2", "shared-slots": 0})
     inv = FakeBackend("t4x4", node_name="n1").discover()
@@ -52,5 +50,5 @@ def test_the_node_says_what_it_serves_and_status_counts_renamed_replicas(
     client.create(Pod(metadata=ObjectMeta(name="p", namespace="default"),
                       spec=PodSpec(nodeName="n1", containers=[Container(
                           name="c", image="cuda", resources=ResourceRequirements(limits={"nvidia.com/small": "1"}))])))
-    snap = from_api_server(client)
+    snap = from_api_server(client, {})
     assert [(r.name, r.resource, r.count) for r in snap.replica_pods] == [("p", "nvidia.com/small", 1)]

@@ -8,6 +8,7 @@ webhook with the same normalised requests.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from kubegpu.model.manifests import ManifestError, Skipped, load_documents, pods
 from kubegpu.model.names import review_names
 from kubegpu.model.normalise import AdmissionPolicy, PodReview, request_summary, review_pod
 from kubegpu.model.quantity import format_bytes
-from kubegpu.model.resources import is_gpu_resource
+from kubegpu.model.resources import declared_gpu_resources, is_gpu_resource
 from kubegpu.node.dra.claims import claim_objects
 
 EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT = 0, 1, 2
@@ -223,7 +224,8 @@ def check(
     from kubegpu.webhook.app import WebhookSettings, offline_warnings
 
     policy = AdmissionPolicy(add_toleration=toleration, void_env=void_env,
-                             replica_resources=frozenset(replica_resource) | frozenset(declared))
+                             replica_resources=frozenset(replica_resource) | frozenset(declared)
+                             | declared_gpu_resources(os.environ))
     settings = WebhookSettings(policy=policy, scheduler_name=scheduler_name)
     console = make_console()
     objects: list[dict[str, Any]] = []

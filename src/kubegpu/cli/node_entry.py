@@ -185,13 +185,13 @@ def run_node(args: NodeArgs, env: Mapping[str, str], backend_factory: BackendFac
         return EXIT_INIT
     try:
         if args.kubelet_plugin == "dra":  # the node serves its GPUs through DRA only (never both ways)
-            return _run_dra(args, config, backend)
-        return _run_device_plugins(args, source, config, backend, label)
+            return _run_dra(args, config, backend, env)
+        return _run_device_plugins(args, source, config, backend, label, env)
     finally:
         backend.close()
 
 
-def _run_dra(args: NodeArgs, config: Any, backend: Any) -> int:
+def _run_dra(args: NodeArgs, config: Any, backend: Any, env: Mapping[str, str]) -> int:
     from kubegpu.node.dra.cli import dra_options, print_slices
     from kubegpu.node.lifecycle import Controls, run
 
@@ -219,11 +219,12 @@ def _run_dra(args: NodeArgs, config: Any, backend: Any) -> int:
     metrics = NodeMetrics()
     controls = Controls()
     controls.install_signals()
-    return run(DraDaemon(backend, options, client, metrics=metrics), controls, metrics=metrics,
+    return run(DraDaemon(backend, options, client, metrics=metrics, env=env), controls, metrics=metrics,
                metrics_address=config.kubegpu.metrics_address, run_for=args.run_for)
 
 
-def _run_device_plugins(args: NodeArgs, source: Any, config: Any, backend: Any, label: Any) -> int:
+def _run_device_plugins(args: NodeArgs, source: Any, config: Any, backend: Any, label: Any,
+                         env: Mapping[str, str]) -> int:
     from kubegpu.node.daemon import NodeDaemon, NodeOptions
     from kubegpu.node.lifecycle import Controls, run
     from kubegpu.node.metrics import NodeMetrics
@@ -243,7 +244,7 @@ def _run_device_plugins(args: NodeArgs, source: Any, config: Any, backend: Any, 
     if not args.standalone:
         try:
             publisher, resolver = _cluster_seams(args.kubeconfig, args.node_name or backend.discover().name,
-                                                 config, metrics.registry)
+                                                 config, metrics.registry, env)
         except Exception as exc:
             _fail("error", exc)
             return EXIT_INIT
@@ -258,7 +259,7 @@ def _run_device_plugins(args: NodeArgs, source: Any, config: Any, backend: Any, 
             publisher.configure(whole)
         return node_options(whole)
 
-    daemon = NodeDaemon(backend, load_options, publisher=publisher, resolver=resolver, metrics=metrics)
+    daemon = NodeDaemon(backend, load_options, publisher=publisher, resolver=resolver, metrics=metrics, env=env)
     controls = Controls()
     controls.install_signals()
     label.watch(controls.stop, controls.ask_reload)
@@ -268,8 +269,10 @@ def _run_device_plugins(args: NodeArgs, source: Any, config: Any, backend: Any, 
                run_for=args.run_for)
 
 
-def _cluster_seams(kubeconfig: str | None, node_name: str, config: Any, registry: Any) -> tuple[Any, Any]:
-    """(publisher, resolver) for full mode; raises RuntimeError without credentials."""
+def _cluster_seams(kubeconfig: str | None, node_name: str, config: Any, registry: Any,
+                   env: Mapping[str, str]) -> tuple[Any, Any]:
+    """(publisher, resolver) for full mode, with the record key and the declared GPU resource names of the
+    node's environment; raises RuntimeError without credentials."""
     try:
         from kubegpu.kube.client import make_client
     except ImportError as exc:
@@ -279,12 +282,14 @@ def _cluster_seams(kubeconfig: str | None, node_name: str, config: Any, registry
     except Exception as exc:
         raise RuntimeError(f"no Kubernetes credentials ({exc}); give --kubeconfig, run in-cluster, "
                            "or use --standalone") from None
+    from kubegpu.model.resources import declared_gpu_resources
+    from kubegpu.model.signing import load_key
     from kubegpu.node.handoff import make_resolver
     from kubegpu.node.publish.kube import KubeNodePublisher
 
     publisher = KubeNodePublisher(client, node_name, config)
     resolver = make_resolver(client, node_name, pod_resources_socket=config.kubegpu.pod_resources_socket,
-                             registry=registry)
+                             registry=registry, key=load_key(env), gpu_resources=declared_gpu_resources(env))
     return publisher, resolver
 
 

@@ -64,7 +64,8 @@ HANDOFF_WAIT_S_ENV = "KUBEGPU_HANDOFF_WAIT_S"  # seconds a bind waits for its no
 def environment_settings(environ: Mapping[str, str]) -> dict[str, Any]:
     """The extender's settings that come from its environment (the manifests' and the stand-ins'), as
     :class:`~kubegpu.scheduler.service.ExtenderService` arguments: read here, at the role's entry, only."""
-    from kubegpu.model.resources import GPU_RESOURCES_ENV, parse_declared
+    from kubegpu.model.resources import declared_gpu_resources
+    from kubegpu.model.signing import load_key
     from kubegpu.scheduler.bind import DEFAULT_HANDOFF_WAIT_S
 
     raw = environ.get(HANDOFF_WAIT_S_ENV, "")
@@ -77,7 +78,8 @@ def environment_settings(environ: Mapping[str, str]) -> dict[str, Any]:
                                                      HANDOFF_WAIT_S_ENV, raw, DEFAULT_HANDOFF_WAIT_S)
         wait_s = DEFAULT_HANDOFF_WAIT_S
     return {"handoff_wait": environ.get(HANDOFF_WAIT_ENV, "1") not in ("0", "false", "no"),
-            "handoff_wait_s": wait_s, "gpu_resources": parse_declared(environ.get(GPU_RESOURCES_ENV, ""))}
+            "handoff_wait_s": wait_s, "gpu_resources": declared_gpu_resources(environ),
+            "record_key": load_key(environ)}
 
 
 @app.command("scheduler", short_help="Run the scheduler extender beside kube-scheduler.")

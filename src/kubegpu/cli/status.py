@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -192,7 +193,7 @@ def status(
                     client = make_client(kubeconfig)
                 except ClientConfigError as exc:
                     raise SourceError(str(exc)) from None
-            snap = from_api_server(client)
+            snap = from_api_server(client, os.environ)
         names = sorted(i.name for i in snap.inventories)
         if node is not None and node not in names:
             raise SourceError(f"no node {node!r} with GPUs in {'the extender' if extender else 'the cluster'} "

@@ -75,6 +75,7 @@ def webhook(
     """
     from kubegpu.httpserve import CertificateError
     from kubegpu.model.normalise import AdmissionPolicy
+    from kubegpu.model.resources import declared_gpu_resources
     from kubegpu.webhook.app import WebhookSettings
     from kubegpu.webhook.server import WebhookServer, parse_listen
 
@@ -86,7 +87,8 @@ def webhook(
     own = _own_namespace(namespace)
     settings = WebhookSettings(
         policy=AdmissionPolicy(add_toleration=toleration, taint_key=gpu_taint_key, void_env=void_env,
-                               void_all_pods=void_all_pods, replica_resources=frozenset(replica_resource)),
+                               void_all_pods=void_all_pods,
+                               replica_resources=frozenset(replica_resource) | declared_gpu_resources(os.environ)),
         own_namespace=own,
         exclude_namespaces=frozenset(exclude_namespace),
         record_writers=frozenset(record_writer) if record_writer else None,

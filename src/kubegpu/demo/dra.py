@@ -23,6 +23,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -219,7 +220,7 @@ def _run(console: Console, workdir: Path | None, quiet: bool, held: _Held) -> Dr
         cleared = _wait(lambda: not taint_on_gpu2())
         res.checks.append(("the GPU recovers and the taint is removed", cleared))
 
-        view = from_api_server(client).view()
+        view = from_api_server(client, os.environ).view()
         st = Table(title="kubegpu status (DRA claims)", title_justify="left")
         for col in ("gpu", "holders", "core used"):
             st.add_column(col)

@@ -17,6 +17,7 @@ Output goes through a :class:`Reporter` (rich, or nothing with ``quiet``); the r
 
 from __future__ import annotations
 
+import os
 import ssl
 import tempfile
 import time
@@ -207,7 +208,7 @@ def settle(cluster: LocalCluster, keys: Sequence[str], tr: _Tracker, rep: Report
 def snapshot(cluster: LocalCluster) -> tuple[dict[str, NodeInventory], ClusterView]:
     from kubegpu.status.sources import from_api_server
 
-    snap = from_api_server(cluster.client)  # replica holders and MIG layout come with it
+    snap = from_api_server(cluster.client, os.environ)  # replica holders and MIG layout come with it
     return {i.name: i for i in snap.inventories}, snap.view()
 
 

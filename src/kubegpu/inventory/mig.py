@@ -22,7 +22,7 @@ def memory_gb(mig_memory_mib: int, total_memory_bytes: int) -> int:
     """go-nvlib's GB figure: the MIG share of memory rounded up to 1/8, times the GPU's GiB."""
     if mig_memory_mib <= 0 or total_memory_bytes <= 0:
         raise ValueError("MIG and GPU memory must be positive")
-    # Exact integer arithmetic (no fractions module: it loads decimal, 0.3 MB of the node daemon's memory).
+    # Exact integer arithmetic (no fractions module: it loads decimal, memory the node daemon would hold for nothing).
     eighths = -(-(mig_memory_mib * _MIB * 8) // total_memory_bytes)  # ceil(share * 8)
     gib = -(-total_memory_bytes // _GIB)  # ceil
     # eighths / 8 * gib rounded half away from zero (all positive), as Go's math.Round does

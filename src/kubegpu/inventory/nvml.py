@@ -139,7 +139,7 @@ class NvmlBackend:
                  sysfs_root: str | Path = "/sys", driver_root: str | Path | None = None,
                  env: Mapping[str, str] | None = None,
                  preload: Callable[[Path], None] = _preload) -> None:
-        self._env = dict(os.environ) if env is None else dict(env)
+        self._env = dict(env or {})  # the node's environment, as its entry read it (NODE_NAME, the runtime's hints)
         self._node_name = node_name or self._env.get("NODE_NAME") or socket.gethostname()
         self._nvml_module = nvml
         # The host's driver root as mounted in this container (NVIDIA's containerDriverRoot).

@@ -35,7 +35,7 @@ def served_names(declared: Iterable[str] = ()) -> frozenset[str]:
     """Every resource name a kubegpu install can serve: canonical names, aliases, every MIG profile of the
     table (and its time-sliced ``.shared`` form) and the names the deployment declared (renames, extra MIG
     profiles)."""
-    return _served(frozenset(declared) | R.declared_gpu_resources())
+    return _served(frozenset(declared))
 
 
 @functools.lru_cache(maxsize=16)

@@ -7,9 +7,8 @@ never disagree on what a name means.
 from __future__ import annotations
 
 import functools
-import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Final
 
 # Canonical names (ARCHITECTURE.md, "Resource protocol").
@@ -78,7 +77,8 @@ def mig_resources(extra_profiles: Iterable[str] = ()) -> tuple[str, ...]:
 
 # Renamed GPU resources a deployment serves (time-slicing/MPS renames, `--resource-config` short forms) that
 # no naming rule can recognise, e.g. the sharing fork's nvidia.com/small. `kubegpu manifests` derives them
-# from the values and sets this variable in every role's container; a CLI may set it too.
+# from the values and sets this variable in every role's container; a CLI may set it too. Each role reads it
+# at its entry and passes the names down (``replica_resources``), so the parser stays a pure function.
 GPU_RESOURCES_ENV: Final = "KUBEGPU_GPU_RESOURCES"
 # The node daemon also writes the names it serves on its Node, so readers of Nodes (kubegpu status) need not
 # be told: `kubegpu.io/gpu-resources: nvidia.com/gpu,nvidia.com/small`.
@@ -97,9 +97,10 @@ def served_resources(nodes: Iterable[object]) -> frozenset[str]:
     return frozenset(out)
 
 
-def declared_gpu_resources() -> frozenset[str]:
-    """The renamed GPU resources this process was told about (``KUBEGPU_GPU_RESOURCES``, comma separated)."""
-    return parse_declared(os.environ.get(GPU_RESOURCES_ENV, ""))
+def declared_gpu_resources(environ: Mapping[str, str]) -> frozenset[str]:
+    """The renamed GPU resources a role's environment declares (``KUBEGPU_GPU_RESOURCES``, comma separated);
+    the role's entry passes its own environment."""
+    return parse_declared(environ.get(GPU_RESOURCES_ENV, ""))
 
 
 @functools.lru_cache(maxsize=8)
@@ -137,17 +138,17 @@ def mig_profile(name: str) -> str:
     return name[len(NVIDIA_MIG_PREFIX):]
 
 
-def is_nvidia_gpu_name(name: str) -> bool:
+def is_nvidia_gpu_name(name: str, declared: frozenset[str] = frozenset()) -> bool:
     """True for the ``nvidia.com/`` names that are GPUs: ``gpu``, MIG devices, and replica
     resources, including renamed ones such as ``nvidia.com/sharedgpu``.
 
     ``nvidia.com/`` also holds NVIDIA network-operator devices (``rdma_shared_device_a``,
     ``hostdev``, SR-IOV pools) that routinely sit beside ``nvidia.com/gpu`` in one container;
     they are not GPUs. A renamed replica resource is recognised when its name contains
-    ``gpu`` or when it is declared (:func:`declared_gpu_resources`: the deployment's values, through
-    ``KUBEGPU_GPU_RESOURCES``), as the seed's ``nvidia.com/small`` must be.
+    ``gpu`` or when it is in ``declared`` (the deployment's values, which each role's entry reads from
+    ``KUBEGPU_GPU_RESOURCES``: :func:`declared_gpu_resources`), as the seed's ``nvidia.com/small`` must be.
     """
-    if name in declared_gpu_resources():
+    if name in declared:
         return True
     if not name.startswith(NVIDIA_PREFIX):
         return False
@@ -158,15 +159,15 @@ def is_nvidia_gpu_name(name: str) -> bool:
 def is_gpu_resource(name: str, replica_resources: frozenset[str] = frozenset()) -> bool:
     """True for every name kubegpu owns or understands, canonical or alias, or one that
     sits in a GPU scheme's namespace (and is refused there when unknown)."""
-    return (name in ALIASES or name in replica_resources or name in declared_gpu_resources()
+    return (name in ALIASES or name in replica_resources
             or name.startswith(KUBEGPU_PREFIX)
-            or name.startswith(GPU_ALIAS_PREFIXES) or is_nvidia_gpu_name(name))
+            or name.startswith(GPU_ALIAS_PREFIXES) or is_nvidia_gpu_name(name, replica_resources))
 
 
 def is_known_name(name: str, replica_resources: frozenset[str] = frozenset()) -> bool:
     """True for canonical names, aliases and device-plugin names the parser can turn into a request."""
-    if name in ALIASES or name in CANONICAL or name in replica_resources or name in declared_gpu_resources():
+    if name in ALIASES or name in CANONICAL or name in replica_resources:
         return True
     if name.startswith(KUBEGPU_PREFIX) or name.startswith(GPU_ALIAS_PREFIXES):
         return False
-    return is_nvidia_gpu_name(name)
+    return is_nvidia_gpu_name(name, replica_resources)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from kubegpu.model import annotations as A
@@ -31,9 +31,9 @@ class RecordKeyError(ValueError):
     """The configured key cannot be read or is too short; the message says which."""
 
 
-def load_key(environ: dict[str, str] | None = None) -> bytes | None:
-    """The record key from the environment (file first), or None when none is configured."""
-    env = os.environ if environ is None else environ
+def load_key(env: Mapping[str, str]) -> bytes | None:
+    """The record key from a role's environment (file first), or None when none is configured; each role's
+    entry passes its own environment, so nothing below it reads the process's."""
     path = env.get(KEY_FILE_ENV, "")
     if path:
         try:
@@ -64,10 +64,8 @@ def verify(key: bytes, uid: str, node: str, value: str, signature: str, kind: st
     return hmac.compare_digest(_mac(key, kind, uid, node, value), signature)
 
 
-def record_annotations(value: str, uid: str, node: str, key: bytes | None = None) -> dict[str, str]:
+def record_annotations(value: str, uid: str, node: str, key: bytes | None) -> dict[str, str]:
     """The annotations the extender puts in the Binding: the record, and its signature when keyed."""
-    if key is None:
-        key = load_key()
     out = {A.DEVICE_ALLOCATED: value}
     if key is not None:
         out[RECORD_SIGNATURE] = sign(key, uid, node, value)

@@ -1,18 +1,17 @@
 """The node daemon's gRPC runtime: grpclib servers and clients on one asyncio loop, for a daemon of threads.
 
-Why grpclib and not grpcio (issue 23: the node daemon in 60 MB). grpcio's C core is 10.5 MB of resident
-code (measured on the H200) plus the allocations and threads of its completion queues: a minimal
-device-plugin servicer in its own process is 35.3 → 36.5 MB with grpcio and 25.9 → 26.4 MB with grpclib
-(which speaks HTTP/2 through ``h2``), where 3,000 ``Allocate`` calls from a grpcio client took p50
-0.49–0.60 / p99 0.67–0.86 ms and p50 0.53–0.59 / p99 0.70–1.02 ms (this 2-core machine, alternately).
+Why grpclib and not grpcio: the node daemon runs on every GPU node and must stay small. grpcio's C core is
+resident code the daemon pays for whatever it does, plus the allocations and threads of its completion
+queues; grpclib speaks the same HTTP/2 through ``h2`` in pure Python, at a small cost per call that keeps
+``Allocate`` well within its latency target (docs/performance.md, "The node daemon", has the numbers).
 
 Why one loop in a thread. The rest of the daemon is threads and blocking calls (health, the publishers,
 the handoff resolver and its reads of the API server and of the kubelet's PodResources, the
 lifecycle). Every server and client of the process runs on one event loop in one daemon thread, and
 threads reach it through :func:`call`. The loop itself never blocks:
 
-- :func:`answer` runs a unary handler on the loop when it never blocks (its answer costs microseconds:
-  moving it to a thread costs ~0.2 ms a call) and in a worker thread when it may wait;
+- :func:`answer` runs a unary handler on the loop when it never blocks (its answer costs less than the hop
+  to a thread and back would) and in a worker thread when it may wait;
 - :func:`stream_out` runs a server stream's generator in its own thread, as long-lived streams that
   wait on threading conditions need;
 - so no handler on the loop thread ever waits on the loop, which :func:`call` refuses outright.
@@ -374,11 +373,6 @@ class UnixServer:
     def serving(self) -> bool:
         """Between start() and stop()."""
         return self._server is not None
-
-    @property
-    def inode(self) -> int | None:
-        """The inode of the socket this server bound (None when not serving)."""
-        return self._inode
 
     def start(self, timeout_s: float = 5.0) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubegpu.model import annotations as A
-from kubegpu.model import signing
 from kubegpu.model.allocation import PodAllocation
 from kubegpu.model.records import read_pod, request_shapes
 from kubegpu.model.versions import version_number as _rv
@@ -59,7 +58,7 @@ class Ledger:
 
     def __init__(self, nodes: dict[str, NodeRecord], mirror: ArrayMirror, learner: LearnedWorkload,
                  handoffs: HandoffQueue, *, assume_ttl_s: float = 120.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, record_key: bytes | None = None) -> None:
         self.nodes = nodes
         self.mirror = mirror
         self.learner = learner
@@ -71,7 +70,7 @@ class Ledger:
         self.conflicts = 0  # annotations that could not be held (double allocation seen in the cluster)
         self.corrupt = 0  # annotations that could not be read
         self.forged = 0  # records the extender did not sign (not accounted)
-        self.record_key = signing.load_key()
+        self.record_key = record_key  # records must carry its signature (None: unsigned records count)
         # Live records that exceed a GPU's capacity (pod -> why): held anyway, so the GPU is full.
         self.collisions: dict[str, str] = {}
         self._assumed: set[str] = set()  # keys of held entries not yet echoed by the watch

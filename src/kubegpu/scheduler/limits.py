@@ -1,10 +1,10 @@
 """Bounds on what one extender request may cost, decided before the expensive work.
 
 A pod with many GPU containers cannot take the vectorised filter path: each node needs an exact,
-container-by-container fit (about 40 µs per container). Unbounded, one pod of 1,000 one-percent
-containers cost 14 CPU-seconds per ``/filter`` on 300 nodes and stalled every other pod's filter
-behind it, since the extender serves all verbs from one event loop. Four bounds keep any request
-cheap and the loop answering:
+container-by-container fit, whose cost grows with containers times nodes. Unbounded, one pod of a
+thousand one-percent containers would cost seconds of CPU per ``/filter`` and stall every other pod's
+filter behind it, since the extender serves all verbs from one event loop (docs/performance.md). Four
+bounds keep any request cheap and the loop answering:
 
 * a cap on GPU containers per pod (:attr:`Limits.max_gpu_containers`), counted on the raw pod before
   it is parsed; the webhook refuses the same pods at admission with the same message

@@ -1,11 +1,10 @@
 """The pods waiting for a node, as the API server's watch shows them: what bind reads instead of a GET.
 
 Bind must work from the API server's pod, never from what a ``/filter`` body said about it (that body is
-kube-scheduler's copy, and anyone who can reach the extender can write one). It used to GET the pod at
-every bind: an HTTP round trip through lightkube per pod placed, the largest part of bind's cost. The
-extender's pod watch (``scheduler.service``) now covers every pod, not only bound ones, and keeps of each
-unbound pod what bind reads; bind takes the version the API server last sent. What keeps that as good
-as a GET:
+kube-scheduler's copy, and anyone who can reach the extender can write one). A GET at every bind would be
+an HTTP round trip per pod placed, the largest part of bind's cost; so the extender's pod watch
+(``scheduler.service``) covers every pod, not only bound ones, and keeps of each unbound pod what bind
+reads; bind takes the version the API server last sent. What keeps that as good as a GET:
 
 - **The version is a precondition.** Bind posts the Binding with the pod's UID *and* the
   resourceVersion it chose the GPUs for (the API server checks both in the write that binds). A pod
@@ -18,7 +17,7 @@ as a GET:
   out, no fit, a UID other than the one kube-scheduler sent) is answered only after a GET, from the API
   server's pod (the handoff wait is not waited twice: both reads share one deadline).
 - **A miss is a GET.** A pod the watch has not shown yet (created a moment ago), or did not keep (below),
-  is read from the API server as before: no answer depends on the watch's timing, only its cost.
+  is read from the API server: no answer depends on the watch's timing, only its cost.
 
 One watch serves both the accounting (bound pods) and this copy, so nothing depends on the order of
 events between two watches: a pod's binding reaches both through the same event.

@@ -34,7 +34,7 @@ def insufficient(cluster: ClusterState, rows: np.ndarray, demand: Demand,
     situation is worded once: rows are reduced to an integer code, and only unique codes are formatted.
     A text says how much the node has against what was requested, never which GPU: an index would split
     one situation into up to eight texts in the event (whose message kube-scheduler cuts at 1 KiB) and
-    lengthen every filter answer, of which these texts were two thirds (issue 23).
+    lengthen every filter answer, most of whose bytes these texts are.
     A row's text depends on that row's arrays and the demand alone. ``candidates``: the cluster's
     ``gpu_candidates(demand)`` when the caller has it. A filter mostly words the few rows changed since the
     last filter of its demand, so the steps are few numpy calls, whatever the number of rows."""

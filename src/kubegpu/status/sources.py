@@ -135,8 +135,9 @@ def _non_json(exc: BaseException, what: str) -> SourceError | None:
     return None
 
 
-def from_api_server(client: Any) -> Snapshot:
-    """List ``Device`` objects, Nodes and pods through a lightkube client."""
+def from_api_server(client: Any, environ: Mapping[str, str]) -> Snapshot:
+    """List ``Device`` objects, Nodes and pods through a lightkube client. ``environ`` is the caller's
+    environment, read by its entry: the record key and the declared GPU resource names come from it."""
     import httpx2  # lightkube's HTTP client
     from lightkube.core.exceptions import ApiError
     from lightkube.resources.core_v1 import Node
@@ -168,7 +169,7 @@ def from_api_server(client: Any) -> Snapshot:
         except DeviceObjectError as exc:
             problems.append(f"Device {d.get('metadata', {}).get('name', '?')}: {exc}")
     try:
-        key = signing.load_key()  # with the key, unsigned (forged) records are shown as problems
+        key = signing.load_key(environ)  # with the key, unsigned (forged) records are shown as problems
     except signing.RecordKeyError as exc:
         problems.append(str(exc))
         key = None
@@ -177,7 +178,7 @@ def from_api_server(client: Any) -> Snapshot:
     dra_inventories, dra_records = dra_from_client(client, problems)
     inventories += [i for i in dra_inventories if i.name not in {x.name for x in inventories}]
     return Snapshot(inventories, pod_records(pods, problems, key) + dra_records, problems, node_infos(nodes),
-                    replica_records(pods, served_resources(nodes)))
+                    replica_records(pods, served_resources(nodes) | R.declared_gpu_resources(environ)))
 
 
 def _summary_inventory(node: str, summary: Mapping[str, Any]) -> NodeInventory:

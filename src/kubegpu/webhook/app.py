@@ -178,7 +178,7 @@ def decide(body: bytes, settings: WebhookSettings, *, mutate: bool) -> Verdict:
     patch, warnings = list(review.patch), list(review.warnings)
     if mutate and not ephemeral and review.gpu_pod:  # said once, by the webhook that can act on it
         _steer(req.object, settings.scheduler_name, patch, warnings)
-        warnings.extend(_env_from_warnings(req.object))
+        warnings.extend(_env_from_warnings(req.object, settings.policy.replica_resources))
     if mutate and patch:
         return Verdict(write_response(req.uid, allowed=True, patch=patch, warnings=warnings), "patched", reason)
     return Verdict(write_response(req.uid, allowed=True, warnings=warnings if mutate else ()), "allowed", reason)
@@ -280,11 +280,11 @@ def offline_warnings(pod: Mapping[str, Any], settings: WebhookSettings) -> list[
         elif current != settings.scheduler_name:
             out.append(f"spec.schedulerName is {str(current)[:64]!r}: kubegpu neither places nor accounts "
                        "this pod's GPUs")
-    out.extend(_env_from_warnings(pod))
+    out.extend(_env_from_warnings(pod, settings.policy.replica_resources))
     return out
 
 
-def _env_from_warnings(obj: Mapping[str, Any]) -> list[str]:
+def _env_from_warnings(obj: Mapping[str, Any], replica_resources: frozenset[str]) -> list[str]:
     """GPU containers whose envFrom could set a device variable: admission cannot see a ConfigMap's or
     Secret's keys, and the pod's own environment overrides the device plugin's."""
     out = []
@@ -293,7 +293,7 @@ def _env_from_warnings(obj: Mapping[str, Any]) -> list[str]:
         items = spec.get(key)
         for c in items if isinstance(items, list) else ():
             if not isinstance(c, Mapping) or not isinstance(c.get("envFrom"), list) or \
-                    count_gpu_containers({"spec": {"containers": [c]}}) == 0:
+                    count_gpu_containers({"spec": {"containers": [c]}}, replica_resources) == 0:
                 continue
             prefixes = [e.get("prefix") or "" for e in c["envFrom"] if isinstance(e, Mapping)]
             if any(isinstance(p, str) and any(v.startswith(p) for v in DEVICE_ENV_VARS) for p in prefixes):

@@ -95,7 +95,8 @@ class Bed:
                           registry_dir=str(self.root / "kubelet" / "plugins_registry"),
                           cdi_dir=str(self.cdi_dir), resync_s=5.0, socket_check_s=0.1, recovery_interval_s=0.3,
                           health_wait_s=0.05, **{**self.opts, **kw})
-        d = DraDaemon(self.backend, opts, client, reader=FailingReader(ApiClaimReader(client), self.fail))
+        d = DraDaemon(self.backend, opts, client, reader=FailingReader(ApiClaimReader(client), self.fail),
+                      env=os.environ)  # the test is the entry: its environment reaches the MPS stand-ins
         d.start()
         self.daemon = d
         self.daemons.append(d)

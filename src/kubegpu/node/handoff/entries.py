@@ -68,13 +68,14 @@ class PodView:
     running: bool = False  # the kubelet runs it: its Allocate calls are done, its records wait for nothing
 
 
-def pod_view(pod: Mapping[str, Any], seen: int, key: bytes | None) -> PodView:
+def pod_view(pod: Mapping[str, Any], seen: int, key: bytes | None,
+             gpu_resources: frozenset[str] = frozenset()) -> PodView:
     meta = pod.get("metadata") or {}
     pkey = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
     uid = str(meta.get("uid") or "")
     created = str(meta.get("creationTimestamp") or "")
     recs = read_pod(pod, key)
-    request = parse_pod(pod)
+    request = parse_pod(pod, replica_resources=gpu_resources)
     entries: list[Entry] = []
     reusable: dict[str, list[str]] = {}
     asks_whole = False

@@ -78,7 +78,7 @@ class MpsControl:
         self.paths = ControlPaths(Path(mps_root) / spec.name)
         self.shm = Path(mps_root) / SHM_DIR
         self.timeout_s = timeout_s
-        env = dict(base_env if base_env is not None else os.environ)
+        env = dict(base_env or {})  # the node's environment, passed down from its entry
         env[ENV_PIPE] = str(self.paths.pipe)
         env[ENV_LOG] = str(self.paths.log)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.uuids)

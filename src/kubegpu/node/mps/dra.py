@@ -9,7 +9,7 @@ the reason, and the driver taints its shared device, so the scheduler places no 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from kubegpu.model.inventory import NodeInventory
 from kubegpu.node.mps.capability import MODE_MPS, MODE_STRICT, Enforcement
@@ -25,9 +25,11 @@ class DraEnforcement:
 
     def __init__(self, mps_root: str, driver_root: str, binary: str = "", *,
                  on_change: Callable[[], None] | None = None, interval_s: float = 5.0, selected: str = MODE_MPS,
-                 compute_modes: ComputeModes | None = None, server_uid: int = 0) -> None:
+                 compute_modes: ComputeModes | None = None, server_uid: int = 0,
+                 base_env: Mapping[str, str] | None = None) -> None:
         """``selected``: ``mps`` or ``strict`` (then ``compute_modes``, the inventory backend, switches GPUs)."""
-        self.manager = MpsManager(find_binary(driver_root, binary), mps_root, interval_s=interval_s)
+        self.manager = MpsManager(find_binary(driver_root, binary), mps_root, interval_s=interval_s,
+                                  base_env=base_env)
         self.selected = selected
         self.server_uid = server_uid
         self.guard = ComputeModeGuard(compute_modes, mps_root) if compute_modes is not None else None

@@ -156,13 +156,6 @@ class RowCache:
             version[fresh] = cluster.version[fresh]
         return values[rows]
 
-    def peek(self, key: Hashable, cluster: ClusterState, row: int) -> np.ndarray | None:
-        """The kept value of one row if it is current, else None (nothing is computed)."""
-        entry = self._entries.get((key, cluster.layout))
-        if entry is None or entry[1][row] != cluster.version[row]:
-            return None
-        return entry[0][row]
-
 
 class Policy:
     """A scoring policy. Subclasses override one or both methods; scores are higher-better floats.
