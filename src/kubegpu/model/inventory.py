@@ -54,7 +54,7 @@ class Gpu:
     # Offered to the kubelet only as time-slicing / MPS replicas: the kubelet cannot give it whole or to a
     # share, so no whole-GPU or share record may name it (the node daemon marks it, the Device object says it).
     replicated: bool = False
-    # How shares on it are held to their limits, as the node reports it: "" (not reported), "mps", "none"
+    # How shares on it are held to their limits, as the node reports it: "" (not reported), "strict", "mps", "none"
     # (shares are labels), "unenforced" (enforcement selected but not possible now; the reason says why).
     share_enforcement: str = ""
     share_enforcement_reason: str = ""

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from kubegpu.model.inventory import NodeInventory
+from kubegpu.node.mps.capability import ENFORCED_MODES
 
 if TYPE_CHECKING:
     from kubegpu.node.mps.enforcer import GpuView
@@ -105,7 +106,7 @@ class NodeMetrics:
             g.clear()
         for uuid, v in views.items():
             labels = self.device_labels(uuid)
-            self.share_enforced.labels(**labels, mode=v.mode).set(1 if v.mode in ("mps", "strict") else 0)
+            self.share_enforced.labels(**labels, mode=v.mode).set(1 if v.mode in ENFORCED_MODES else 0)
             self.share_escapable.labels(**labels).set(1 if v.escapable else 0)
             if v.compute_mode:
                 self.compute_mode.labels(**labels, mode=v.compute_mode).set(1)
