@@ -79,7 +79,6 @@ def make_daemon(sockdir: Path) -> Iterator[DaemonFactory]:
 @pytest.fixture
 def mps_binary(sockdir: Path) -> Iterator[str]:
     """The stand-in ``nvidia-cuda-mps-control``; any daemon it left running is killed afterwards."""
-    import os
     import signal
 
     from kubegpu_standins.mps_control import PID_FILE, install

@@ -16,7 +16,6 @@ from sched_harness import blocked, filter_, observe, plan_of
 from kubegpu.inventory.fake import FakeBackend
 from kubegpu.model import annotations as A
 from kubegpu.model import resources as R
-from kubegpu.model import signing
 from kubegpu.model.allocation import ContainerAllocation, DeviceGrant, PodAllocation, decode, encode
 from kubegpu.model.records import Ack, ambiguous, encode_acks, request_shapes
 from kubegpu.model.request import PodRequest, parse_pod
@@ -35,8 +34,6 @@ SHAPES = [WHOLE1, WHOLE2, SHARE1]
 @pytest.fixture(autouse=True)
 def handoff_wait_on(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KUBEGPU_HANDOFF_WAIT", raising=False)  # conftest turns it off for the other tests
-    monkeypatch.delenv(signing.KEY_ENV, raising=False)
-    monkeypatch.delenv(signing.KEY_FILE_ENV, raising=False)
 
 
 class Clock:
