@@ -30,7 +30,7 @@ from bisect import bisect_left
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
-from typing import Annotated, Any, overload
+from typing import Annotated, Any, TypeVar, overload
 
 import msgspec
 import numpy as np
@@ -205,6 +205,7 @@ class ExtenderBindingResult(msgspec.Struct):
     Error: str = ""
 
 
+T = TypeVar("T")
 _args = msgspec.json.Decoder(_ExtenderArgs)
 _names = msgspec.json.Decoder(list[Annotated[str, msgspec.Meta(max_length=MAX_NAME)]])  # checked in C
 _bind = msgspec.json.Decoder(ExtenderBindingArgs)
@@ -426,17 +427,22 @@ def _names_last(body: bytes, memo: NameMemo) -> ExtenderArgs | None:
     return ExtenderArgs(args.Pod, None, names)
 
 
+def _decode(decoder: msgspec.json.Decoder[T], body: bytes, what: str) -> T:
+    """``body`` decoded, or :class:`WireError` saying why it is not a ``what`` JSON object."""
+    try:
+        return decoder.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise WireError(f"not an {what} JSON object: {str(e)[:200]}") from None
+    except RecursionError:
+        raise WireError(f"not an {what} JSON object: nested too deeply") from None
+    except UnicodeDecodeError:  # msgspec decodes strings as UTF-8 and raises this, not DecodeError
+        raise WireError(f"not an {what} JSON object: a string is not valid UTF-8") from None
+
+
 def decode_args(body: bytes, memo: NameMemo | None = None) -> ExtenderArgs:
     if memo is not None and (fast := _names_last(body, memo)) is not None:
         return fast
-    try:
-        args = _args.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise WireError(f"not an ExtenderArgs JSON object: {str(e)[:200]}") from None
-    except RecursionError:
-        raise WireError("not an ExtenderArgs JSON object: nested too deeply") from None
-    except UnicodeDecodeError:  # msgspec decodes strings as UTF-8 and raises this, not DecodeError
-        raise WireError("not an ExtenderArgs JSON object: a string is not valid UTF-8") from None
+    args = _decode(_args, body, "ExtenderArgs")
     raw = bytes(args.NodeNames)
     names = None if raw in (b"", b"null") else (memo or NameMemo()).names(raw)
     if args.Pod is None:
@@ -461,14 +467,7 @@ def node_names(args: ExtenderArgs) -> Sequence[str]:
 
 
 def decode_binding(body: bytes) -> ExtenderBindingArgs:
-    try:
-        args = _bind.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise WireError(f"not an ExtenderBindingArgs JSON object: {str(e)[:200]}") from None
-    except RecursionError:
-        raise WireError("not an ExtenderBindingArgs JSON object: nested too deeply") from None
-    except UnicodeDecodeError:  # msgspec decodes strings as UTF-8 and raises this, not DecodeError
-        raise WireError("not an ExtenderBindingArgs JSON object: a string is not valid UTF-8") from None
+    args = _decode(_bind, body, "ExtenderBindingArgs")
     missing = [k for k in ("PodName", "PodNamespace", "Node") if not getattr(args, k)]
     if missing:
         raise WireError(f"ExtenderBindingArgs without {', '.join(missing)}")
