@@ -16,13 +16,12 @@ the environment, the kubelet's devices, the record the accounting uses and the a
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import tempfile
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +30,14 @@ import httpx
 from kubegpu.inventory.fake import FakeBackend
 from kubegpu.kube import make_client
 from kubegpu.model import resources as R
-from kubegpu.model import signing
 from kubegpu.model.records import read_pod, request_shapes
 from kubegpu.model.request import parse_pod
 from kubegpu.node.config import load_config
 from kubegpu.node.daemon import NodeDaemon
 from kubegpu.node.handoff import HandoffResolver, make_resolver
-from kubegpu.node.publish.kube import KubeNodePublisher
 from kubegpu.node.options import load_node_options
+from kubegpu.node.publish.kube import KubeNodePublisher
+from kubegpu.node.publish.publisher import NullPublisher
 from kubegpu.scheduler.service import ServiceThread
 from kubegpu_standins.apiserver import ApiServer
 from kubegpu_standins.handoff_seams import lagging
@@ -93,7 +92,7 @@ class SimNode:
     """One GPU node: a stand-in kubelet and the real node daemon talking to it."""
 
     def __init__(self, spec: NodeSpec, kubeconfig: Path, root: Path, key: bytes | None, swap_prob: float,
-                 seed: int) -> None:
+                 seed: int, node_status_s: float = 0.0) -> None:
         self.spec, self.kubeconfig, self.key = spec, kubeconfig, key
         self.name = spec.name
         self.dir = root / spec.name
@@ -112,7 +111,7 @@ class SimNode:
         self.calls_at_restart = 0
         self._start_daemon()
         self.admitter = PodAdmitter(self.kubelet, make_client(kubeconfig), spec.name, swap_prob=swap_prob,
-                                    seed=seed).start()
+                                    seed=seed, node_status_s=node_status_s).start()
 
     def _start_daemon(self) -> None:
         client: Any = make_client(self.kubeconfig)
@@ -186,9 +185,21 @@ class SimNode:
     def restart_daemon(self) -> None:
         """The node daemon stops (its sockets go, the kubelet's streams end) and starts again, learning
         every pod from a LIST; the kubelet meanwhile fails nothing it has admitted."""
+        self.stop_daemon()
+        self.start_daemon()
+
+    def stop_daemon(self, *, kill: bool = False) -> None:
+        """The node daemon ends: SIGTERM (it tells the cluster it is stopping, then closes its plugins) or, with
+        ``kill``, SIGKILL (it says nothing; its sockets close with the process)."""
+        if kill:  # a killed process writes nothing more and serves nothing more
+            self.daemon.publisher = NullPublisher()
+            self.daemon.options = replace(self.daemon.options, stop_settle_s=0.0, stop_drain_s=0.0)
         self.daemon.stop()
         self.resolver.close()
         self.daemon_restarts += 1
+
+    def start_daemon(self) -> None:
+        """A new node daemon process (after :meth:`stop_daemon`)."""
         self._start_daemon()
 
     def stop(self) -> None:
@@ -242,8 +253,10 @@ class ExtenderUnavailable(Exception):
 
 class GpuCluster:
     def __init__(self, nodes: list[NodeSpec], *, key: bytes | None = b"kubegpu-test-record-key-0123456789",
-                 swap_prob: float = 0.3, seed: int = 0, root: Path | None = None) -> None:
+                 swap_prob: float = 0.3, seed: int = 0, root: Path | None = None, node_status_s: float = 0.0) -> None:
         self.specs, self.key, self.swap_prob, self.seed = nodes, key, swap_prob, seed
+        # The kubelets' nodeStatusUpdateFrequency (0: they post no status, the extender never hears from them).
+        self.node_status_s = node_status_s
         self.root = root or Path(tempfile.mkdtemp(prefix="kgc-", dir="/tmp"))  # short unix socket paths
         self.api = ApiServer(history=20000).start()
         self.nodes: dict[str, SimNode] = {}
@@ -256,27 +269,26 @@ class GpuCluster:
         self.why_pending: dict[str, str] = {}  # pod -> the extender's last filter failures
         self.queue = SchedulingQueue()
         self._bind_lock = threading.Lock()
-        # kube-scheduler's extender HTTP timeout as rendered (10 s): a bind may wait for its node's handoff.
-        self.bind_http = httpx.Client(timeout=10)
+        # kube-scheduler's bind extender HTTP timeout as rendered (60 s): a bind may wait for its node's handoff.
+        self.bind_http = httpx.Client(timeout=60)
         self.binds: list[tuple[float, str, str]] = []  # (when the bind answered, pod, node)
+        self.bind_errors: list[tuple[float, str, str, str]] = []  # (when, pod, node, the extender's error)
+        self._posted: dict[str, dict[str, int]] = {}  # node -> allocatable its kubelet posted on the Node
         # Binds issued while a pod of the same shape on that node was bound and not yet acknowledged (the
         # asynchronous binding the recorded kube-scheduler did, 33-130 ms apart).
         self.async_bind_pairs = 0
         self._pending_rv: dict[str, str] = {}
         self._assigned_rv: dict[str, str] = {}
         self._node_rv: dict[str, str] = {}
-        self._env_before = os.environ.get(signing.KEY_ENV)
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def start(self) -> GpuCluster:
-        if self.key is not None:
-            os.environ[signing.KEY_ENV] = self.key.decode()  # the extender reads it (as from a Secret)
         self.kubeconfig = self.api.write_kubeconfig(self.root / "kubeconfig")
         self.client = make_client(self.kubeconfig)
         for i, spec in enumerate(self.specs):
             self.api.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": spec.name}})
             self.nodes[spec.name] = SimNode(spec, self.kubeconfig, self.root, self.key, self.swap_prob,
-                                            self.seed + i)
+                                            self.seed + i, self.node_status_s)
         for n in self.nodes.values():
             if not n.wait_registered():
                 raise RuntimeError(f"node {n.name}: plugins did not register with the stand-in kubelet")
@@ -286,7 +298,7 @@ class GpuCluster:
         return self
 
     def _start_extender(self) -> None:
-        ext = ServiceThread(self.kubeconfig).start(timeout_s=60)
+        ext = ServiceThread(self.kubeconfig, record_key=self.key).start(timeout_s=60)
         deadline = time.monotonic() + 60
         service = ext.service
         assert service is not None
@@ -317,10 +329,6 @@ class GpuCluster:
         for n in self.nodes.values():
             n.stop()
         self.api.stop()
-        if self._env_before is None:
-            os.environ.pop(signing.KEY_ENV, None)
-        else:
-            os.environ[signing.KEY_ENV] = self._env_before
         shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> GpuCluster:
@@ -366,8 +374,10 @@ class GpuCluster:
         # A node changes for kube-scheduler when its object does, and when its kubelet's device counts do: the
         # real kubelet publishes them in the Node's status.allocatable (a plugin gone, back, a GPU unhealthy),
         # an update every unschedulable pod is requeued on. These kubelets keep them to themselves.
-        nodes = {n["metadata"]["name"]: str(n["metadata"].get("resourceVersion", ""))
-                 for n in self.api.objects("nodes")}
+        objs = self.api.objects("nodes")
+        nodes = {n["metadata"]["name"]: str(n["metadata"].get("resourceVersion", "")) for n in objs}
+        self._posted = {n["metadata"]["name"]: {r: int(str(q)) for r, q in alloc.items() if _is_device_resource(r)}
+                        for n in objs if (alloc := (n.get("status") or {}).get("allocatable"))}
         for name, node in self.nodes.items():
             nodes[name] = f"{nodes.get(name, '')}/{sorted(node.kubelet.allocatable_counts().items())}"
         if assigned != self._assigned_rv or nodes != self._node_rv:
@@ -414,7 +424,8 @@ class GpuCluster:
 
     def _filter_and_score(self, pod: dict[str, Any]) -> str | None:
         ext = self.ext
-        names = [n for n, node in self.nodes.items() if self._allocatable(node, pod)]
+        host = (pod["spec"].get("nodeSelector") or {}).get("kubernetes.io/hostname")
+        names = [n for n, node in self.nodes.items() if (host is None or n == host) and self._allocatable(node, pod)]
         if not names:
             return None
         if ext is None:
@@ -472,15 +483,19 @@ class GpuCluster:
         with self._bind_lock:
             if error:
                 self.why_pending[meta["name"]] = f"bind: {error}"[:300]
+                self.bind_errors.append((time.monotonic(), key, node, error))
                 self.queue.bind_failed(key)
             else:
                 self.binds.append((time.monotonic(), key, node))
                 self.queue.forget(key)
 
-    @staticmethod
-    def _allocatable(node: SimNode, pod: dict[str, Any]) -> bool:
+    def _allocatable(self, node: SimNode, pod: dict[str, Any]) -> bool:
         """kube-scheduler's in-tree fit on what the kubelet reports: a resource whose plugin is away
-        (allocatable 0), or that the node does not serve, rules the node out."""
+        (allocatable 0), or that the node does not serve, rules the node out. Where the kubelets post their
+        Node status (``node_status_s``), as posted (it lags the kubelet by up to that period), else live."""
+        posted = self._posted.get(node.name) if self.node_status_s > 0 else None
+        if posted is not None:
+            return all(posted.get(res, 0) >= n for res, n in _device_requests(pod).items())
         return all(node.kubelet.allocatable(res) >= n for res, n in _device_requests(pod).items())
 
     def _default_bind(self, pod: dict[str, Any]) -> int:

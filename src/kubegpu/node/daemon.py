@@ -22,13 +22,14 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 from kubegpu.inventory.base import InventoryBackend, InventoryError
 from kubegpu.model.inventory import NodeInventory
+from kubegpu.model.node_daemon import SERVING, STOPPING, new_boot
 from kubegpu.node.container_edits import read_mig_minors
 from kubegpu.node.deviceplugin.allocate import holder_of
 from kubegpu.node.deviceplugin.cdi import CdiGenerationError, build_spec, generate_spec, write_spec
@@ -49,7 +50,7 @@ from kubegpu.node.mps import (
     replica_spec,
 )
 from kubegpu.node.mps.enforcer import GpuView, ShareEnforcer
-from kubegpu.node.publish.publisher import NodePublisher, NullPublisher
+from kubegpu.node.publish.publisher import NodePublisher, NullPublisher, StateAnnouncer
 
 if TYPE_CHECKING:
     from kubegpu.node.handoff.verify import Holding
@@ -57,6 +58,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins/"
+
+
+@runtime_checkable
+class _Unserved(Protocol):
+    """A resolver that can say how many containers of pods bound here still wait to be served (the handoff's)."""
+
+    def unserved(self) -> int: ...
 
 
 def enforcement_fields(view: GpuView | None) -> dict[str, Any]:
@@ -104,6 +112,12 @@ class NodeOptions:
     holder_grace_s: float = 10.0
     holders_s: float = 5.0  # strict: how often the live holders are read from PodResources
     mps_supervise_s: float = 5.0  # how often every MPS daemon is asked whether it answers
+    # The most a stop waits for its "stopping" to land on the Node before it closes the plugins anyway.
+    announce_timeout_s: float = 5.0
+    # After "stopping" landed, the plugins keep serving at least stop_settle_s (binds the extender made before it
+    # saw it reach this node's watch) and until no pod bound here waits for its devices, at most stop_drain_s.
+    stop_settle_s: float = 1.0
+    stop_drain_s: float = 10.0
 
 
 class _DirWatch:
@@ -144,8 +158,9 @@ class NodeDaemon:
 
     def __init__(self, backend: InventoryBackend, load_options: Callable[[], NodeOptions], *,
                  publisher: NodePublisher | None = None, resolver: AllocationResolver | None = None,
-                 metrics: NodeMetrics | None = None) -> None:
+                 metrics: NodeMetrics | None = None, env: Mapping[str, str] | None = None) -> None:
         self.backend = backend
+        self.env = env  # the node's environment, from its entry: the MPS control daemons run with it
         self.load_options = load_options
         self.publisher: NodePublisher = publisher or NullPublisher()
         self.resolver = resolver
@@ -171,6 +186,12 @@ class NodeDaemon:
         self.enforcer: ShareEnforcer | None = None
         self._last_holders = time.monotonic()
         self._unlisted: dict[str, float] = {}  # strict holder -> when PodResources first did not list it
+        # This process's id in the Node's daemon state (model/node_daemon.py), and whether "serving" is written
+        # for the plugins served now.
+        self.boot = new_boot()
+        self.announced_serving = False
+        self._announcing = threading.Lock()  # one state write at a time, so "serving" never lands after "stopping"
+        self._closing = False
 
     # ----- start / stop / reload -------------------------------------------------------------
 
@@ -189,6 +210,7 @@ class NodeDaemon:
 
     def _start(self) -> None:
         self._stop.clear()
+        self._closing = False
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         self._start_plugins()
         self._kubelet_inode = self._inode(self.plugin_dir / self.options.kubelet_socket)
@@ -258,7 +280,7 @@ class NodeDaemon:
             if self.mps is not None:
                 self.mps.stop()
             binary = find_binary(s.driver_root, opts.mps_binary)
-            self.mps = MpsManager(binary, s.mps_root, interval_s=opts.mps_supervise_s)
+            self.mps = MpsManager(binary, s.mps_root, interval_s=opts.mps_supervise_s, base_env=self.env)
             self.mps.add_listener(self._refresh_enforcement)
             self.mps.start()
             if binary is None:
@@ -398,7 +420,12 @@ class NodeDaemon:
         self.servers = []
 
     def stop(self) -> None:
-        """Stop everything: servers (sockets removed), monitor, watcher, lifecycle thread."""
+        """Stop everything: servers (sockets removed), monitor, watcher, lifecycle thread. The cluster is told
+        first, so that nothing is placed here while the kubelet has no healthy device of ours."""
+        self._closing = True
+        if self.servers:
+            self._announce(STOPPING)
+            self._drain()
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
@@ -423,6 +450,8 @@ class NodeDaemon:
         with self._lock:
             log.info("reloading configuration")
             new = self.load_options()
+            if self.servers:
+                self._announce(STOPPING)  # the kubelet loses the plugins' devices until they register again
             self._stop_plugins()
             self.options = new
             self.reloads += 1
@@ -506,6 +535,9 @@ class NodeDaemon:
             try:
                 with self._lock:
                     self.reconcile()
+                    ready = not self.announced_serving and self.kubelet_has_devices()
+                if ready:  # an API write: off the lock, which the probes and reload take
+                    self.announced_serving = self._announce(SERVING)
             except Exception:
                 log.exception("lifecycle: reconcile failed; retrying")
 
@@ -556,6 +588,46 @@ class NodeDaemon:
                 st.needs, st.attempts, st.next_try = True, 0, now
             if st.needs and now >= st.next_try:
                 self._try_register(s, now)
+
+    def kubelet_has_devices(self) -> bool:
+        """Every plugin is registered with the kubelet and the kubelet has opened its ListAndWatch since, whose
+        first answer is the device list: from here the kubelet can allocate, so the cluster may bind here."""
+        if not self.servers or self.waiting_reason:
+            return False
+        for s in self.servers:
+            st = self.reg[s.resource]
+            if (st.needs or st.registered_at is None or s.active_streams == 0 or s.last_stream_open is None
+                    or s.last_stream_open < st.registered_at):
+                return False
+        return True
+
+    def _drain(self) -> None:
+        """Serve on while pods bound here still wait for their devices (bounded): the kubelet admits them with
+        healthy devices instead of rejecting them once the plugins are gone."""
+        opts = self.options
+        start = time.monotonic()
+        resolver = self.resolver if isinstance(self.resolver, _Unserved) else None
+        while True:
+            waited = time.monotonic() - start
+            if waited >= opts.stop_drain_s:
+                left = resolver.unserved() if resolver is not None else 0
+                if left:
+                    log.warning("stopping with %d pods bound here not served yet (waited %.1fs)", left, waited)
+                return
+            if waited >= opts.stop_settle_s and (resolver is None or resolver.unserved() == 0):
+                return
+            time.sleep(0.05)
+
+    def _announce(self, state: str) -> bool:
+        """Tell the cluster whether this daemon serves the node now (a publisher that cannot: nothing to say)."""
+        with self._announcing:
+            if state != SERVING:
+                self.announced_serving = False
+            elif self._closing:
+                return False
+            if not isinstance(self.publisher, StateAnnouncer):
+                return True
+            return self.publisher.announce(state, self.boot, self.options.announce_timeout_s)
 
     def _try_register(self, s: PluginServer, now: float) -> None:
         st = self.reg[s.resource]

@@ -54,7 +54,11 @@ def node_handler(view: ClusterView) -> Any:
             view.remove_node(name)
         else:
             view.set_node_labels(name, ev.obj.metadata.labels or {})
-            view.handoffs.node_progress(name, (ev.obj.metadata.annotations or {}).get(A.HANDOFF_SEEN))
+            annotations = ev.obj.metadata.annotations or {}
+            view.handoffs.node_progress(name, annotations.get(A.HANDOFF_SEEN))
+            status = ev.obj.status
+            view.set_node_daemon(name, annotations, None if status is None else
+                                 {"capacity": status.capacity, "allocatable": status.allocatable})
     return on_node
 
 
@@ -139,9 +143,10 @@ class ExtenderService:
     gpu_resources: frozenset[str] = frozenset()  # renamed GPU resources the deployment declared
     reservations: ReservationConfig | None = None  # GPUs kept for waiting wide pods (scheduler/reservations.py)
     clock: Callable[[], float] = time.time  # the wall clock reservations count waits on
+    record_key: bytes | None = None  # signs the records it writes, checks those it reads (model/signing.py)
 
     def __post_init__(self) -> None:
-        self.view = ClusterView(handoff_wait=self.handoff_wait)
+        self.view = ClusterView(handoff_wait=self.handoff_wait, record_key=self.record_key)
         self.settled = asyncio.Event()  # the first lists are in and the view is warmed up (_settle_memory)
         self.informers = [
             Informer(self.client, Node, node_handler(self.view), resync_s=self.resync_s, name="nodes",
@@ -230,10 +235,11 @@ class ServiceThread:
 
     def __init__(self, kubeconfig: str | Path, *, host: str = "127.0.0.1", port: int = 0,
                  node_policy: str = DEFAULT_POLICY, gpu_policy: str = DEFAULT_POLICY, handoff_wait: bool = True,
-                 handoff_wait_s: float = DEFAULT_HANDOFF_WAIT_S,
+                 handoff_wait_s: float = DEFAULT_HANDOFF_WAIT_S, record_key: bytes | None = None,
                  reservations: ReservationConfig | None = None, clock: Callable[[], float] = time.time) -> None:
         self._kubeconfig = kubeconfig
         self._reservations = (reservations, clock)
+        self._record_key = record_key
         self._host, self._port = host, port
         self._policies = (node_policy, gpu_policy)
         self._handoff = (handoff_wait, handoff_wait_s)
@@ -256,7 +262,8 @@ class ServiceThread:
 
             self.service = ExtenderService(make_async_client(self._kubeconfig), *self._policies,
                                            handoff_wait=self._handoff[0], handoff_wait_s=self._handoff[1],
-                                           reservations=self._reservations[0], clock=self._reservations[1])
+                                           record_key=self._record_key, reservations=self._reservations[0],
+                                           clock=self._reservations[1])
             started = asyncio.Event()
             self._task = asyncio.create_task(self.service.serve(self._host, self._port, started=started))
             waiter = asyncio.create_task(started.wait())

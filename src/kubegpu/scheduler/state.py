@@ -27,7 +27,7 @@ from kubegpu.placement.workload import LearnedWorkload
 from kubegpu.scheduler.accounting import Ledger
 from kubegpu.scheduler.handoff import HandoffQueue
 from kubegpu.scheduler.mirror import ArrayMirror
-from kubegpu.scheduler.nodes import NodeRecord
+from kubegpu.scheduler.nodes import NodeDaemons, NodeRecord
 from kubegpu.scheduler.scoring import Scoring
 from kubegpu.scheduler.summary import node_summary
 from kubegpu.scheduler.verbs import FilterOutcome, Verbs
@@ -39,14 +39,16 @@ class ClusterView(Verbs):
     """Nodes, their GPU states and the held allocations; the arrays behind filter and prioritize."""
 
     def __init__(self, *, assume_ttl_s: float = 120.0, exact_fit_enough: int = 100, clock: Any = time.monotonic,
-                 learner: LearnedWorkload | None = None, handoff_wait: bool = True) -> None:
+                 learner: LearnedWorkload | None = None, handoff_wait: bool = True,
+                 record_key: bytes | None = None) -> None:
         self.nodes: dict[str, NodeRecord] = {}
         self.mirror = ArrayMirror(self.nodes)
         self.scoring = Scoring(learner)
         self.handoffs = HandoffQueue(enabled=handoff_wait)
         self.ledger = Ledger(self.nodes, self.mirror, self.scoring.learner, self.handoffs,
-                             assume_ttl_s=assume_ttl_s, clock=clock)
+                             assume_ttl_s=assume_ttl_s, clock=clock, record_key=record_key)
         self.exact_fit_enough = exact_fit_enough
+        self.daemons = NodeDaemons()
 
     # ---- nodes -----------------------------------------------------------------------------------
     def _record(self, name: str) -> NodeRecord:
@@ -62,9 +64,16 @@ class ClusterView(Verbs):
             rec.labels = new
             self.mirror.labels_changed()
 
+    def set_node_daemon(self, name: str, annotations: Mapping[str, str], status: Mapping[str, Any] | None) -> None:
+        """The Node's word on its kubegpu daemon (its annotation, its kubelet's device counts): filter refuses
+        its GPUs and binds there wait while the daemon does not serve them."""
+        self.handoffs.node_daemon(name, self.daemons.observe(name, annotations, status))
+
     def remove_node(self, name: str) -> None:
         """The Node object is gone: forget its labels (its GPUs go with its Device object)."""
         self.handoffs.node_progress(name, None)
+        self.handoffs.node_daemon(name, None)
+        self.daemons.forget(name)
         rec = self.nodes.get(name)
         if rec is not None:
             rec.labels = {}
@@ -94,8 +103,8 @@ class ClusterView(Verbs):
     def warm_up(self) -> None:
         """After the first full lists: the workload from every live pod now, the arrays and the context, and
         the tables the first filter and prioritize would otherwise build while kube-scheduler waits (the
-        rows' names as JSON and as prioritize entries, the rows' model texts, the workload's fill tables:
-        ~30 ms at 5,000 nodes). Each is kept by what it depends on, so building it early answers the same."""
+        rows' names as JSON and as prioritize entries, the rows' model texts, the workload's fill tables).
+        Each is kept by what it depends on, so building it early answers the same."""
         self.scoring.learner.rebuild()
         self.mirror.cluster  # noqa: B018
         ctx = self.scoring.context()
@@ -123,8 +132,8 @@ class ClusterView(Verbs):
 
     def gpu_totals(self) -> GpuTotals:
         """The GPUs placement may use (healthy, not MIG-enabled), by how much of their compute is allocated,
-        and the allocated share of their compute and memory: from the arrays, so a scrape costs ~1 ms at
-        40,000 GPUs instead of a Python pass over each."""
+        and the allocated share of their compute and memory: from the arrays, so a scrape makes no Python pass
+        over each GPU."""
         c = self.mirror.cluster
         ok = c.gpu_ok
         free = c.core_free[ok]

@@ -94,10 +94,12 @@ class HandoffResolver:
 
     def __init__(self, node: str, *, client: Client | None = None, key: bytes | None = None,
                  refresh: Callable[[], Iterable[dict[str, Any]]] | None = None,
-                 metrics: HandoffMetrics | None = None, inventory: NodeInventory | None = None) -> None:
+                 metrics: HandoffMetrics | None = None, inventory: NodeInventory | None = None,
+                 gpu_resources: frozenset[str] = frozenset()) -> None:
         self.node = node
         self.client = client
         self.key = key
+        self.gpu_resources = gpu_resources  # renamed GPU resources the deployment declared (parse_pod)
         self._refresh = refresh
         self.metrics = metrics or HandoffMetrics()
         self._lock = threading.RLock()
@@ -202,7 +204,7 @@ class HandoffResolver:
                     self._forget(key)
                 self._seq += 1
                 seen = self._seq
-            view = pod_view(pod, seen, self.key)
+            view = pod_view(pod, seen, self.key, self.gpu_resources)
             self._version[key] = rv
             if view.forged and key not in self.forged_seen:
                 self.forged_seen.add(key)
@@ -255,7 +257,16 @@ class HandoffResolver:
             return False
         if cur is not None and (cur.entries or cur.unrecorded):
             return True
-        return (pod.get("spec") or {}).get("nodeName") == self.node and bool(request_shapes(parse_pod(pod)))
+        if (pod.get("spec") or {}).get("nodeName") != self.node:
+            return False
+        return bool(request_shapes(parse_pod(pod, replica_resources=self.gpu_resources)))
+
+    def unserved(self) -> int:
+        """Containers of pods bound here whose records wait to be served: what a stopping daemon serves before it
+        closes its plugins (node/daemon.py)."""
+        with self._lock:
+            return sum(1 for p in self._pods.values() if not p.forged and not p.running for e in p.entries
+                       if (e.uid, e.container) not in self._served and e.container not in p.acks)
 
     def _seen_up_to(self, version: int) -> None:
         """A GPU pod bound here ended at ``version`` and this view has everything up to it (the watch delivers
@@ -763,10 +774,12 @@ class Listed(list[dict[str, Any]]):
 def make_resolver(client: Client, node: str, *, pod_resources_socket: str = POD_RESOURCES_SOCKET,
                   verify_interval_s: float = 30.0, registry: CollectorRegistry | None = None,
                   key: bytes | None = None, inventory: NodeInventory | None = None,
-                  watch_feed: Callable[[WatchHandler], WatchHandler] | None = None) -> HandoffResolver:
+                  watch_feed: Callable[[WatchHandler], WatchHandler] | None = None,
+                  gpu_resources: frozenset[str] = frozenset()) -> HandoffResolver:
     """The resolver the node daemon plugs into its device plugins: a watch of this node's pods feeds it,
-    a fresh LIST backs every decision the watch cannot make, PodResources verifies it. The record
-    key defaults to the environment's (:func:`kubegpu.model.signing.load_key`). ``watch_feed`` wraps
+    a fresh LIST backs every decision the watch cannot make, PodResources verifies it. ``key`` is the record
+    key the node's entry read (:func:`kubegpu.model.signing.load_key`; None: records are unsigned) and
+    ``gpu_resources`` the renamed GPU resources it declared. ``watch_feed`` wraps
     the handler the pod watch feeds (a stand-in cluster delays it, as a watch that lags the kubelet's)."""
 
     def refresh() -> Iterable[dict[str, Any]]:
@@ -779,7 +792,7 @@ def make_resolver(client: Client, node: str, *, pod_resources_socket: str = POD_
         return out
 
     resolver = HandoffResolver(node, client=client, refresh=refresh, metrics=HandoffMetrics(registry),
-                               key=key if key is not None else signing.load_key(), inventory=inventory)
+                               key=key, inventory=inventory, gpu_resources=gpu_resources)
     feed = watch_feed(resolver.on_event) if watch_feed is not None else resolver.on_event
     # The pods' handoff fields only, and a tombstone of each in the watch's cache (kubegpu.node.handoff.pods).
     resolver.watch = InformerThread(client, HandoffPod, feed, fields={"spec.nodeName": node},
