@@ -191,6 +191,7 @@ class NodeDaemon:
         self.boot = new_boot()
         self.announced_serving = False
         self._announcing = threading.Lock()  # one state write at a time, so "serving" never lands after "stopping"
+        self._serving_writer: threading.Thread | None = None
         self._closing = False
 
     # ----- start / stop / reload -------------------------------------------------------------
@@ -536,8 +537,12 @@ class NodeDaemon:
                 with self._lock:
                     self.reconcile()
                     ready = not self.announced_serving and self.kubelet_has_devices()
-                if ready:  # an API write: off the lock, which the probes and reload take
-                    self.announced_serving = self._announce(SERVING)
+                if ready and (self._serving_writer is None or not self._serving_writer.is_alive()):
+                    # An API write, on its own thread: an API server that does not answer must not slow the
+                    # kubelet registrations this loop keeps (each try waits up to announce_timeout_s).
+                    self._serving_writer = threading.Thread(target=self._announce_serving, daemon=True,
+                                                            name="kubegpu-node-serving")
+                    self._serving_writer.start()
             except Exception:
                 log.exception("lifecycle: reconcile failed; retrying")
 
@@ -618,16 +623,20 @@ class NodeDaemon:
                 return
             time.sleep(0.05)
 
+    def _announce_serving(self) -> None:
+        if not self._announce(SERVING):
+            self._stop.wait(1.0)  # then the loop tries again
+
     def _announce(self, state: str) -> bool:
-        """Tell the cluster whether this daemon serves the node now (a publisher that cannot: nothing to say)."""
+        """Tell the cluster whether this daemon serves the node now (a publisher that cannot: nothing to say).
+        Whether it was said; :attr:`announced_serving` follows, under the same lock."""
         with self._announcing:
-            if state != SERVING:
-                self.announced_serving = False
-            elif self._closing:
+            if state == SERVING and self._closing:
                 return False
-            if not isinstance(self.publisher, StateAnnouncer):
-                return True
-            return self.publisher.announce(state, self.boot, self.options.announce_timeout_s)
+            said = (self.publisher.announce(state, self.boot, self.options.announce_timeout_s)
+                    if isinstance(self.publisher, StateAnnouncer) else True)
+            self.announced_serving = state == SERVING and said
+            return said
 
     def _try_register(self, s: PluginServer, now: float) -> None:
         st = self.reg[s.resource]
