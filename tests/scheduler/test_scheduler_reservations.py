@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from kubegpu.cli.main import app
 from kubegpu.inventory.fake import FakeBackend
+from kubegpu.model.allocation import PodAllocation
 from kubegpu.model.device_object import device_object
 from kubegpu.placement.reservations import ReservationConfig
 from kubegpu.scheduler.reservations import api_time
@@ -205,6 +206,25 @@ def test_a_wide_pod_kube_scheduler_never_sends_is_seen_waiting_in_the_watch(worl
     s = summary(cluster)
     assert s["reservations"][0]["node"] == A and "8" not in s["waiting"]
     assert filter_(cluster, create(cluster, clock, "next", 1))["NodeNames"] == [B]
+
+
+def test_a_wide_pod_bound_here_holds_nothing_more_before_the_watch_shows_it(world: tuple[Cluster, Clock]) -> None:
+    """Bind holds the pod's GPUs before the watch echoes the Binding: from then on it waits no more (else it would
+    get GPUs held on another node, and the reservations after it would move)."""
+    cluster, clock = world
+    wide = reserved(cluster, clock)
+    view = cluster.view
+    key, uid = "default/wide", wide["metadata"]["uid"]
+
+    def bound_meanwhile() -> tuple[bool, bool]:  # in the extender's loop: no watch event in between
+        r = view.reservations
+        before = r.current().for_pod(key) is not None
+        view.ledger.hold(key, uid, B, PodAllocation(()), assumed=True)
+        after = r.current()
+        view.ledger.release(key)
+        return before, after is None
+
+    assert cluster.ext.call(bound_meanwhile) == (True, True)
 
 
 def test_deleting_the_wide_pod_drops_its_reservation(world: tuple[Cluster, Clock]) -> None:

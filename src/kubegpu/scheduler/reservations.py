@@ -82,7 +82,7 @@ class Reservations:
         self.profiles: set[str] = set()  # schedulerNames of the pods filtered here: the profiles served
         self._changes = 0  # of the wide waiting pods and of the declared ends: the plan depends on both
         self._plan: ReservationPlan | None = None
-        self._inputs: tuple[int, int, int, int] | None = None
+        self._inputs: tuple[int, int, int, int, int] | None = None
 
     # ---- what the verbs and the watch feed in ----------------------------------------------------
     def saw_filter(self, plan: PodPlan, pod: Mapping[str, Any]) -> None:
@@ -150,13 +150,16 @@ class Reservations:
             self._plan = None
             return None
         now = self.clock()
-        wide = list(self._wide.values())
+        # A pod bound here is held from its bind on; the watch's echo that ends its wait comes later, and until
+        # then it must not be given GPUs elsewhere (nor move the reservations after it).
+        held = self.ledger.held
+        wide = [w for k, w in self._wide.items() if k not in held]
         due = sum(1 for w in wide if now - w.created >= self.config.wait_seconds)
         if not due:
             self._plan = None
             return None
         cluster = self.mirror.cluster
-        inputs = (cluster.layout, cluster.epoch, self._changes, due)
+        inputs = (cluster.layout, cluster.epoch, self._changes, due, len(wide))
         if self._plan is not None and inputs == self._inputs:
             return self._plan
         plan = choose_reservations(cluster, wide, self._running(), now, self.config, self._previous())
