@@ -9,6 +9,7 @@ import asyncio
 import json
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from kubegpu.inventory.fake import FakeBackend
 from kubegpu.model import node_daemon as ND
 from kubegpu.model.resources import GPU_SLOTS, NVIDIA_GPU, SERVED_RESOURCES_ANNOTATION
 from kubegpu.node.daemon import NodeDaemon
+from kubegpu.node.handoff import HandoffResolver
 from kubegpu.node.options import load_node_options
 from kubegpu.scheduler.handoff import HandoffQueue
 from kubegpu.scheduler.nodes import NodeDaemons
@@ -189,6 +191,50 @@ def test_the_kubelet_rejects_a_pod_whose_devices_are_all_unhealthy_as_the_real_o
                                  "spec": {"containers": [{"name": "c", "resources": {"limits": {NVIDIA_GPU: "1"}}}]}})
         assert not got.ok and "cannot allocate unhealthy devices" in got.reason
         assert kubelet.node_status() == {"capacity": {NVIDIA_GPU: "8"}, "allocatable": {NVIDIA_GPU: "0"}}
+    finally:
+        kubelet.stop()
+        backend.close()
+
+
+def test_a_stop_is_bounded_when_the_api_server_does_not_answer_and_pods_never_get_served() -> None:
+    from kubegpu.node.config import load_config
+    from kubegpu.node.publish.kube import KubeNodePublisher
+
+    release = threading.Event()
+
+    class Stuck:
+        def patch(self, *args: Any, **kw: Any) -> None:
+            release.wait()  # an API server that never answers
+
+    publisher = KubeNodePublisher(Stuck(), "gpu-node-4", load_config(flags={}, env={}))
+    try:
+        assert publisher.announce(ND.STOPPING, "b1", timeout_s=0.05) is False  # logged, and the stop goes on
+    finally:
+        release.set()
+
+
+class NeverServed(HandoffResolver):
+    """A resolver whose pods bound here are never served (the kubelet does not admit them)."""
+
+    def unserved(self) -> int:
+        return 3
+
+
+def test_a_stopping_daemon_serves_on_while_pods_wait_but_not_forever(plugin_dir: Path) -> None:
+    kubelet = StandinKubelet(plugin_dir / "dp", seed=3)
+    kubelet.start()
+    backend = FakeBackend("dgx-a100")
+    announcer = Announcer(kubelet)
+    settings = {"cdi_dir": str(plugin_dir / "cdi"), "mig_minors_file": str(plugin_dir / "mm")}
+    daemon = NodeDaemon(backend, lambda: load_node_options({"shared-slots": 0}, {}, settings=settings,
+                                                           plugin_dir=str(plugin_dir / "dp"), stream_wait_s=2.0,
+                                                           stop_settle_s=0.0, stop_drain_s=0.2),
+                        publisher=announcer, resolver=NeverServed("gpu-node-4"))
+    try:
+        daemon.start()
+        assert until(lambda: bool(announcer.said), 20)
+        daemon.stop()  # returns: the drain is bounded
+        assert announcer.said[-1][0] == ND.STOPPING and not daemon.servers
     finally:
         kubelet.stop()
         backend.close()
