@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 
+import kubegpu_standins.apiserver as standin_api
 from kubegpu.inventory.fake import FakeBackend
 from kubegpu.model.device_object import device_object
 from kubegpu.placement.cluster import Demand
@@ -51,7 +52,8 @@ class VirtualClock:
         return self.epoch + self.t
 
     def stamp(self, t: float) -> str:
-        return datetime.fromtimestamp(self.epoch + t, UTC).isoformat()
+        """An API timestamp at churn time ``t``, in whole seconds as the API server writes them."""
+        return datetime.fromtimestamp(int(self.epoch + t), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def limits_of(d: Demand) -> dict[str, str]:
@@ -103,11 +105,15 @@ class Run:
     def arrive(self, i: int) -> None:
         p = self.pods[i]
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": self._name(i), "namespace": "churn"},
-               "spec": {"activeDeadlineSeconds": max(1, int(p.duration or 1) + 1),
+               "spec": {"schedulerName": "kubegpu-scheduler", "activeDeadlineSeconds": max(1, int(p.duration or 1) + 1),
                         "containers": [{"name": "c", "image": "x", "resources": {"limits": limits_of(p.demand)}}]}}
-        created = self.api.put_object(pod)
-        created["metadata"]["creationTimestamp"] = self.clock.stamp(p.arrive)  # as if created at its arrival
-        self.created[i] = created
+        # The stand-in stamps a pod's creation with its own clock: here, the churn's (the extender reads how long a
+        # pod waited from that stamp, in the filter's body and in the watch alike).
+        real_now, standin_api._now = standin_api._now, lambda: self.clock.stamp(p.arrive)
+        try:
+            self.created[i] = self.api.put_object(pod)
+        finally:
+            standin_api._now = real_now
 
     def remove(self, indices: list[int]) -> None:
         """Delete pods (ended or withdrawn) and wait until the extender's watch has released them."""
