@@ -23,8 +23,8 @@ from kubegpu.model.annotations import DEVICE_ALLOCATED
 from kubegpu.node.config import load_config
 from kubegpu.node.daemon import NodeDaemon
 from kubegpu.node.handoff import make_resolver
-from kubegpu.node.publish.kube import KubeNodePublisher
 from kubegpu.node.options import load_node_options
+from kubegpu.node.publish.kube import KubeNodePublisher
 from kubegpu.scheduler.service import ServiceThread
 from kubegpu_standins.apiserver import ApiServer
 from kubegpu_standins.kubelet import StandinKubelet

@@ -9,7 +9,14 @@ import pytest
 from kubegpu.inventory.topology import load_topology, parse_topology, shipped_topologies
 from kubegpu.model.inventory import NodeInventory
 from kubegpu.node.config import load_config
-from kubegpu.node.publish.labels import arch_family, gpu_labels, is_valid_label_value, label_changes, label_value, owns_label
+from kubegpu.node.publish.labels import (
+    arch_family,
+    gpu_labels,
+    is_valid_label_value,
+    label_changes,
+    label_value,
+    owns_label,
+)
 
 
 def test_dgx_a100_labels() -> None:
