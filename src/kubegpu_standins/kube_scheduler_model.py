@@ -123,9 +123,17 @@ def profile_model(cfg: Mapping[str, Any], release: tuple[int, int], scheduler_na
     for p in score.get("enabled") or []:
         weights[p["name"]] = int(p.get("weight") or DEFAULT_SCORE_WEIGHTS.get(p["name"], 1))
     extenders = cfg.get("extenders") or []
-    if len(extenders) != 1:
-        raise ConfigRefused(f"the model handles one extender, the configuration has {len(extenders)}")
-    (ext,) = extenders
+    # kube-scheduler's own checks: one extender binds, and a managed resource is named by one extender only.
+    if sum(1 for e in extenders if e.get("bindVerb")) > 1:
+        raise ConfigRefused("only one extender can implement bind")
+    names = [m["name"] for e in extenders for m in e.get("managedResources") or []]
+    if len(names) != len(set(names)):
+        raise ConfigRefused("duplicate extender managed resource name")
+    # The model follows the one extender that filters; others may only bind (a longer timeout for bind alone).
+    filtering = [e for e in extenders if e.get("filterVerb") or e.get("prioritizeVerb")]
+    if len(filtering) != 1 or any(e.get("preemptVerb") for e in extenders if e not in filtering):
+        raise ConfigRefused(f"the model handles one filtering extender, the configuration has {len(filtering)}")
+    (ext,) = filtering
     weight = int(ext.get("weight") or 0)
     if ext.get("prioritizeVerb") and weight <= 0:
         raise ConfigRefused("an extender with a prioritizeVerb needs a positive weight")

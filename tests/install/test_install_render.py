@@ -105,10 +105,12 @@ def test_rbac_is_least_privilege_per_role() -> None:
 
 def test_scheduler_configuration_extender_entry() -> None:
     cfg = scheduler_config(Values())
-    (ext,) = cfg["extenders"]
+    ext, binder = cfg["extenders"]
     assert ext["nodeCacheCapable"] is True
-    assert ext["filterVerb"] == "filter" and ext["prioritizeVerb"] == "prioritize" and ext["bindVerb"] == "bind"
+    assert ext["filterVerb"] == "filter" and ext["prioritizeVerb"] == "prioritize" and "bindVerb" not in ext
     assert ext["weight"] > 0 and ext["httpTimeout"] == "10s"
+    # Bind on its own entry, with a timeout above the extender's longest handoff wait (docs/handoff.md).
+    assert binder["bindVerb"] == "bind" and binder["httpTimeout"] == "60s" and binder["managedResources"] == []
     managed = {m["name"] for m in ext["managedResources"]}
     assert {"nvidia.com/gpu", "kubegpu.io/gpu-core", "kubegpu.io/gpu-memory", "kubegpu.io/gpu-memory-ratio",
             "kubegpu.io/gpu.shared"} <= managed

@@ -32,3 +32,13 @@ def test_a_bind_whose_room_went_without_a_bind_here_says_so(cluster: Cluster) ->
     error = bind(cluster, p, NODE)  # never fitted: no bind took anything
     assert "0 GPUs can take this" in error or "1 GPUs can take this, 2 needed" in error
     assert "no pod was bound there through this extender" in error
+
+
+def test_a_pod_without_gpus_on_a_node_without_kubegpu_gpus_gets_a_plain_binding(cluster: Cluster) -> None:
+    """The bind extender names no managed resource (install/render.py: bind has its own, longer timeout), so
+    kube-scheduler sends it every pod of its profile, CPU-only pods on CPU-only nodes too."""
+    plain = pod("cpu", {"cpu": "1"})
+    assert bind(cluster, plain, "cpu-node-1") == ""
+    bound = cluster.api.get_object("pods", "cpu", "default")
+    assert bound["spec"]["nodeName"] == "cpu-node-1"
+    assert "kubegpu.io/device-allocated" not in (bound["metadata"].get("annotations") or {})

@@ -30,9 +30,10 @@ def test_objects_validate_against_the_kubernetes_schema() -> None:
 def test_extender_entry() -> None:
     (cfg,) = _docs("scheduler-config.yaml")
     assert cfg["apiVersion"] == "kubescheduler.config.k8s.io/v1" and cfg["kind"] == "KubeSchedulerConfiguration"
-    (ext,) = cfg["extenders"]
-    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == ("filter", "prioritize", "bind")
+    ext, binder = cfg["extenders"]
+    assert (ext["filterVerb"], ext["prioritizeVerb"], binder["bindVerb"]) == ("filter", "prioritize", "bind")
     assert ext["nodeCacheCapable"] is True and ext["weight"] > 0 and ext["httpTimeout"].endswith("s")
+    assert "bindVerb" not in ext and binder["urlPrefix"] == ext["urlPrefix"] and not binder["managedResources"]
     managed = {m["name"]: m["ignoredByScheduler"] for m in ext["managedResources"]}
     for name in (R.NVIDIA_GPU, R.NVIDIA_GPU_SHARED, *R.SHARE_RESOURCES):
         assert name in managed, name

@@ -387,6 +387,16 @@ def scheduler_config(v: Values) -> Obj:
     ext["urlPrefix"] = f"http://127.0.0.1:{sv.port}/scheduler"
     ext["weight"], ext["httpTimeout"] = sv.weight, sv.http_timeout
     ext["managedResources"] = managed_resources(v)
+    # kube-scheduler applies one httpTimeout to every verb of an extender, and a bind may wait in the extender
+    # for its node's previous handoff of the same kind (docs/handoff.md, step 2): bind is a second entry on the
+    # same URL with a longer timeout, so such a pod waits there instead of failing and backing off. Only one
+    # extender may bind and a managed resource may be named once, so it names none: it binds every pod of the
+    # profile (a pod without GPUs on a node without kubegpu GPUs gets a plain Binding).
+    binder = {k: val for k, val in ext.items() if k not in _FILTER_ONLY}
+    binder["httpTimeout"] = BIND_HTTP_TIMEOUT
+    binder["managedResources"] = []
+    del ext["bindVerb"]
+    cfg["extenders"] = [ext, binder]
     return cfg
 
 
@@ -458,6 +468,10 @@ def kube_scheduler_kubeconfig() -> Obj:
 # kube-scheduler filters every node before the extender is called (its default stops at 50 - nodes/125 % of
 # them, at least 100, and the node the simulator picks is then often not among them).
 ALL_NODES = 100
+# The bind extender's httpTimeout: above the extender's longest handoff wait (scheduler/bind.py
+# DEFAULT_HANDOFF_WAIT_S), so its answer, a bind or the reason, always arrives before kube-scheduler gives up.
+BIND_HTTP_TIMEOUT = "60s"
+_FILTER_ONLY = frozenset({"filterVerb", "prioritizeVerb", "preemptVerb", "weight", "managedResources"})
 # KubeSchedulerProfile.percentageOfNodesToScore exists from Kubernetes 1.27 (config API v1); before, only the
 # global field does, and strict decoding refuses an unknown field.
 PROFILE_PERCENTAGE_SINCE = (1, 27)

@@ -36,7 +36,10 @@ from kubegpu.scheduler.state import ClusterView
 
 log = logging.getLogger(__name__)
 
-DEFAULT_HANDOFF_WAIT_S = 7.0
+# Below the rendered bind extender's httpTimeout (60 s, install/render.py BIND_HTTP_TIMEOUT): a pod that only waits
+# for its node's previous handoff of its kind waits here, with no Warning and no back-off, behind a queue of that
+# kind many handoffs deep even on a slow link.
+DEFAULT_HANDOFF_WAIT_S = 50.0
 # Reads of the pod one bind may make: the watch's copy, the API server's pod, and once more when the pod
 # changed between that read and the Binding (its resourceVersion is the Binding's precondition).
 BIND_READS = 3
@@ -86,8 +89,8 @@ class Binder:
         self.metrics = metrics
         self.pending = pending
         # How long a bind waits for its node to finish handing a pod of the same kind to the kubelet before it
-        # fails (kube-scheduler then retries after its back-off): below kube-scheduler's extender httpTimeout
-        # (the manifests render 10 s), so the answer always arrives before kube-scheduler gives up on it.
+        # fails (kube-scheduler then retries after its back-off): below the bind extender's httpTimeout (the
+        # manifests render 60 s), so the answer always arrives before kube-scheduler gives up on it.
         self.handoff_wait_s = handoff_wait_s
         # Set once the first lists are in: before that a pod waiting on a node is invisible to the queue.
         self.ready = ready
@@ -167,9 +170,13 @@ class Binder:
             if bound_to == node and recorded is not None:  # bound by an earlier attempt of ours
                 self._hold_quietly(key, uid, node, recorded)
                 return ""
+            if bound_to == node and recorded is None and not self.ledger.tracks(node):
+                return ""  # a plain Binding of ours that went through (a node without kubegpu GPUs)
             self.metrics.bind_failures.labels("already-bound").inc()
             return f"kubegpu bind: pod {key} is already bound to {bound_to}"
         plan = self.plans.plan(pod)
+        if not plan.request.wants_gpu and not self.ledger.tracks(node):
+            return await self._bind_plain(key, pod, node, confirmed=confirmed)
         if why := plan.too_many:
             if not confirmed:
                 return _Reread()
@@ -261,6 +268,26 @@ class Binder:
         return (f"no pod was bound there through this extender in the last {RECENT_S:g} s: the room its filter saw "
                 "went since to a pod the watch showed bound there, or with the node's GPUs (health, Device object); "
                 "retried after back-off")
+
+    async def _bind_plain(self, key: str, pod: dict[str, Any], node: str, *, confirmed: bool) -> str | _Reread:
+        """A pod without GPUs on a node without kubegpu GPUs: nothing to choose or account, a plain Binding
+        (kube-scheduler sends every pod of its profile to the one extender that binds, install/render.py)."""
+        meta = pod.get("metadata") or {}
+        ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        uid, version = str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
+        try:
+            await retry_async(lambda: abind_pod(self.client, ns, name, uid, node,  # type: ignore[arg-type]
+                                                None, resource_version=version))
+        except ApiError as e:
+            if not confirmed and (is_conflict(e) or is_not_found(e)):
+                return _Reread()  # the watch's copy was behind: answered from the API server's pod
+            self.metrics.bind_failures.labels("api-error").inc()
+            return f"kubegpu bind: API error {e.status.code}: {e.status.message}"
+        except Exception as e:
+            self.metrics.bind_failures.labels("api-unreachable").inc()
+            return f"kubegpu bind: {type(e).__name__}: {e}"
+        log.debug("pod %s (no GPUs) bound to %s", key, node)
+        return ""
 
     async def _turn(self, plan: PodPlan, node: str, deadline: float) -> str:
         """Wait until no other pod of this pod's kinds waits on ``node`` for its handoff: the
