@@ -39,11 +39,14 @@ def test_a_share_pod_is_told_why_a_node_cannot_take_shares() -> None:
     view = ClusterView(handoff_wait=False)
     view.set_inventory("gpu-node-2", FakeBackend("dgx-a100", node_name="gpu-node-2").discover())
     view.set_inventory("gpu-node-3", unenforced(FakeBackend("dgx-a100", node_name="gpu-node-3").discover()))
-    p = pod("s", share(25, ratio=25))
-    # kube-scheduler ruled gpu-node-3 out itself (no share capacity) and sends only gpu-node-2.
-    out = asyncio.run(bounded_filter(view, plan_of(p), ["gpu-node-2"], Limits()))
-    assert list(out.passed) == ["gpu-node-2"]
+    # kube-scheduler ruled gpu-node-3 out itself (no share capacity) and sends only gpu-node-2, too small here.
+    big = pod("s", share(25, mem="100Gi"))
+    out = asyncio.run(bounded_filter(view, plan_of(big), ["gpu-node-2"], Limits()))
+    assert list(out.passed) == []
     assert dict(out.failed)["gpu-node-3"] == f"node gpu-node-3 cannot enforce shares: {WHY}"
+    # A share some node takes is placed: nothing to explain.
+    fits = asyncio.run(bounded_filter(view, plan_of(pod("f", share(25, ratio=25))), ["gpu-node-2"], Limits()))
+    assert list(fits.passed) == ["gpu-node-2"] and "gpu-node-3" not in dict(fits.failed)
     # A whole-GPU pod is not concerned.
     whole = asyncio.run(bounded_filter(view, plan_of(pod("w", {R.NVIDIA_GPU: "1"})), ["gpu-node-2"], Limits()))
     assert "gpu-node-3" not in dict(whole.failed)

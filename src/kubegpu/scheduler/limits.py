@@ -200,19 +200,18 @@ def cannot_enforce_shares(view: ClusterView) -> dict[str, str]:
 
 
 def _say_why_no_shares(view: ClusterView, plan: PodPlan, outcome: FilterOutcome) -> FilterOutcome:
-    """A pod asking a share is told, for every GPU node that cannot enforce shares, why (kube-scheduler adds an
-    extender's reason for a node it ruled out itself to that node's own, so the pod's FailedScheduling names it)."""
-    if plan.refusal or not any(c.request is not None and c.request.kind is RequestKind.SHARE
-                               for c in plan.request.gpu_containers):
+    """A pod asking a share that no node takes is told, for every GPU node that cannot enforce shares, why
+    (kube-scheduler adds an extender's reason for a node it ruled out itself to that node's own, so the pod's
+    FailedScheduling names it). A pod some node takes is placed and shown nothing: the scan is skipped."""
+    if len(outcome.passed) or plan.refusal or not any(
+            c.request is not None and c.request.kind is RequestKind.SHARE for c in plan.request.gpu_containers):
         return outcome
     why = cannot_enforce_shares(view)
     if not why:
         return outcome
-    passed = set(outcome.passed)
     failed = outcome.failed
     for node, reason in why.items():
-        if node not in passed:
-            failed[node] = reason  # type: ignore[index]  # a ReasonMap or a dict: both take a node's reason
+        failed[node] = reason  # type: ignore[index]  # a ReasonMap or a dict: both take a node's reason
     return outcome
 
 
