@@ -25,7 +25,8 @@ def test_churn_bench_turns_no_pod_away_at_a_node_daemon_restart() -> None:
                        text=True, timeout=580, check=False)
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
-    assert out["restarts"] == {"extender": 1, "node_daemon": 2, "kubelet": 1}
+    # node daemons: the SIGTERM restart in the churn, then the pinned SIGTERM and SIGKILL repeats
+    assert out["restarts"] == {"extender": 1, "node_daemon": 3, "kubelet": 1}
     assert out["pods"] >= 16 * 2  # the two pinned series at least
     assert out["rejected_at_node_restart"] == 0, out["rejected_reasons"]
     assert out["rejected_other"] == 0, out["rejected_reasons"]
