@@ -126,7 +126,18 @@ def _run(console: Console, workdir: Path | None, quiet: bool, held: _Held) -> Dr
                           recovery_interval_s=0.5, health_wait_s=0.05, socket_check_s=0.2)
         daemon = DraDaemon(backend, opts, client)
         daemon.start()
-        registered = _wait(lambda: DRIVER in kubelet.plugins and bool(api.objects("resourceslices", GROUP)))
+        def pool_ready() -> bool:
+            """Every slice of the newest pool generation is published and no device is tainted: the allocator
+            sees the whole node (the driver publishes its slices one by one, after its registration)."""
+            slices = api.objects("resourceslices", GROUP)
+            if not slices:
+                return False
+            newest = max(s["spec"]["pool"]["generation"] for s in slices)
+            pool = [s for s in slices if s["spec"]["pool"]["generation"] == newest]
+            return (len(pool) == pool[0]["spec"]["pool"]["resourceSliceCount"]
+                    and not any(d.get("taints") for s in pool for d in s["spec"].get("devices") or []))
+
+        registered = _wait(lambda: DRIVER in kubelet.plugins and pool_ready())
         res.checks.append(("the driver registered (v1.DRAPlugin) and published its ResourceSlices", registered))
         for c in device_classes(Values(), extended_resource=True):
             api.put_object(c)
