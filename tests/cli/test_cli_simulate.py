@@ -8,21 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from trace_slices import trace_slice as trace
 from typer.testing import CliRunner
 
 from kubegpu.cli.main import app
 from kubegpu.placement.policies import POLICY_NAMES
 from kubegpu.sim.trace import default_path
-
-
-def trace(tmp_path: Path, n_nodes: int = 40, n_pods: int = 200) -> tuple[Path, Path]:
-    """A slice of the packaged trace (a user's own lists, as far as the command can tell)."""
-    nodes = default_path("openb_node_list_gpu_node.csv").read_text().splitlines()
-    pods = default_path("openb_pod_list_default.csv").read_text().splitlines()
-    n, p = tmp_path / "nodes.csv", tmp_path / "pods.csv"
-    n.write_text("\n".join([nodes[0], *nodes[1::20][:n_nodes]]) + "\n")
-    p.write_text("\n".join([pods[0], *pods[1 : n_pods + 1]]) + "\n")
-    return n, p
 
 
 def simulate(*args: str, columns: str = "80") -> Any:

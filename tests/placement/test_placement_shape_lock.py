@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from trace_slices import trace_slice
 
 from kubegpu.placement.cluster import Demand
 from kubegpu.placement.engine import place
@@ -14,16 +15,11 @@ from kubegpu.placement.policies import ScoreContext
 from kubegpu.placement.shape_lock import ShapeLocks
 from kubegpu.sim.enforcement_study import MODES, study_list
 from kubegpu.sim.replay import replay
-from kubegpu.sim.trace import default_path, load_nodes, load_pods
+from kubegpu.sim.trace import load_nodes, load_pods
 
 
 def _cut(tmp_path: Path, n_nodes: int = 40, n_pods: int = 300) -> tuple[Path, Path]:
-    nodes = default_path("openb_node_list_gpu_node.csv").read_text().splitlines()
-    pods = default_path("openb_pod_list_default.csv").read_text().splitlines()
-    n, p = tmp_path / "nodes.csv", tmp_path / "pods.csv"
-    n.write_text("\n".join([nodes[0], *nodes[1::20][:n_nodes]]) + "\n")
-    p.write_text("\n".join([pods[0], *pods[1 : n_pods + 1]]) + "\n")
-    return n, p
+    return trace_slice(tmp_path, n_nodes, n_pods)
 
 
 def test_a_gpu_takes_one_shape_until_it_is_empty(tmp_path: Path) -> None:
