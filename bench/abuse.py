@@ -37,7 +37,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,19 @@ NS = "bench"
 TRACEBACK = "Traceback (most recent call last)"
 
 
+def loaded_beside_alone(stem: str, loaded_as: str, loaded: Sequence[float], alone: Sequence[float],
+                        digits: int = 2) -> dict[str, float]:
+    """p99 and p50 (ms) of one call measured under the abuse (keys ``<stem>_pQQ_ms_<loaded_as>``) and alone
+    (``<stem>_pQQ_ms_alone``), so every part of this benchmark reports the pair the same way."""
+    out = {}
+    for label, values in ((loaded_as, loaded), ("alone", alone)):
+        for q in (99, 50):
+            out[f"{stem}_p{q}_ms_{label}"] = round(float(np.percentile(values, q)), digits)
+    return out
+
+
 # ---- processes ----------------------------------------------------------------------------------
+
 def serve_apiserver(nodes: int, kubeconfig: str) -> None:
     """Child process: the stand-in API server with ``nodes`` GPU nodes, until stdin closes."""
     from kubegpu.model.device_object import device_object
@@ -336,10 +348,7 @@ def extender_bench(tally: Tally, args: argparse.Namespace, work: Path, env: dict
             "nodes": args.nodes,
             "big_pod_filter_ms": round(float(np.median(big_ms)), 1),
             "big_pod_at_cap_filter_ms": round(float(np.median(cap_ms)), 1),
-            "small_filter_p99_ms_during_big": round(float(np.percentile(small_ms, 99)), 1),
-            "small_filter_p50_ms_during_big": round(float(np.percentile(small_ms, 50)), 1),
-            "small_filter_p99_ms_alone": round(float(np.percentile(alone_ms, 99)), 1),
-            "small_filter_p50_ms_alone": round(float(np.percentile(alone_ms, 50)), 1),
+            **loaded_beside_alone("small_filter", "during_big", small_ms, alone_ms, digits=1),
             "fat_pod_bytes": len(template),
             "extender_rss_mb_before_fat_pods": round(rss_before, 1),
             "extender_rss_mb_after_1000_fat_pods": round(rss_after, 1),
@@ -473,10 +482,7 @@ def node_bench(tally: Tally, args: argparse.Namespace, work: Path, env: dict[str
             streams.append(stub.ListAndWatch(pb.Empty()))
         time.sleep(1.0)
         lat, stream_timeouts = timed_calls(tally, allocations(), "Allocate with streams")
-        return {"allocate_p99_ms_with_100_streams": round(float(np.percentile(lat, 99)), 2),
-                "allocate_p50_ms_with_100_streams": round(float(np.percentile(lat, 50)), 2),
-                "allocate_p99_ms_alone": round(float(np.percentile(alone, 99)), 2),
-                "allocate_p50_ms_alone": round(float(np.percentile(alone, 50)), 2),
+        return {**loaded_beside_alone("allocate", "with_100_streams", lat, alone),
                 "device_plugin_timeouts": timeouts + stream_timeouts,
                 "node_rss_mb_before_streams": round(rss_alone, 1), "node_rss_mb": round(rss_mb(node.pid), 1)}
     finally:
@@ -574,10 +580,7 @@ def dra_bench(tally: Tally, args: argparse.Namespace, work: Path, env: dict[str,
             streams.append(health.NodeWatchResources(hpb.NodeWatchResourcesRequest()))
         time.sleep(1.0)
         lat, stream_timeouts = timed_calls(tally, prepares(args.allocations), "NodePrepareResources with streams")
-        return {"dra_prepare_p99_ms_with_100_health_streams": round(float(np.percentile(lat, 99)), 2),
-                "dra_prepare_p50_ms_with_100_health_streams": round(float(np.percentile(lat, 50)), 2),
-                "dra_prepare_p99_ms_alone": round(float(np.percentile(alone, 99)), 2),
-                "dra_prepare_p50_ms_alone": round(float(np.percentile(alone, 50)), 2),
+        return {**loaded_beside_alone("dra_prepare", "with_100_health_streams", lat, alone),
                 "dra_timeouts": timeouts + stream_timeouts,
                 "dra_rss_mb_before_streams": round(rss_alone, 1), "dra_rss_mb": round(rss_mb(dra.pid), 1)}
     finally:
