@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -93,3 +94,37 @@ def test_broken_pair_keeps_the_last_good_certificate(rotating: tuple[WebhookServ
     other.write(d / "tls.crt", d / "tls.key")
     expected = x509.load_pem_x509_certificate(other.cert_pem).serial_number
     assert until(lambda: served_serial(server.port, d / "ca.crt") == expected, 20, 0.05)
+
+
+def test_handshakes_during_rotations_all_succeed(rotating: tuple[WebhookServer, Path, object]) -> None:
+    """A handshake that starts while a new pair is being loaded gets the old pair or the new one, whole.
+
+    Loading into the live context would let a handshake start between its certificate and its key (new
+    certificate, old key: the client sees the connection closed).
+    """
+    server, d, ca = rotating
+    pairs = [issue_serving_cert(ca, ["127.0.0.1"]) for _ in range(2)]  # type: ignore[arg-type]
+    serials = {x509.load_pem_x509_certificate(p.cert_pem).serial_number for p in pairs}
+    serials.add(served_serial(server.port, d / "ca.crt"))
+    failures: list[BaseException] = []
+    seen: set[int] = set()
+    done = threading.Event()
+
+    def handshake_loop() -> None:
+        while not done.is_set():
+            try:
+                seen.add(served_serial(server.port, d / "ca.crt"))
+            except (OSError, ssl.SSLError) as e:
+                failures.append(e)
+
+    t = threading.Thread(target=handshake_loop)
+    t.start()
+    try:
+        for i in range(40):
+            pairs[i % 2].write(d / "tls.crt", d / "tls.key")
+            server.reloader.check()
+    finally:
+        done.set()
+        t.join()
+    assert failures == []
+    assert seen <= serials

@@ -4,10 +4,14 @@ Kubernetes rotates a mounted Secret by swapping a symlink (``..data``), and
 cert-manager renews certificates weeks before they expire; a webhook that read
 its key pair once would serve an expired certificate until someone restarted
 it. The files are polled with ``os.stat`` (following symlinks, so a swapped
-``..data`` link is seen) and a changed pair is loaded into the live
-:class:`ssl.SSLContext`, which affects every handshake after it. A pair that
-does not load (half-written, key and certificate mismatched) is logged and the
-previous one is kept.
+``..data`` link is seen). A changed pair is loaded into a new
+:class:`ssl.SSLContext`, which replaces the serving one in one assignment; the
+listening context hands each handshake the serving context from its SNI callback
+(called for every ClientHello, with or without a server name). Loading into the
+live context instead would let a handshake start between its certificate and its
+key and fail with the new certificate and the old key. A pair that does not load
+(half-written, key and certificate mismatched) is logged and the previous one is
+kept.
 """
 
 from __future__ import annotations
@@ -50,15 +54,18 @@ def certificate_not_after(cert_file: str) -> dt.datetime:
 
 
 class CertReloader:
-    """Owns the server context; :meth:`check` reloads it when the files changed."""
+    """Owns the listening context; :meth:`check` swaps in a new serving context when the files changed."""
 
     def __init__(self, cert_file: str, key_file: str,
                  on_reload: Callable[[bool, str], None] | None = None) -> None:
         self.cert_file = cert_file
         self.key_file = key_file
         self._on_reload = on_reload
-        self.context = _new_context()
-        load_pair(self.context, cert_file, key_file)  # a bad pair at start is fatal: CertificateError
+        self._serving = _new_context()
+        load_pair(self._serving, cert_file, key_file)  # a bad pair at start is fatal: CertificateError
+        self.context = _new_context()  # the one the server listens with; it never changes
+        load_pair(self.context, cert_file, key_file)
+        self.context.sni_callback = self._serve_current
         try:
             self.not_after = certificate_not_after(cert_file)
         except (OSError, ValueError) as e:
@@ -81,9 +88,8 @@ class CertReloader:
             if stamp is None or stamp == self._stamp:
                 return False
             try:
-                # Load into a scratch context first so a bad pair never touches the live one.
-                _new_context().load_cert_chain(self.cert_file, self.key_file)
-                self.context.load_cert_chain(self.cert_file, self.key_file)
+                fresh = _new_context()
+                fresh.load_cert_chain(self.cert_file, self.key_file)
                 self.not_after = certificate_not_after(self.cert_file)
             except (OSError, ssl.SSLError, ValueError) as exc:
                 # Keep polling: the writer may be half-way through; the next change retries.
@@ -93,11 +99,16 @@ class CertReloader:
                 if self._on_reload:
                     self._on_reload(False, str(exc))
                 return False
+            self._serving = fresh
             self._stamp = stamp
             log.info("serving certificate reloaded from %s (valid until %s)", self.cert_file, self.not_after)
             if self._on_reload:
                 self._on_reload(True, "")
             return True
+
+    def _serve_current(self, conn: ssl.SSLObject | ssl.SSLSocket, _server_name: str | None,
+                       _listening: ssl.SSLContext) -> None:
+        conn.context = self._serving
 
     def start(self, poll_s: float) -> None:
         """Poll in a daemon thread every ``poll_s`` seconds until :meth:`stop`."""
