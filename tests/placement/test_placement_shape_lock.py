@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from trace_slices import trace_slice
 
+from kubegpu.model.share_shape import share_shape
 from kubegpu.placement.cluster import Demand
 from kubegpu.placement.engine import place
 from kubegpu.placement.policies import ScoreContext
@@ -32,7 +33,8 @@ def test_a_gpu_takes_one_shape_until_it_is_empty(tmp_path: Path) -> None:
     assert first is not None
     cluster.take(first.node, first.gpus, quarter)
     locks.take(first.node, first.gpus, quarter)
-    assert locks.describe(first.node, first.gpus[0]) == (250, 0, 0)
+    quarter_shape = share_shape(25, 0, int(cluster.gmem_cap[first.node, first.gpus[0]]))  # no memory: all of it
+    assert locks.describe(first.node, first.gpus[0]) == quarter_shape
     # Best fit alone would stack the half share on the quarter's GPU; the lock sends it elsewhere.
     assert place(cluster, half, "bestfit", ctx=ctx).gpus == first.gpus  # type: ignore[union-attr]
     other = place(cluster, half, "bestfit", ctx=ctx, allowed=locks.allowed(half))
@@ -45,7 +47,7 @@ def test_a_gpu_takes_one_shape_until_it_is_empty(tmp_path: Path) -> None:
     locks.take(again.node, again.gpus, quarter)
     assert locks.allowed(Demand.whole(1)) is None  # whole GPUs need an empty GPU anyway
     locks.give_back(first.node, first.gpus, quarter)
-    assert locks.describe(first.node, first.gpus[0]) == (250, 0, 0)  # one share still holds it
+    assert locks.describe(first.node, first.gpus[0]) == quarter_shape  # one share still holds it
     locks.give_back(first.node, first.gpus, quarter)
     assert locks.describe(first.node, first.gpus[0]) is None
     allowed = locks.allowed(half)

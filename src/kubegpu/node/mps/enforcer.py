@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from kubegpu.inventory.compute_modes import EXCLUSIVE_PROCESS
 from kubegpu.model.inventory import NodeInventory
+from kubegpu.model.share_shape import enforced_memory, enforced_percent, is_whole_part
 from kubegpu.node.mps.capability import (
     ENFORCED_MODES,
     MODE_MPS,
@@ -117,10 +118,10 @@ class ShareEnforcer:
         strict shares of one shape are one holder, released by :meth:`reconcile`."""
         if self.selected not in ENFORCED_MODES:
             return None
-        # A memory-only share (gpu-memory without gpu-core: recorded with 0 % compute) reserves no compute, so
-        # its daemon limits memory and leaves the threads at 100 %.
-        full = [(u, c if 1 <= c <= 100 else 100, m or self._memory.get(u, 0)) for u, c, m in parts]
-        if all(c >= 100 and m >= self._memory.get(u, m + 1) for u, c, m in full):
+        # What the GPU's server enforces for each part, by the rule the placement core locks GPUs by
+        # (model/share_shape.py): a memory-only share runs with every thread, a share without memory has all.
+        full = [(u, enforced_percent(c), enforced_memory(m, self._memory.get(u, 0))) for u, c, m in parts]
+        if all(u in self._memory and is_whole_part(c, m, self._memory[u]) for u, c, m in parts):
             return None  # whole GPUs: nothing to share, nothing to enforce
         gpus = {g.uuid: g for g in self.inventory.gpus}
         for u, _, _ in full:

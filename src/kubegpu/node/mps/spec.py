@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-MIB: Final = 2**20
+from kubegpu.model.share_shape import ShareShape, memory_mib
+
 CONTAINER_ROOT: Final = "/mps"  # where a container finds its pipe directory
 DEFAULT_PIPE_DIR: Final = "/tmp/nvidia-mps"  # where CUDA looks when CUDA_MPS_PIPE_DIRECTORY is unset
 SHM_DIR: Final = "shm"  # <mps root>/shm: one tmpfs the servers and every client share as /dev/shm
@@ -82,6 +83,12 @@ class DaemonSpec:
         mem = ",".join(f"{g.memory_mib}M" for g in self.gpus)
         return f"{self.thread_percentage}% / {mem}"
 
+    def shape_on(self, uuid: str) -> ShareShape:
+        """What this daemon's server enforces on GPU ``uuid`` (model/share_shape.py: the key strict
+        enforcement locks a GPU by, as the placement core and the extender do)."""
+        limit = next(g for g in self.gpus if g.uuid == uuid)
+        return ShareShape(self.thread_percentage, limit.memory_mib, len(self.gpus))
+
 
 @dataclass(frozen=True, slots=True)
 class Binding:
@@ -92,17 +99,13 @@ class Binding:
     mounts: tuple[tuple[str, str], ...]
 
 
-def _mib(memory_bytes: int) -> int:
-    return max(1, memory_bytes // MIB)
-
-
 def replica_spec(resource: str, gpus: Sequence[tuple[str, int]], replicas: int) -> DaemonSpec:
     """NVIDIA's daemon for an MPS replica resource: ``gpus`` are (uuid, memory bytes) of its GPUs."""
     if replicas < 2:
         raise ShareShapeError(f"{resource}: MPS replicas need at least 2 per GPU, got {replicas}")
     uniq = dict(gpus)
     return DaemonSpec(name=resource.replace("/", "_"), kind="replicas", thread_percentage=max(1, 100 // replicas),
-                      gpus=tuple(GpuLimit(u, _mib(m // replicas)) for u, m in uniq.items()))
+                      gpus=tuple(GpuLimit(u, memory_mib(m // replicas)) for u, m in uniq.items()))
 
 
 def share_spec(parts: Sequence[tuple[str, int, int]]) -> DaemonSpec:
@@ -119,7 +122,7 @@ def share_spec(parts: Sequence[tuple[str, int, int]]) -> DaemonSpec:
     uuids = [u for u, _, _ in parts]
     if len(set(uuids)) != len(uuids):
         raise ShareShapeError("share names one GPU twice")
-    gpus = tuple(GpuLimit(u, _mib(m)) for u, _, m in parts)
+    gpus = tuple(GpuLimit(u, memory_mib(m)) for u, _, m in parts)
     shape = ";".join(f"{g.uuid}={g.memory_mib}" for g in sorted(gpus, key=lambda g: g.uuid))
     digest = hashlib.sha256(f"{core}|{shape}".encode()).hexdigest()[:10]
     mem = "-".join(str(g.memory_mib) for g in gpus) if len(gpus) <= 4 else f"{len(gpus)}gpus"

@@ -33,10 +33,14 @@ class StrictShares:
         with self._lock:
             for u in spec.uuids:
                 other = self.manager.daemon_of(u)
-                if other is not None and other.name != spec.name:
+                # The placement core keeps to the same key (model/share_shape.py); a daemon over other GPUs is
+                # another server even with the same key, so a share spanning several GPUs joins only its own.
+                if other is not None and (other.shape_on(u) != spec.shape_on(u)
+                                          or set(other.uuids) != set(spec.uuids)):
                     raise MpsError(
-                        f"GPU {u} is locked to the share shape {other.describe()} while its shares run (strict "
-                        f"enforcement: one MPS server per GPU); a {spec.describe()} share waits until it is empty")
+                        f"GPU {u} is locked to the share shape {other.shape_on(u).describe()} while its shares "
+                        f"run (strict enforcement: one MPS server per GPU); a {spec.shape_on(u).describe()} "
+                        "share waits until it is empty")
             entered: list[str] = []
             try:
                 for u in spec.uuids:
@@ -84,12 +88,13 @@ class StrictShares:
             return self.guard.stop()
 
     def locks(self) -> dict[str, str]:
-        """GPU UUID -> the share shape it is locked to (as the daemon describes it)."""
+        """GPU UUID -> the share shape it is locked to, as the extender reads it back
+        (:meth:`~kubegpu.model.share_shape.ShareShape.describe`)."""
         out = {}
         for u in self.guard.table():
             spec = self.manager.daemon_of(u)
             if spec is not None:
-                out[u] = spec.describe()
+                out[u] = spec.shape_on(u).describe()
         return out
 
     def modes(self) -> dict[str, GpuMode]:
