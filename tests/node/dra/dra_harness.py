@@ -8,9 +8,11 @@ import json
 import os
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from kubegpu.inventory.fake import FakeBackend
 from kubegpu.kube.client import make_client
@@ -21,6 +23,8 @@ from kubegpu.node.dra.slices import DraSettings
 from kubegpu_standins.apiserver import ApiServer
 from kubegpu_standins.dra_allocator import Allocator, ClaimController
 from kubegpu_standins.dra_kubelet import DraKubelet
+from kubegpu_standins.fake_driver import ENV_DRIVER_STATE
+from kubegpu_standins.mps_control import install
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "dra"
 NODE = "gpu-node-1"
@@ -162,4 +166,17 @@ def make_bed(root: Path, topology: str | Path = FIXTURES / "gpu-node-1.yaml", *,
     sys_root = make_sysfs(root / "sys", RECORDED_BUSES) if sysfs else "/nonexistent"
     settings = DraSettings(node_name=node, shared_gpus=DraSettings.parse_shared(shared), sysfs_root=sys_root)
     bed = Bed(root, api, Allocator(api), ClaimController(api), kubelet, backend, settings=settings)
+    return bed
+
+
+def make_strict_bed(root: Path, mps_root: Path, monkeypatch: pytest.MonkeyPatch) -> Bed:
+    """A bed whose every GPU takes shares enforced strictly (one MPS server per GPU, the GPU exclusive), by the
+    stand-in MPS control under ``mps_root`` and the fake driver's compute modes in ``mps_root/driver``."""
+    state = mps_root / "driver"
+    monkeypatch.setenv(ENV_DRIVER_STATE, str(state))  # the stand-in MPS servers see the fake driver's modes
+    bed = make_bed(root, shared="all")
+    assert bed.settings is not None
+    bed.backend = FakeBackend(FIXTURES / "gpu-node-1.yaml", node_name=bed.settings.node_name, driver_state=state)
+    bed.settings = replace(bed.settings, mps=True, enforcement="strict", mps_root=str(mps_root),
+                           mps_binary=install(mps_root))
     return bed

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dra_harness import FIXTURES, Bed, fixture, make_bed, strip_server
+from dra_harness import FIXTURES, Bed, fixture, make_bed, make_strict_bed, strip_server
 
 from kubegpu.install.dra import device_classes
 from kubegpu.install.values import Values
@@ -642,20 +642,12 @@ def _strict_attrs(bed: Bed, gpu: str) -> dict[str, Any]:
 def test_strict_shares_make_their_gpu_exclusive_and_a_whole_claim_waits_for_them(
         root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from kubegpu.inventory.compute_modes import DEFAULT, EXCLUSIVE_PROCESS
-    from kubegpu.inventory.fake import FakeBackend
     from kubegpu.node.dra.prepare import PrepareError
-    from kubegpu_standins.fake_driver import ENV_DRIVER_STATE
-    from kubegpu_standins.mps_control import install
 
-    bed = make_bed(root, shared="all")
     mps_root = Path(tempfile.mkdtemp(prefix="kgm-", dir="/tmp"))  # unix socket paths stay short
     state = mps_root / "driver"
-    monkeypatch.setenv(ENV_DRIVER_STATE, str(state))  # the stand-in MPS servers see the fake driver's modes
+    bed = make_strict_bed(root, mps_root, monkeypatch)
     try:
-        assert bed.settings is not None
-        bed.backend = FakeBackend(FIXTURES / "gpu-node-1.yaml", node_name=bed.settings.node_name, driver_state=state)
-        bed.settings = replace(bed.settings, mps=True, enforcement="strict", mps_root=str(mps_root),
-                               mps_binary=install(mps_root))
         _ready(bed)
         _classes(bed)
         gpu0 = bed.backend.discover().gpus[0].uuid

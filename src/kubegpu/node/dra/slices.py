@@ -20,7 +20,9 @@ Shapes follow what a v1.36 API server stores (fixtures ``dra-v1.36`` s1, s3, s4,
   (``shared-gpu.kubegpu.io`` with ``capacity.requests: {compute: 30, memory: 8Gi}``).
   kube-scheduler sums what the allocations of a device consume (fixtures ``dra-v1.36`` s4: a
   request over what is left is ``cannot allocate all claims``), so a GPU holds one whole claim
-  or shares up to 100 % and its memory, never both, and which one is decided per claim.
+  or shares up to 100 % and its memory, never both, and which one is decided per claim. Under strict
+  enforcement a GPU serving shares of one shape publishes that shape as its only share values
+  (:func:`keep_to_lock`), so the allocator itself keeps to the lock.
 - **health** as device taints: an Xid taints the device ``gpu.kubegpu.io/xid-error=<xid>:NoSchedule``,
   any other failure ``gpu.kubegpu.io/unhealthy:NoSchedule``; recovery removes the taint.
 
@@ -39,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from kubegpu.model.inventory import Gpu, MigDevice, NodeInventory
 from kubegpu.model.quantity import format_bytes
+from kubegpu.model.share_shape import MIB, ShareShape, parse_shape
 from kubegpu.node.dra.names import (
     DRIVER,
     PCIE_ROOT_ATTRIBUTE,
@@ -366,6 +369,10 @@ def pool_content(inv: NodeInventory, settings: DraSettings, taints: Mapping[str,
                                                             "step": format_bytes(step)}},
                            "value": format_bytes(g.memory_bytes)},
             }
+            view = views.get(g.uuid)
+            lock = parse_shape(view.shape_lock) if view is not None and view.shape_lock else None
+            if lock is not None:
+                keep_to_lock(cap, lock, default_mem)
             add({"allowMultipleAllocations": True, "attributes": _sorted(attrs), "capacity": cap, "name": name},
                 PublishedDevice(name, pool, TYPE_GPU, g.uuid, g.uuid, g.index, g.minor, g.memory_bytes,
                                 share_memory_max=mem_max))
@@ -373,6 +380,22 @@ def pool_content(inv: NodeInventory, settings: DraSettings, taints: Mapping[str,
             add({"attributes": _sorted(attrs), "capacity": {"memory": {"value": format_bytes(g.memory_bytes)}},
                  "name": name}, base)
     return out
+
+
+def keep_to_lock(cap: dict[str, Any], lock: ShareShape, default_mem: int) -> None:
+    """A strict GPU serving shares of ``lock``: its consumable capacity takes that shape only.
+
+    kube-scheduler rounds a request up to the smallest of ``validValues`` at least as large (KEP-5075; what it
+    consumed is in the claim's ``consumedCapacity``, which the node enforces), and refuses the device for a
+    request above all of them. So the values are the lock and the defaults: a share up to the lock is given the
+    lock's shape, a larger share rounds up to the whole GPU and does not fit beside the running shares, and a
+    claim naming no capacity (a whole GPU) consumes the defaults as before. A lock over several GPUs (one
+    server over exactly them) takes no new share: the values are the defaults alone."""
+    compute = {100} if lock.spans > 1 else {lock.percent, 100}
+    memory = {default_mem} if lock.spans > 1 else {lock.memory_mib * MIB, default_mem}
+    cap["compute"]["requestPolicy"] = {"default": "100", "validValues": [str(v) for v in sorted(compute)]}
+    cap["memory"]["requestPolicy"] = {"default": format_bytes(default_mem),
+                                      "validValues": [format_bytes(v) for v in sorted(memory)]}
 
 
 def enforcement_attrs(view: GpuView | None, settings: DraSettings) -> dict[str, dict[str, Any]]:
