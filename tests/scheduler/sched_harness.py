@@ -90,7 +90,11 @@ class Cluster:
 
 
 def start_cluster(tmp_path: Path, inventories: list[NodeInventory] | None = None,
-                  nodes: list[dict] | None = None, **policies: str) -> tuple[ApiServer, ServiceThread]:
+                  nodes: list[dict] | None = None, filter_wait_s: float = 0.0,
+                  **policies: str) -> tuple[ApiServer, ServiceThread]:
+    """The API server with ``nodes`` and ``inventories`` (the fixture's by default) and the extender watching it.
+    These tests post filters without the binds kube-scheduler sends after them, so by default no filter waits for
+    a bind (``filter_wait_s``; the tests of that wait give their own)."""
     api = ApiServer(history=5000).start()
     for node in nodes if nodes is not None else fixture_nodes():
         api.put_object(node)
@@ -98,7 +102,8 @@ def start_cluster(tmp_path: Path, inventories: list[NodeInventory] | None = None
         api.put_object(device_object(inv))
     kc = api.write_kubeconfig(tmp_path / "kubeconfig")
     env = environment_settings(os.environ)  # the conftest and some tests set the handoff wait's variables
-    ext = ServiceThread(kc, handoff_wait=env["handoff_wait"], handoff_wait_s=env["handoff_wait_s"], **policies).start()
+    ext = ServiceThread(kc, handoff_wait=env["handoff_wait"], handoff_wait_s=env["handoff_wait_s"],
+                        filter_wait_s=filter_wait_s, **policies).start()
     return api, ext
 
 

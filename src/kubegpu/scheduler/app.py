@@ -33,6 +33,7 @@ from kubegpu.placement import DEFAULT_POLICY
 from kubegpu.placement.reservations import ReservationConfig
 from kubegpu.scheduler import wire
 from kubegpu.scheduler.bind import DEFAULT_HANDOFF_WAIT_S, Binder
+from kubegpu.scheduler.inflight import DEFAULT_FILTER_WAIT_S, InFlight
 from kubegpu.scheduler.limits import Limits, LoopShare, bounded_filter
 from kubegpu.scheduler.metrics import ExtenderMetrics
 from kubegpu.scheduler.pending import PendingPods
@@ -77,7 +78,7 @@ class Extender:
                  body_timeout_s: float = 10.0, handoff_wait_s: float = DEFAULT_HANDOFF_WAIT_S,
                  pending: PendingPods | None = None, per_gpu_metrics: bool = False,
                  gpu_resources: frozenset[str] = frozenset(), reservations: ReservationConfig | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, filter_wait_s: float = DEFAULT_FILTER_WAIT_S) -> None:
         self.view = view
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
@@ -90,8 +91,11 @@ class Extender:
         self.reservations = view.reservations = Reservations(
             view.nodes, view.mirror, view.ledger, reservations, clock,
             on_placed=lambda width, wait: self.metrics.wait.labels(width).observe(wait))
+        # The pods passed by filter whose binds have not held their GPUs yet: a filter counts them (inflight.py).
+        # Without an API client this extender never binds, so no filter waits for a bind.
+        self.inflight = InFlight(view, wait_s=filter_wait_s if client is not None else 0.0)
         self.binder = Binder(view, client, self.plans, self.metrics, pending=pending, handoff_wait_s=handoff_wait_s,
-                             ready=ready)
+                             ready=ready, inflight=self.inflight)
         self._ready = ready
         self.names = wire.NameMemo()  # kube-scheduler's node lists, recognised by their bytes
         self.share = LoopShare()  # requests in flight, for expensive filters to step aside
@@ -163,7 +167,8 @@ class Extender:
             self.view.ledger.expire_assumed()
             plan = self.plans.plan(args.Pod)
             self.reservations.saw_filter(plan, args.Pod)  # it waits: a wide one may get a reservation
-            out = await bounded_filter(self.view, plan, names, self.limits, share=self.share)
+            out = await self.inflight.settle(
+                plan, lambda: bounded_filter(self.view, plan, names, self.limits, share=self.share))
         except Exception as e:  # a bug must not fail scheduling silently: say it in Error
             log.exception("filter failed")
             return _json(wire.encode(wire.ExtenderFilterResult(None, None, {}, {}, f"kubegpu filter: {e}")))

@@ -29,6 +29,7 @@ from kubegpu.model.allocation import AnnotationError, PodAllocation, decode, enc
 from kubegpu.model.signing import record_annotations
 from kubegpu.placement import PlacementConflict
 from kubegpu.scheduler import wire
+from kubegpu.scheduler.inflight import InFlight
 from kubegpu.scheduler.metrics import ExtenderMetrics
 from kubegpu.scheduler.pending import PendingPods
 from kubegpu.scheduler.plan import PlanCache, PodPlan
@@ -80,7 +81,7 @@ class Binder:
 
     def __init__(self, view: ClusterView, client: AsyncClient | None, plans: PlanCache, metrics: ExtenderMetrics,
                  *, pending: PendingPods | None = None, handoff_wait_s: float = DEFAULT_HANDOFF_WAIT_S,
-                 ready: asyncio.Event | None = None) -> None:
+                 ready: asyncio.Event | None = None, inflight: InFlight | None = None) -> None:
         self.view = view
         self.ledger = view.ledger
         self.handoffs = view.handoffs
@@ -95,6 +96,9 @@ class Binder:
         # Set once the first lists are in: before that a pod waiting on a node is invisible to the queue.
         self.ready = ready
         self.locks = KeyLocks()
+        # The pods filters count before the accounting does (scheduler/inflight.py): a bind names its node there
+        # as soon as it knows the pod's plan, and ends its flight once it holds the GPUs or gives up.
+        self.inflight = inflight if inflight is not None else InFlight(view, wait_s=0.0)
         # Per node, the latest binds through here (loop time, pod, what it took): when a bind finds no room on a
         # node its filter passed, they say what changed in between.
         self.recent: dict[str, deque[tuple[float, str, str]]] = {}
@@ -103,12 +107,16 @@ class Binder:
         """Bind the pod ``args`` names to ``args.Node``: '' or why it failed."""
         key = f"{args.PodNamespace}/{args.PodName}"
         async with self.locks.held(key):
-            error = await self._bind(args, key)
+            filtered_at = self.inflight.filtered_at(key)
+            try:
+                error = await self._bind(args, key, filtered_at)
+            finally:
+                self.inflight.done(key)
         if error:
             log.warning("bind %s to %s failed: %s", key, args.Node, error)
         return error
 
-    async def _bind(self, args: wire.ExtenderBindingArgs, key: str) -> str:
+    async def _bind(self, args: wire.ExtenderBindingArgs, key: str, filtered_at: float | None) -> str:
         if self.client is None:
             return "kubegpu bind: no API client configured"
         ns, name, node = args.PodNamespace, args.PodName, args.Node
@@ -124,7 +132,7 @@ class Binder:
         # precondition) and never refuses on its own word (scheduler/pending.py); then a GET.
         pod = self.pending.get(key, args.PodUID) if self.pending is not None else None
         if pod is not None:
-            outcome = await self._bind_pod(args, key, pod, deadline, confirmed=False)
+            outcome = await self._bind_pod(args, key, pod, deadline, filtered_at, confirmed=False)
             if isinstance(outcome, str):
                 return outcome
             pod = outcome.pod
@@ -139,20 +147,21 @@ class Binder:
                     self.metrics.bind_failures.labels("api-unreachable").inc()
                     return f"kubegpu bind: API server unreachable: {e}"
                 pod = current.to_dict()
-            outcome = await self._bind_pod(args, key, pod, deadline, confirmed=True)
+            outcome = await self._bind_pod(args, key, pod, deadline, filtered_at, confirmed=True)
             if isinstance(outcome, str):
                 return outcome
             pod = outcome.pod
         self.metrics.bind_failures.labels("api-error").inc()
         return f"kubegpu bind: pod {key} kept changing while it was being bound; retried after back-off"
 
-    async def _bind_pod(self, args: wire.ExtenderBindingArgs, key: str, pod: dict[str, Any], deadline: float, *,
-                        confirmed: bool) -> str | _Reread:
+    async def _bind_pod(self, args: wire.ExtenderBindingArgs, key: str, pod: dict[str, Any], deadline: float,
+                        filtered_at: float | None, *, confirmed: bool) -> str | _Reread:
         """Bind ``pod`` (the API server's, as a GET or the watch showed it) to ``args.Node``: '' or the reason
         it failed, or :class:`_Reread` to start over from the API server's pod. Unconfirmed (the watch's
         copy), every refusal that depends on the pod is a reread, so that only the API server's current pod
         is ever refused; so is a Binding the API server refuses as a conflict (the pod changed since the copy,
-        was recreated, or was bound since) or as not found (deleted since)."""
+        was recreated, or was bound since) or as not found (deleted since). ``filtered_at``: when this extender's
+        filter last passed the pod (loop time; None: not seen), what a refusal compares the node's changes with."""
         ns, name, node = args.PodNamespace, args.PodName, args.Node
         meta = pod.get("metadata") or {}
         uid = str(meta.get("uid") or "")
@@ -182,6 +191,8 @@ class Binder:
                 return _Reread()
             self.metrics.bind_failures.labels("refused").inc()
             return f"kubegpu bind: {why}"
+        # From here until it holds, filters count the pod on this node (it may wait for its turn a long while).
+        self.inflight.binding(plan, node)
         if why := await self._turn(plan, node, deadline):
             if not confirmed:  # the API server's pod waits for what is left of the same deadline (none)
                 return _Reread()
@@ -199,12 +210,13 @@ class Binder:
             if not confirmed:
                 return _Reread()
             self.metrics.bind_failures.labels("no-fit").inc()
-            return f"kubegpu bind: {why}; {self._changed_since_filter(node, key)}"
+            return f"kubegpu bind: {why}; {self._changed_since_filter(node, key, filtered_at)}"
         try:
             self.ledger.hold(key, uid, node, alloc, assumed=True, plan=plan)
         except PlacementConflict as e:  # cannot happen right after choose; refuse rather than over-commit
             self.metrics.bind_failures.labels("no-fit").inc()
             return f"kubegpu bind: {e}"
+        self.inflight.done(key)  # the accounting counts it now
         value = encode(alloc)
         record = record_annotations(value, uid, node, self.ledger.record_key)  # signed for the node (h11)
         try:
@@ -254,20 +266,23 @@ class Binder:
         for n in [n for n, q in self.recent.items() if q and now - q[-1][0] > RECENT_S]:
             del self.recent[n]  # bounded by the nodes bound to lately
 
-    def _changed_since_filter(self, node: str, key: str) -> str:
-        """What took the room on ``node`` since kube-scheduler's filter passed it for ``key``: the binds through
-        here in the last RECENT_S seconds (kube-scheduler filters the next pod before the previous bind arrives,
-        and its own count of a node's GPUs does not see how shares fill them), else the cluster itself."""
+    def _changed_since_filter(self, node: str, key: str, filtered_at: float | None) -> str:
+        """What took the room on ``node`` since this extender's filter passed it for ``key`` (``filtered_at``, loop
+        time; None when it did not filter the pod: then the last RECENT_S seconds): the binds through here since,
+        which its filter did not count (a bind that came later than the filter waits for), else a change the
+        extender did not make (a pod the watch showed bound there, the node's GPUs)."""
         now = asyncio.get_running_loop().time()
-        recent = [(t, k, taken) for t, k, taken in self.recent.get(node, ()) if now - t <= RECENT_S and k != key]
+        since = now - RECENT_S if filtered_at is None else filtered_at
+        seen = (f"its filter passed the node {now - filtered_at:.1f} s ago" if filtered_at is not None else
+                "this extender did not filter the pod (restarted since, or another instance did)")
+        recent = [(t, k, taken) for t, k, taken in self.recent.get(node, ()) if t >= since and k != key]
         if recent:
             shown = "; ".join(f"{k} ({taken}, {now - t:.1f} s ago)" for t, k, taken in reversed(recent[-4:]))
             more = f" and {len(recent) - 4} more" if len(recent) > 4 else ""
-            return (f"the room its filter saw was taken since by pods bound there: {shown}{more} (kube-scheduler "
-                    "filters a pod before the binds ahead of it arrive; retried after back-off)")
-        return (f"no pod was bound there through this extender in the last {RECENT_S:g} s: the room its filter saw "
-                "went since to a pod the watch showed bound there, or with the node's GPUs (health, Device object); "
-                "retried after back-off")
+            return (f"{seen}; the room its filter saw was taken since by pods bound there: {shown}{more} (their binds "
+                    "came after its filter; retried after back-off)")
+        return (f"{seen}; no pod was bound there through this extender since: the room went to a pod the watch "
+                "showed bound there, or with the node's GPUs (health, Device object); retried after back-off")
 
     async def _bind_plain(self, key: str, pod: dict[str, Any], node: str, *, confirmed: bool) -> str | _Reread:
         """A pod without GPUs on a node without kubegpu GPUs: nothing to choose or account, a plain Binding

@@ -39,6 +39,7 @@ from kubegpu.placement import DEFAULT_POLICY
 from kubegpu.placement.reservations import ReservationConfig
 from kubegpu.scheduler.app import Extender
 from kubegpu.scheduler.bind import DEFAULT_HANDOFF_WAIT_S
+from kubegpu.scheduler.inflight import DEFAULT_FILTER_WAIT_S
 from kubegpu.scheduler.limits import Limits
 from kubegpu.scheduler.pending import PendingPods, kept_for_bind
 from kubegpu.scheduler.plan import PodPlan
@@ -81,8 +82,10 @@ def device_handler(view: ClusterView) -> Any:
     return on_device
 
 
-def pod_handler(view: ClusterView, plan: Callable[[dict[str, Any]], PodPlan]) -> Any:
-    """The pod watch's handler: each event's pod into the accounting, with its plan (the extender's)."""
+def pod_handler(view: ClusterView, plan: Callable[[dict[str, Any]], PodPlan],
+                landed: Callable[[str, str], None] = lambda key, uid: None) -> Any:
+    """The pod watch's handler: each event's pod into the accounting, with its plan (the extender's); ``landed``
+    is told the key and UID of each pod seen bound or deleted (filters stop counting it as in flight)."""
     ledger = view.ledger
 
     def on_pod(ev: WatchEvent) -> None:
@@ -91,6 +94,8 @@ def pod_handler(view: ClusterView, plan: Callable[[dict[str, Any]], PodPlan]) ->
         meta = ev.obj.metadata
         ann = meta.annotations or {}
         node = ev.obj.spec.nodeName if ev.obj.spec else None
+        if node or ev.type is EventType.DELETED:
+            landed(f"{meta.namespace}/{meta.name}", meta.uid or "")
         if (A.DEVICE_ALLOCATED not in ann and A.DEVICE_ASSIGNED not in ann
                 and f"{meta.namespace}/{meta.name}" not in ledger.held
                 and not ledger.tracks(node) and (not node or ledger.devices_listed)):
@@ -140,6 +145,7 @@ class ExtenderService:
     # acknowledges bound pods (simulations, extender-only tests).
     handoff_wait: bool = True
     handoff_wait_s: float = DEFAULT_HANDOFF_WAIT_S  # how long a bind waits for its turn
+    filter_wait_s: float = DEFAULT_FILTER_WAIT_S  # how long a filter waits for binds in flight (scheduler/inflight.py)
     gpu_resources: frozenset[str] = frozenset()  # renamed GPU resources the deployment declared
     reservations: ReservationConfig | None = None  # GPUs kept for waiting wide pods (scheduler/reservations.py)
     clock: Callable[[], float] = time.time  # the wall clock reservations count waits on
@@ -155,7 +161,8 @@ class ExtenderService:
                      keep=tombstone),
             # Only bound pods hold GPUs (unbound ones are the extender's own assumptions); unbound ones are
             # kept for bind, which reads them instead of a GET.
-            Informer(self.client, SlimPod, pod_handler(self.view, lambda pod: self.extender.plans.plan(pod)),
+            Informer(self.client, SlimPod, pod_handler(self.view, lambda pod: self.extender.plans.plan(pod),
+                                                       lambda key, uid: self.extender.inflight.done(key, uid)),
                      resync_s=self.resync_s, name="pods",
                      keep=kept_pod),
         ]
@@ -166,7 +173,7 @@ class ExtenderService:
                                  body_timeout_s=self.serve_limits.body_timeout_s, pending=self.pending,
                                  per_gpu_metrics=self.per_gpu_metrics, handoff_wait_s=self.handoff_wait_s,
                                  gpu_resources=self.gpu_resources, reservations=self.reservations,
-                                 clock=self.clock)
+                                 clock=self.clock, filter_wait_s=self.filter_wait_s)
 
     def synced(self) -> bool:
         return all(i.synced.is_set() for i in self.informers)
@@ -236,8 +243,10 @@ class ServiceThread:
     def __init__(self, kubeconfig: str | Path, *, host: str = "127.0.0.1", port: int = 0,
                  node_policy: str = DEFAULT_POLICY, gpu_policy: str = DEFAULT_POLICY, handoff_wait: bool = True,
                  handoff_wait_s: float = DEFAULT_HANDOFF_WAIT_S, record_key: bytes | None = None,
-                 reservations: ReservationConfig | None = None, clock: Callable[[], float] = time.time) -> None:
+                 reservations: ReservationConfig | None = None, clock: Callable[[], float] = time.time,
+                 filter_wait_s: float = DEFAULT_FILTER_WAIT_S) -> None:
         self._kubeconfig = kubeconfig
+        self._filter_wait_s = filter_wait_s
         self._reservations = (reservations, clock)
         self._record_key = record_key
         self._host, self._port = host, port
@@ -263,7 +272,7 @@ class ServiceThread:
             self.service = ExtenderService(make_async_client(self._kubeconfig), *self._policies,
                                            handoff_wait=self._handoff[0], handoff_wait_s=self._handoff[1],
                                            record_key=self._record_key, reservations=self._reservations[0],
-                                           clock=self._reservations[1])
+                                           clock=self._reservations[1], filter_wait_s=self._filter_wait_s)
             started = asyncio.Event()
             self._task = asyncio.create_task(self.service.serve(self._host, self._port, started=started))
             waiter = asyncio.create_task(started.wait())
