@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -152,13 +152,16 @@ class TraceScheduler:
         return out
 
 
-def start_replay_cluster(nodes: TraceNodes, workdir: Path, policy: str = "kubegpu") -> tuple[ApiServer, Any]:
-    """A stand-in API server holding the trace nodes' Device objects, and the extender watching it."""
+def start_replay_cluster(nodes: TraceNodes, workdir: Path, policy: str = "kubegpu",
+                         share_enforcement: str = "") -> tuple[ApiServer, Any]:
+    """A stand-in API server holding the trace nodes' Device objects, and the extender watching it.
+    ``share_enforcement``: what every GPU reports (``strict``: one share shape per GPU at a time)."""
     from kubegpu.scheduler.service import ServiceThread
 
     api = ApiServer(history=200_000).start()
     for inv in trace_inventories(nodes):
-        api.put_object(device_object(inv))
+        gpus = tuple(replace(g, share_enforcement=share_enforcement) for g in inv.gpus)
+        api.put_object(device_object(replace(inv, gpus=gpus)))
     kc = api.write_kubeconfig(workdir / "kubeconfig")
     ext = ServiceThread(kc, node_policy=policy, gpu_policy=policy).start(timeout_s=120)
     # No node daemon serves these records, so none is ever acknowledged: the one-pod-per-shape handoff
@@ -168,6 +171,17 @@ def start_replay_cluster(nodes: TraceNodes, workdir: Path, policy: str = "kubegp
     assert service is not None  # started above
     ext.call(lambda: setattr(service.view.handoffs, "enabled", False))
     return api, ext
+
+
+def replay_over_http(nodes: TraceNodes, pods: Sequence[TracePod], order: Sequence[int], workdir: Path,
+                     policy: str = "kubegpu", share_enforcement: str = "") -> ReplayOutcome:
+    """:class:`TraceScheduler`'s run of ``order`` against a fresh extender (:func:`start_replay_cluster`)."""
+    api, ext = start_replay_cluster(nodes, workdir, policy, share_enforcement)
+    try:
+        return TraceScheduler(api, ext.url, nodes).run(pods, order)
+    finally:
+        ext.stop()
+        api.stop()
 
 
 def agreement(sim: Sequence[tuple[int, tuple[int, ...]] | None], ext: Sequence[tuple[str, tuple[int, ...]] | None],

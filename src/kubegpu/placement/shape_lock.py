@@ -75,6 +75,11 @@ class ShapeLocks:
             self.spans[node, slot] = shape.spans
         self.shares[node, slot] = shares
 
+    def clear_row(self, node: int) -> None:
+        """No GPU of ``node`` strict or locked (before the extender rebuilds its row)."""
+        self.percent[node], self.memory_mib[node], self.spans[node], self.shares[node] = NO_LOCK, 0, 0, 0
+        self.strict[node] = False
+
     def block(self, node: int, slot: int) -> None:
         """No new share joins this GPU until it is rebuilt (its running shares disagree on the shape)."""
         self.percent[node, slot] = NO_SHARE

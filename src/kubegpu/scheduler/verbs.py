@@ -33,6 +33,7 @@ from kubegpu.scheduler.plan import PodPlan
 from kubegpu.scheduler.reasons import NameTable, ReasonMap, TextTable
 from kubegpu.scheduler.reservations import Reservations
 from kubegpu.scheduler.scoring import Scoring
+from kubegpu.scheduler.shape_locks import ExtenderShapeLocks
 from kubegpu.scheduler.wire import HeldNames, HostTable, NameWindow, RowNames, encode_priorities
 
 MAX_PRIORITY = 10  # kube-scheduler's MaxExtenderPriority
@@ -68,6 +69,7 @@ class Verbs:
     scoring: Scoring
     exact_fit_enough: int
     reservations: Reservations | None = None  # GPUs kept for waiting wide pods (None: no reservations)
+    _shape_locks: ExtenderShapeLocks | None = None  # strict MPS: one share shape per GPU (built on first use)
     # Kept per array layout (rows change only with it): the names' JSON by row, the rows of the name list
     # kube-scheduler sends (as NameMemo holds it), and the last filter's passing names and rows where they are
     # a plain list (prioritize is sent that very list).
@@ -165,15 +167,16 @@ class Verbs:
             ok = ok & roomy
         demand = plan.gpu_demand
         enough = (self.mirror.candidate_counts(demand) >= demand.count)[rows]
-        allowed = self.reservation_mask(plan)
+        reserved = self.reservation_mask(plan)
+        allowed = self.allowed_mask(plan, reserved)
         mine = self.reservations.own_row(plan.key) if self.reservations is not None else None
-        if allowed is not None:  # GPUs kept for a waiting wide pod count as taken for this one
+        if allowed is not None:  # GPUs it may not take (kept for a wide pod, locked to a shape) count as taken
             held_back = ok & enough & ~((self.mirror.candidates(demand) & allowed).sum(axis=1) >= demand.count)[rows]
             if held_back.any():
-                assert self.reservations is not None
                 sub = rows[held_back]
-                failed.add_texts(by_row, sub, table, [self.reservations.holding(r, mine) for r in sub.tolist()])
-                reasons["reserved"] += len(sub)
+                kept_off = [self._kept_off(plan, r, reserved, mine) for r in sub.tolist()]
+                failed.add_texts(by_row, sub, table, [why for _, why in kept_off])
+                reasons.update(key for key, _ in kept_off)
                 ok = ok & ~held_back
         good = rows[ok & enough]
         good.flags.writeable = False
@@ -193,6 +196,33 @@ class Verbs:
     def reservation_mask(self, plan: PodPlan) -> np.ndarray | None:
         """(N, G) bool: the GPUs this pod may take without delaying a waiting wide pod (None: all of them)."""
         return None if self.reservations is None else self.reservations.allowed(plan)
+
+    def shape_locks(self) -> ExtenderShapeLocks:
+        if self._shape_locks is None:
+            self._shape_locks = ExtenderShapeLocks(self.nodes, self.mirror, self.ledger)
+        return self._shape_locks
+
+    def allowed_mask(self, plan: PodPlan, reserved: np.ndarray | None) -> np.ndarray | None:
+        """(N, G) bool: the GPUs this pod may take (None: all of them): those ``reserved`` lets it take (its
+        :meth:`reservation_mask`), and on a strict MPS GPU only its own share shape (scheduler/shape_locks.py).
+        Filter, prioritize and bind all AND this one mask."""
+        locked = self.shape_locks().allowed(plan.demand) if plan.demand.is_share else None
+        if locked is None or reserved is None:
+            return locked if reserved is None else reserved
+        out: np.ndarray = reserved & locked
+        return out
+
+    def _kept_off(self, plan: PodPlan, row: int, reserved: np.ndarray | None,
+                  mine: tuple[int, str] | None) -> tuple[str, str]:
+        """(reason key, reason) for node ``row``, whose GPUs have room for the pod but too few it may take:
+        the shape lock where the wide pods' reservations alone would let it on, else the reservation."""
+        cand = self.mirror.candidates(plan.gpu_demand)[row]
+        if reserved is not None:
+            cand = cand & reserved[row]
+        if reserved is None or int(cand.sum()) >= plan.demand.count:
+            return "shape-lock", self.shape_locks().why(row, plan.demand, cand)
+        assert self.reservations is not None
+        return "reserved", self.reservations.holding(row, mine)
 
     def known_and_allowed(self, names: Sequence[str], all_rows: np.ndarray, request: PodRequest,
                           failed: ReasonMap, reasons: Counter[str],
@@ -260,8 +290,12 @@ class Verbs:
             return "nvlink", NOT_LINKED
         if not result.ok:
             return "insufficient-gpu", result.reason
-        if result.choice is not None and (why := self._delays_reservation(plan, rec, result.choice.to_allocation())):
-            return "reserved", why
+        if result.choice is not None:
+            alloc = result.choice.to_allocation()
+            if why := self._delays_reservation(plan, rec, alloc):
+                return "reserved", why
+            if why := self.shape_locks().breaks(rec, [c.grants for c in alloc.containers]):
+                return "shape-lock", why
         return None
 
     def _delays_reservation(self, plan: PodPlan, rec: NodeRecord, alloc: PodAllocation) -> str:
@@ -312,7 +346,7 @@ class Verbs:
         if len(rows):
             # Over every row at once (contiguous), then one take in the order given.
             cand = self.mirror.candidates(demand)
-            allowed = self.reservation_mask(plan)
+            allowed = self.allowed_mask(plan, self.reservation_mask(plan))
             if allowed is not None:
                 cand = cand & allowed
             feasible = ((cluster.cpu_free >= demand.cpu_milli) & (cluster.mem_free >= demand.memory_bytes)
@@ -383,17 +417,20 @@ class Verbs:
             cluster = self.mirror.cluster
             if cluster.cpu_free[row] < demand.cpu_milli or cluster.mem_free[row] < demand.memory_bytes:
                 return None, f"node {node}: " + _resources_short(cluster, np.array([row]), demand)[0]
-            allowed = self.reservation_mask(plan)
+            reserved = self.reservation_mask(plan)
+            allowed = self.allowed_mask(plan, reserved)
             try:
                 slots = choose_gpus(cluster, row, demand, policy, ctx, allowed)
             except ValueError as exc:
-                if allowed is not None and self.reservations is not None:
-                    try:
-                        choose_gpus(cluster, row, demand, policy, ctx)
-                    except ValueError:
-                        return None, str(exc)
-                    return None, f"node {node}: {self.reservations.holding(row, self.reservations.own_row(plan.key))}"
-                return None, str(exc)
+                if allowed is None:
+                    return None, str(exc)
+                try:
+                    choose_gpus(cluster, row, demand, policy, ctx)
+                except ValueError:
+                    return None, str(exc)
+                mine = self.reservations.own_row(plan.key) if self.reservations is not None else None
+                key, why = self._kept_off(plan, row, reserved, mine)
+                return None, why if key == "shape-lock" else f"node {node}: {why}"
             c = request.gpu_containers[0]
             assert c.request is not None
             alloc = PodAllocation((ContainerAllocation(c.name, grants_on(rec.state, demand, slots,
@@ -407,6 +444,8 @@ class Verbs:
             alloc, reason = result.choice.to_allocation(), result.reason
             if why := self._delays_reservation(plan, rec, alloc):
                 return None, f"node {node}: {why}"
+            if why := self.shape_locks().breaks(rec, [c.grants for c in alloc.containers]):
+                return None, why
         if plan.nvlink and not all_linked(rec, alloc.containers):
             return None, f"node {node}: {NOT_LINKED}"
         return alloc, reason
