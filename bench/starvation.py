@@ -7,9 +7,16 @@ openb default list replayed in time with departures (every pod, or the first ``-
 arrivals compressed to the load that brings the peak request to 95 % of the GPUs). ``bench/starvation_extender.py``
 runs the same churn through the extender's HTTP verbs.
 
+The recorded churn asks for about 1.8 times the cluster's GPUs while it arrives (its wide pods alone about 0.9
+times), so pods must be withdrawn whatever the policy: reservations choose that it is not the wide ones. The same
+pods are also replayed arriving slower (``--loads``, default 1.2 and 1.0 times the GPUs), where every pod can run.
+
 Prints one line per run, then ONE JSON object as the last line: wide_pods_never_placed (target 0),
-wide_wait_p99_s, small_wait_p99_s, the same ``_without`` reservations, idle_gpu_cost_pct (target <= 1: held GPUs
-left free while a pod that would have fit there waited, % of the GPU capacity of the run), and each run's details.
+wide_wait_p99_s, small_wait_p99_s, small_pods_never_placed, the same ``_without`` reservations, idle_gpu_cost_pct
+(target <= 1: held GPUs left free while a pod that would have fit there waited, % of the GPU capacity of the run),
+all over the recorded churn and openb; ``churn_at_load`` the same for the churn at each lighter load; and each
+run's details (per width; ``gave_up``: withdrawn after 120 s, the rest of the never placed still waited when the
+replay ended; ``gpu_used_pct``: the GPU capacity in use).
 """
 
 from __future__ import annotations
@@ -33,17 +40,46 @@ def _line(name: str, r: QueueResult) -> None:
     wide, small = r.stats(WIDE), r.stats(SMALL)
     print(f"{name}, reservations {'on' if r.reservations else 'off'}: wide never placed {wide.never_placed}, "
           f"wide p99 {wide.wait_p99_s:.1f} s, small p99 {small.wait_p99_s:.1f} s, small never placed "
-          f"{small.never_placed}, idle cost {r.idle_gpu_cost_pct:.2f} %, {r.seconds:.1f} s", file=sys.stderr,
-          flush=True)
+          f"{small.never_placed} (all widths: {sum(r.never_placed.values())} never placed, {sum(r.gave_up.values())} "
+          f"of them withdrawn), GPUs in use {r.used_pct:.0f} %, idle cost {r.idle_gpu_cost_pct:.2f} % (held idle "
+          f"{r.held_idle_pct:.2f} %), {r.seconds:.1f} s", file=sys.stderr, flush=True)
 
 
-def main(openb_pods: int | None, config: ReservationConfig) -> dict[str, object]:
-    churn = Churn()
-    runs: dict[str, dict[str, QueueResult]] = {"churn": {}, "openb": {}}
+def _churn(churn: Churn, config: ReservationConfig, name: str) -> dict[str, QueueResult]:
+    out = {}
     for label, cfg in (("without", None), ("with", config)):
-        runs["churn"][label] = replay_queue(churn.cluster(), churn.pods(), reservations=cfg,
-                                            declared_runtime=True, give_up_s=churn.give_up_s)
-        _line("churn", runs["churn"][label])
+        out[label] = replay_queue(churn.cluster(), churn.pods(), reservations=cfg, declared_runtime=True,
+                                  give_up_s=churn.give_up_s)
+        _line(name, out[label])
+    return out
+
+
+def _summary(runs: dict[str, dict[str, QueueResult]]) -> dict[str, object]:
+    """The headline keys over these runs: counts summed, waits and the idle cost at their worst."""
+
+    def worst(label: str, widths: tuple[str, ...], field: str) -> float:
+        return round(max(float(getattr(r[label].stats(widths), field)) for r in runs.values()), 3)
+
+    def never(label: str, widths: tuple[str, ...]) -> int:
+        return sum(r[label].stats(widths).never_placed for r in runs.values())
+
+    return {
+        "wide_pods_never_placed": never("with", WIDE),
+        "wide_wait_p99_s": worst("with", WIDE, "wait_p99_s"),
+        "small_wait_p99_s": worst("with", SMALL, "wait_p99_s"),
+        "small_pods_never_placed": never("with", SMALL),
+        "wide_pods_never_placed_without": never("without", WIDE),
+        "wide_wait_p99_s_without": worst("without", WIDE, "wait_p99_s"),
+        "small_wait_p99_s_without": worst("without", SMALL, "wait_p99_s"),
+        "small_pods_never_placed_without": never("without", SMALL),
+        "idle_gpu_cost_pct": round(max(r["with"].idle_gpu_cost_pct for r in runs.values()), 3),
+    }
+
+
+def main(openb_pods: int | None, config: ReservationConfig, loads: tuple[float, ...] = ()) -> dict[str, object]:
+    churn = Churn()
+    runs: dict[str, dict[str, QueueResult]] = {"churn": _churn(churn, config, "churn"), "openb": {}}
+    lighter = {f"{load:g}": _churn(churn.at_load(load), config, f"churn at {load:g}x") for load in loads}
     nodes = load_nodes().gpu_only()
     pods = sorted((p for p in load_pods() if p.creation >= 0), key=lambda p: p.creation)[:openb_pods]
     queued = trace_queue(pods, load_for_peak(pods, nodes.total_gpus * 1000))
@@ -52,20 +88,14 @@ def main(openb_pods: int | None, config: ReservationConfig) -> dict[str, object]
         runs["openb"][label] = replay_queue(nodes.cluster(), queued, reservations=cfg, workload=workload)
         _line("openb", runs["openb"][label])
 
-    def worst(label: str, widths: tuple[str, ...], field: str) -> float:
-        return round(max(float(getattr(r[label].stats(widths), field)) for r in runs.values()), 3)
-
     return {
-        "wide_pods_never_placed": sum(r["with"].stats(WIDE).never_placed for r in runs.values()),
-        "wide_wait_p99_s": worst("with", WIDE, "wait_p99_s"),
-        "small_wait_p99_s": worst("with", SMALL, "wait_p99_s"),
-        "wide_pods_never_placed_without": sum(r["without"].stats(WIDE).never_placed for r in runs.values()),
-        "wide_wait_p99_s_without": worst("without", WIDE, "wait_p99_s"),
-        "small_wait_p99_s_without": worst("without", SMALL, "wait_p99_s"),
-        "idle_gpu_cost_pct": round(max(r["with"].idle_gpu_cost_pct for r in runs.values()), 3),
+        **_summary(runs),
+        "churn_offered_load": round(churn.offered_load, 2),
+        "churn_at_load": {load: _summary({"churn": by}) for load, by in lighter.items()},
         "reservation": {"min_gpus": config.min_gpus, "wait_seconds": config.wait_seconds,
                         "max_share": config.max_share},
-        "runs": {name: {label: r.to_json() for label, r in by.items()} for name, by in runs.items()},
+        "runs": {name: {label: r.to_json() for label, r in by.items()}
+                 for name, by in {**runs, **{f"churn_at_{k}": v for k, v in lighter.items()}}.items()},
     }
 
 
@@ -75,5 +105,7 @@ if __name__ == "__main__":
     parser.add_argument("--wait", type=float, default=5.0, help="reservation threshold, seconds")
     parser.add_argument("--max-share", type=float, default=0.5, help="reservation budget, fraction of the GPUs")
     parser.add_argument("--min-gpus", type=int, default=4)
+    parser.add_argument("--loads", type=float, nargs="*", default=[1.2, 1.0],
+                        help="also replay the churn arriving at these multiples of the cluster's GPUs")
     a = parser.parse_args()
-    print(json.dumps(main(a.openb_pods, ReservationConfig(a.min_gpus, a.wait, a.max_share))))
+    print(json.dumps(main(a.openb_pods, ReservationConfig(a.min_gpus, a.wait, a.max_share), tuple(a.loads))))

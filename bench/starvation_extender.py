@@ -7,7 +7,8 @@ unplaced, each declaring its run time as ``activeDeadlineSeconds``) through ``ku
 loopback port, over the stand-in API server, as kube-scheduler would drive it: each scheduling pass offers the
 waiting pods in arrival order to ``/filter``, scores the nodes that pass with ``/prioritize``, binds to the best
 with ``/bind``. Time is virtual: the extender's clock is the churn's, and the run waits for the pod watch after
-each departure, so what it measures is placement, not this machine's speed.
+each departure, so what it measures is placement, not this machine's speed. ``--load`` replays the same pods arriving
+at another multiple of the cluster's GPUs (the recording's is about 1.8).
 
 Prints one line per run, then ONE JSON object as the last line: wide_pods_never_placed (target 0),
 wide_wait_p99_s and small_wait_p99_s, the same ``_without`` reservations, and each run's widths.
@@ -206,8 +207,8 @@ class Run:
                              sum(self.never.get(k, 0) for k in widths))
 
 
-def main(pods: int | None, config: ReservationConfig) -> dict[str, object]:
-    churn = Churn()
+def main(pods: int | None, config: ReservationConfig, load: float | None = None) -> dict[str, object]:
+    churn = Churn() if load is None else Churn().at_load(load)
     queued = churn.pods()[:pods]
     runs: dict[str, Run] = {}
     for label, cfg in (("without", ReservationConfig(enabled=False)), ("with", config)):
@@ -224,6 +225,7 @@ def main(pods: int | None, config: ReservationConfig) -> dict[str, object]:
               f"{run.filters} filters in {seconds:.1f} s", file=sys.stderr, flush=True)
     return {
         "pods": len(queued),
+        "offered_load": round(churn.offered_load, 2),
         "wide_pods_never_placed": runs["with"].stats(WIDE).never_placed,
         "wide_wait_p99_s": round(runs["with"].stats(WIDE).wait_p99_s, 3),
         "small_wait_p99_s": round(runs["with"].stats(SMALL).wait_p99_s, 3),
@@ -241,5 +243,8 @@ if __name__ == "__main__":
     ap.add_argument("--pods", type=int, default=None, help="only the first N pods of the churn (default: all 400)")
     ap.add_argument("--wait", type=float, default=5.0, help="reservation threshold, seconds (the churn's: 5)")
     ap.add_argument("--max-share", type=float, default=0.5, help="reservation budget (the churn's: 0.5)")
+    ap.add_argument("--load", type=float, default=None,
+                    help="the same pods arriving at this multiple of the cluster's GPUs (default: the recording's)")
     args = ap.parse_args()
-    print(json.dumps(main(args.pods, ReservationConfig(wait_seconds=args.wait, max_share=args.max_share))))
+    print(json.dumps(main(args.pods, ReservationConfig(wait_seconds=args.wait, max_share=args.max_share),
+                          args.load)))

@@ -162,9 +162,17 @@ def test_properties(scene: tuple[ClusterState, list[RunningPod], list[WaitingPod
     assert held_count == int(plan.held.sum())  # never the same GPU twice
     ranks = {w.key: (-w.priority, w.created, w.key) for w in waiting}
     assert [ranks[r.pod] for r in plan.items] == sorted(ranks[r.pod] for r in plan.items)
+    ends_at = {(p.node, p.gpus[0]): p.ends for p in running}
+    taken: set[tuple[int, int]] = set()
     for r in plan.items:
         assert int(c.gpu_ok[r.node].sum()) >= r.width  # only where it can ever fit
         assert len(r.gpus) == r.width
+        if r.start is not None:
+            # Narrowest: a free GPU is held only for want of busy ones that free by the start.
+            by_start = sum(1 for g in range(c.n_slots) if (r.node, g) not in taken and c.gpu_ok[r.node, g]
+                           and (e := ends_at.get((r.node, g), -1.0)) is not None and now < e <= r.start)
+            assert r.free == max(0, r.width - by_start)
+        taken.update((r.node, g) for g in r.gpus)
         # A small pod placed wherever allowed never takes a held GPU unless it ends by the pod's start.
         ok = plan.allowed("ns/small", ends)
         assert ok is not None
@@ -190,3 +198,29 @@ def test_waits_by_width_feed_the_metrics() -> None:
                WaitingPod("c", Demand.share(250), 50), WaitingPod("d", Demand(), 55)]
     assert waits_by_width(waiting, 60) == {"8": {"pods": 2, "max_wait_s": 60}, "share": {"pods": 1, "max_wait_s": 10},
                                            "cpu": {"pods": 1, "max_wait_s": 5}}
+
+
+def test_a_free_gpu_is_held_only_when_the_pod_cannot_start_as_soon_without_it() -> None:
+    c = cluster([8])
+    # Two GPUs free, six busy: four end at 50, two at 90. A 4-GPU pod can start at 50 on the four that end then,
+    # so the free ones keep working meanwhile (anything may use them); holding them would not start it sooner.
+    running = [RunningPod(f"ns/r{g}", 0, (g,), ends=50.0) for g in range(4)]
+    running += [RunningPod(f"ns/s{g}", 0, (g,), ends=90.0) for g in (4, 5)]
+    occupy(c, running)
+    plan = choose_reservations(c, [WaitingPod("ns/w", Demand.whole(4), 0)], running, 20, CFG)
+    (r,) = plan.items
+    assert r.gpus == (0, 1, 2, 3) and r.start == 50.0 and r.free == 0
+    assert plan.may_place(0, (6, 7)) and not plan.may_place(0, (0,))
+    assert plan.held_free(c) == 0
+    # Wider than what ends by then: the free GPUs are needed, and held.
+    plan = choose_reservations(c, [WaitingPod("ns/w", Demand.whole(6), 0)], running, 20, CFG)
+    (r,) = plan.items
+    assert r.gpus == (0, 1, 2, 3, 6, 7) and r.start == 50.0 and r.free == 2
+
+
+def test_without_known_ends_the_free_gpus_are_held() -> None:
+    c = cluster([8])
+    running = [RunningPod(f"ns/r{g}", 0, (g,)) for g in range(6)]  # no declared end: nothing says which ends first
+    occupy(c, running)
+    (r,) = choose_reservations(c, [WaitingPod("ns/w", Demand.whole(4), 0)], running, 20, CFG).items
+    assert r.gpus == (0, 1, 6, 7) and r.start is None and r.free == 2

@@ -151,32 +151,58 @@ def test_a_wide_pod_gets_a_reservation_small_pods_go_elsewhere_and_it_binds_once
     assert 'kubegpu_pod_wait_seconds_count{width="4"} 1.0' in cluster.http.get("/metrics").text
 
 
-def test_held_gpus_are_backfilled_only_by_pods_that_end_before_the_wide_pod_can_start(
-        world: tuple[Cluster, Clock]) -> None:
-    """The pods on a declare their run time (100 s from the wide pod's creation): the wide pod can start there
-    at 100 s, so at 61 s a pod declaring 30 s may use a held GPU, and one declaring 60 s may not."""
-    cluster, clock = world
-    fill(cluster, clock, {A: 6, B: 7})
-    wide = create(cluster, clock, "wide", 4)
-    started = wide["metadata"]["creationTimestamp"]  # the holders started as it was created: they end at 100 s
+def declare_ends(cluster: Cluster, wide: dict[str, Any], smalls: range) -> None:
+    """The ``smalls`` (bound by :func:`fill`) declare they run 100 s from the wide pod's creation, as they started
+    then; wait until the extender's watch has their ends."""
+    started = wide["metadata"]["creationTimestamp"]
     pods = cluster.api.kind("pods")
-    for i in range(6):
+    for i in smalls:
         cluster.api.store.update(pods, "default", f"small-{i}",
                                  lambda o: {**o, "spec": {**o["spec"], "activeDeadlineSeconds": 100}})
         cluster.api.store.update(pods, "default", f"small-{i}",
                                  lambda o: {**o, "status": {"phase": "Running", "startTime": started}},
                                  subresource="status")
     view = cluster.view
-    assert until(lambda: cluster.ext.call(lambda: len(view.reservations.ends)) == 6)
+    assert until(lambda: cluster.ext.call(lambda: len(view.reservations.ends)) == len(smalls))
+
+
+def test_held_gpus_are_backfilled_only_by_pods_that_end_before_the_wide_pod_can_start(
+        world: tuple[Cluster, Clock]) -> None:
+    """Two of the six pods on a declare they end at 100 s (from the wide pod's creation), the others nothing: the
+    wide pod can start there at 100 s on those two GPUs and the two free ones, so at 61 s a pod declaring 30 s may
+    use a held GPU, and one declaring 60 s may not."""
+    cluster, clock = world
+    fill(cluster, clock, {A: 6, B: 7})
+    wide = create(cluster, clock, "wide", 4)
+    declare_ends(cluster, wide, range(2))
     clock.at(wide, 61.0)
     out = filter_(cluster, wide)
-    assert out["FailedNodes"][A].endswith("(declared to end within 39 s)")
+    assert out["FailedNodes"][A] == ("waiting for 4 GPUs on gpu-node-a: 2 free, 2 held by default/small-0, "
+                                     "default/small-1 (declared to end within 39 s)")
     short = create(cluster, clock, "short", 1, activeDeadlineSeconds=30)
     assert filter_(cluster, short)["NodeNames"] == BOTH
     long = create(cluster, clock, "long", 1, activeDeadlineSeconds=60)
     assert filter_(cluster, long)["NodeNames"] == [B]
     assert bind(cluster, short, A) == ""
     assert "GPUs held for a waiting wide pod" in bind(cluster, long, A)
+
+
+def test_free_gpus_the_wide_pod_can_start_without_are_not_held(world: tuple[Cluster, Clock]) -> None:
+    """All six pods on a declare they end at 100 s: four of them free enough GPUs for the wide pod then, so only
+    those are held, and the two free GPUs stay open to any pod (the wide pod's start is the same)."""
+    cluster, clock = world
+    fill(cluster, clock, {A: 6, B: 7})
+    wide = create(cluster, clock, "wide", 4)
+    declare_ends(cluster, wide, range(6))
+    clock.at(wide, 61.0)
+    reason = filter_(cluster, wide)["FailedNodes"][A]
+    assert reason.startswith("waiting for 4 GPUs on gpu-node-a: 0 free, 4 held by default/small-")
+    assert reason.endswith("(declared to end within 39 s)")
+    long = create(cluster, clock, "long", 1)  # no declared end: never a held GPU
+    assert filter_(cluster, long)["NodeNames"] == BOTH
+    assert bind(cluster, long, A) == ""
+    (r,) = summary(cluster)["reservations"]
+    assert (r["node"], r["free"], len(r["held_by"])) == (A, 0, 4)
 
 
 def test_kubegpu_status_shows_the_reservations_from_the_extender(world: tuple[Cluster, Clock]) -> None:

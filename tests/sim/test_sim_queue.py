@@ -33,6 +33,7 @@ def test_a_stream_of_small_pods_starves_a_wide_one_without_reservations_not_with
     assert without.never_placed == {"4": 1}
     cfg = ReservationConfig(min_gpus=4, wait_seconds=5, max_share=1.0)
     with_ = replay_queue(two_nodes(), stream(), "bestfit", reservations=cfg, give_up_s=100)
+    assert without.gave_up == {"4": 1}  # withdrawn after waiting, not cut off by the end of the replay
     assert with_.never_placed == {} and with_.reservations_made == 1
     (wait,) = with_.waits_s["4"]
     assert 5 <= wait <= 5 + 1 + 8  # the threshold, the next event, at most one lifetime of what ran there
@@ -56,7 +57,9 @@ def test_pods_wait_for_room_and_the_never_placed_are_counted() -> None:
             QueuedPod("p2", Demand.whole(4), 2.0, 1.0), QueuedPod("p3", Demand.share(500), 3.0, None)]
     r = replay_queue(c, pods, "bestfit")
     assert r.waits_s["2"] == (0.0,) and r.waits_s["1"] == (9.0,) and r.waits_s["share"] == (7.0,)
-    assert r.never_placed == {"4": 1}  # no node has 4 GPUs
+    assert r.never_placed == {"4": 1} and r.gave_up == {}  # no node has 4 GPUs: still waiting at the end
+    # In use: both GPUs until 10, then one whole and half of the other until p1 leaves at 15 (the last event).
+    assert r.used_gpu_s == 2 * 10 + 1.5 * 5 and r.span_s == 15 and abs(r.used_pct - 27.5 / 30 * 100) < 1e-9
     assert r.to_json()["never_placed"] == 1 and r.to_json()["widths"]["4"]["never_placed"] == 1
 
 
@@ -67,6 +70,16 @@ def test_the_churn_stand_in_is_the_recorded_mix() -> None:
     assert len(pods) == 400 and widths == [0, 1, 2, 4, 8]
     assert sum(1 for p in pods if p.demand.exclusive and p.demand.count == 8) == 26
     assert int(churn.cluster().gpu_ok.sum()) == 80 and pods == Churn().pods()
+    assert 1.7 < churn.offered_load < 1.9  # the recording's: more than the cluster can run
+
+
+def test_the_churn_at_a_lighter_load_is_the_same_pods_arriving_slower() -> None:
+    churn = Churn()
+    light = churn.at_load(1.0)
+    assert abs(light.offered_load - 1.0) < 1e-9 and light.rate < churn.rate
+    pods, slower = churn.pods(), light.pods()
+    assert [(p.key, p.demand, p.duration) for p in pods] == [(p.key, p.demand, p.duration) for p in slower]
+    assert all(b.arrive > a.arrive for a, b in zip(pods, slower, strict=True))
 
 
 def test_cli_reports_waits_by_width_with_and_without(tmp_path) -> None:

@@ -208,22 +208,36 @@ def _gpu_release(cluster: ClusterState, running: Sequence[RunningPod], now: floa
 def _best_node(
     release: np.ndarray, used: np.ndarray, usable: np.ndarray, count: int, rows: np.ndarray, keep: int | None
 ) -> tuple[int, np.ndarray] | None:
-    """The node of ``rows`` to hold ``count`` GPUs on, and which: on each node the usable slots that free up
-    soonest, then hold the least; between nodes the soonest start, then the fewest busy GPUs, then the least in
-    use, then the lowest row; ``keep`` (a reservation's previous node) first when it is among them."""
+    """The node of ``rows`` to hold ``count`` GPUs on, and which: on each node the start is when its ``count``
+    usable slots that free up soonest are all free; between nodes the soonest start, then the fewest busy GPUs
+    held, then the least in use, then the lowest row; ``keep`` (a reservation's previous node) first when it is
+    among them. The slots held are those of :func:`_narrowest`."""
     rows = rows[usable[rows].sum(axis=1) >= count]
     if not len(rows):
         return None
     rel, use, ok = release[rows], used[rows], usable[rows]
     slot = np.broadcast_to(np.arange(rel.shape[1]), rel.shape)
-    order = np.lexsort((slot, use, rel, ~ok), axis=-1)[:, :count]  # usable slots first
-    chosen_rel = np.take_along_axis(rel, order, axis=-1)
-    chosen_use = np.take_along_axis(use, order, axis=-1)
-    start, busy, in_use = chosen_rel.max(axis=1), (chosen_use > 0).sum(axis=1), chosen_use.sum(axis=1)
+    soonest = np.lexsort((slot, use, rel, ~ok), axis=-1)[:, :count]  # usable slots first
+    start = np.take_along_axis(rel, soonest, axis=-1).max(axis=1)
+    chosen = _narrowest(rel, use, ok, start, soonest)
+    chosen_use = np.take_along_axis(use, chosen, axis=-1)
+    busy, in_use = (chosen_use > 0).sum(axis=1), chosen_use.sum(axis=1)
     # The node it had keeps it: the GPUs drained there so far are not thrown away by a switch.
     first = rows != keep if keep is not None else np.ones(len(rows), bool)
     best = int(np.lexsort((rows, in_use, busy, start, first))[0])
-    return int(rows[best]), np.sort(order[best])
+    return int(rows[best]), np.sort(chosen[best])
+
+
+def _narrowest(rel: np.ndarray, use: np.ndarray, ok: np.ndarray, start: np.ndarray, soonest: np.ndarray) -> np.ndarray:
+    """Per row, the slots to hold for a pod that can start at ``start``: where the start is known, the usable
+    slots free by then that free up latest, so a GPU free now is held only when the pod cannot start as soon
+    without it (the others keep working meanwhile; the start is the same); where it is not known (a holder
+    declares no end), ``soonest`` (free GPUs first: nothing says which busy one frees first)."""
+    known = np.isfinite(start)
+    by_start = ok & (rel <= start[:, None]) & known[:, None]
+    slot = np.broadcast_to(np.arange(rel.shape[1]), rel.shape)
+    latest = np.lexsort((slot, use, -rel, ~by_start), axis=-1)[:, : soonest.shape[1]]
+    return np.where(known[:, None], latest, soonest)
 
 
 def choose_reservations(

@@ -6,15 +6,19 @@ each held 20-90 s from the moment it runs; 155 shares, 166 x 1, 27 x 2,
 withdrawn) is rebuilt here as pods for :func:`~kubegpu.sim.queue.replay_queue`,
 so the starvation it showed, and what reservations change, can be measured
 offline through the same pure placement core the extender runs.
+
+That churn asks for about 1.8 times the cluster's GPUs while it arrives, so some
+pods must wait past the 120 s and be withdrawn whatever the policy; the same pods
+arriving slower (:meth:`Churn.at_load`) show the trade-off where every pod can run.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kubegpu.placement.cluster import ClusterState, Demand
+from kubegpu.placement.cluster import MILLI, ClusterState, Demand
 from kubegpu.sim.queue import QueuedPod
 
 GIB = 2**30
@@ -41,6 +45,21 @@ class Churn:
             names, ["A100-SXM4-80GB"] * self.nodes, [self.gpus_per_node] * self.nodes,
             [256_000] * self.nodes, [2048 * GIB] * self.nodes, [A100_MEMORY] * self.nodes,
         )
+
+    @property
+    def offered_load(self) -> float:
+        """The GPUs the pods ask for while they arrive (each for its lifetime, shares by their compute), as a
+        multiple of the cluster's GPUs."""
+        pods = self.pods()
+        gpu_s = sum(p.demand.gpu_milli_total / MILLI * (p.duration or 0.0) for p in pods)
+        span = max(p.arrive for p in pods) - min(p.arrive for p in pods)
+        return gpu_s / max(1e-9, self.nodes * self.gpus_per_node * span)
+
+    def at_load(self, load: float) -> Churn:
+        """The same pods (mix, lifetimes, order) arriving at the rate that offers ``load`` times the GPUs."""
+        if not load > 0:
+            raise ValueError(f"load must be above 0, not {load}")
+        return replace(self, rate=self.rate * load / self.offered_load)
 
     def pods(self) -> list[QueuedPod]:
         rng = np.random.default_rng(self.seed)

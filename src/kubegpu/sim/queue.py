@@ -14,9 +14,11 @@ scheduling round first asks the pure core for the reservations in force
 does) and places every other pod only where
 :meth:`~kubegpu.placement.reservations.ReservationPlan.allowed` says it delays
 no reservation. It measures, per pod width, the waits (creation to placement)
-and the pods never placed, and the GPU capacity reservations kept idle: held
-GPUs that were free (``held_idle``), and the part of it while a pod that would
-have fit there waited (``idle_cost``, what reservations really cost).
+and the pods never placed (withdrawn after ``give_up_s``, or still waiting when
+the last event is replayed), the GPU capacity in use, and the capacity
+reservations kept idle: held GPUs that were free (``held_idle``), and the part of
+it while a pod that would have fit there waited (``idle_cost``, what
+reservations really cost).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kubegpu.placement.cluster import ClusterState, Demand
+from kubegpu.placement.cluster import MILLI, ClusterState, Demand
 from kubegpu.placement.engine import place
 from kubegpu.placement.policies import Policy, ScoreContext, get_policy
 from kubegpu.placement.reservations import (
@@ -90,8 +92,10 @@ class QueueResult:
     pods: int
     waits_s: dict[str, tuple[float, ...]]  # by width: the wait of each pod placed
     never_placed: dict[str, int]  # by width: still waiting at the end, or gave up
+    gave_up: dict[str, int]  # by width: of those, withdrawn after waiting ``give_up_s``
     span_s: float  # first arrival to last event
     gpus: int
+    used_gpu_s: float  # GPU capacity in use (shares by their compute)
     held_idle_gpu_s: float  # held GPUs that were free
     idle_cost_gpu_s: float  # ... while a pod that would have fit without reservations waited
     max_reserved_gpus: int
@@ -122,13 +126,20 @@ class QueueResult:
     def held_idle_pct(self) -> float:
         return self._pct(self.held_idle_gpu_s)
 
+    @property
+    def used_pct(self) -> float:
+        """The GPU capacity in use, % of the run's: how full the cluster was kept."""
+        return self._pct(self.used_gpu_s)
+
     def to_json(self) -> dict[str, object]:
         return {
             "reservations": self.reservations,
             "pods": self.pods,
             "widths": {w: s.to_json() for w, s in self.widths.items()},
             "never_placed": sum(self.never_placed.values()),
+            "gave_up": sum(self.gave_up.values()),
             "span_s": round(self.span_s, 1),
+            "gpu_used_pct": round(self.used_pct, 3),
             "held_idle_gpu_hours": round(self.held_idle_gpu_s / 3600, 3),
             "held_idle_pct": round(self.held_idle_pct, 3),
             "idle_cost_gpu_hours": round(self.idle_cost_gpu_s / 3600, 3),
@@ -213,7 +224,8 @@ def replay_queue(
     run = _Run(cluster, pods, reservations, declared_runtime, [], {}, [], None, set())
     waits: dict[str, list[float]] = defaultdict(list)
     never: dict[str, int] = defaultdict(int)
-    held_idle = cost = 0.0
+    gave_up: dict[str, int] = defaultdict(int)
+    held_idle = cost = used = 0.0
     max_reserved = 0
     blocked = False
     next_arrival = 0
@@ -225,6 +237,8 @@ def replay_queue(
             run.leaving[0][0] if run.leaving else np.inf,
             wakeups[0][0] if wakeups else np.inf,
         )
+        if nt > t:
+            used += float((MILLI - cluster.core_free[cluster.gpu_ok]).sum()) / MILLI * (nt - t)
         if run.plan is not None:
             idle = run.plan.held_free(cluster) * (nt - t)
             held_idle += idle
@@ -244,6 +258,7 @@ def replay_queue(
                 if k < len(run.queue) and run.queue[k] == entry:
                     run.queue.pop(k)
                     never[width_of(pods[i].demand)] += 1
+                    gave_up[width_of(pods[i].demand)] += 1
         fresh: list[int] = []
         while next_arrival < len(arrivals) and pods[arrivals[next_arrival]].arrive <= t:
             i = arrivals[next_arrival]
@@ -270,8 +285,8 @@ def replay_queue(
     for _, _, i in run.queue:
         never[width_of(pods[i].demand)] += 1
     return QueueResult(
-        reservations is not None, len(pods), {k: tuple(v) for k, v in waits.items()}, dict(never),
-        max(1e-9, t - first_t), gpus, held_idle, cost, max_reserved, len(run.reserved_for or ()),
+        reservations is not None, len(pods), {k: tuple(v) for k, v in waits.items()}, dict(never), dict(gave_up),
+        max(1e-9, t - first_t), gpus, used, held_idle, cost, max_reserved, len(run.reserved_for or ()),
         time.perf_counter() - start,
     )
 
