@@ -677,6 +677,9 @@ class StandinKubelet:
         reuse: dict[str, list[str]] = {}
         with self._cond:
             registered = set(self.resources)
+            # Listed (PodResources) from the start of its admission: the kubelet adds a pod to its pod manager,
+            # which List enumerates, before it admits it (HandlePodAdditions: podManager.AddPod, then canAdmitPod).
+            self.holdings.setdefault(key, {})
         t0 = time.perf_counter()
         try:
             for init, c in [(True, c) for c in spec.get("initContainers") or []] + [

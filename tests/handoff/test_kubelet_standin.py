@@ -10,6 +10,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,6 +84,22 @@ def test_pod_resources_lists_app_containers_one_entry_per_device(node: StandinKu
     # As recorded from the real kubelet for a 2-GPU container:
     recorded = (FIXTURES / "podresources-two-gpu-container.txt").read_text()
     assert recorded.count("devices {") == 2 and recorded.count("device_ids:") == 2
+
+
+def test_pod_resources_lists_the_pod_being_admitted_during_its_calls(node: StandinKubelet) -> None:
+    """The kubelet adds a pod to its pod manager, which PodResources List enumerates, before it admits it: a List
+    read during the pod's own Allocate names it (the node daemon relies on it to attribute the call)."""
+    during: list[set[str]] = []
+    unary = node._unary
+
+    def spy(resource: str, method: str, call: Any, req: Any, timeout_s: float) -> Any:
+        if method == "Allocate":
+            during.append({p.name for p in node.pod_resources().pod_resources})
+        return unary(resource, method, call, req, timeout_s)
+
+    node._unary = spy  # type: ignore[method-assign]
+    assert node.admit_pod(pod("first", app=1)).ok
+    assert during == [{"first"}]
 
 
 def test_allocate_ids_reach_the_plugin_in_no_particular_order(node: StandinKubelet) -> None:

@@ -66,6 +66,9 @@ class PodView:
     whole_bypass: bool = False  # asks nvidia.com/gpu but has no record (not placed by the extender)
     unrecorded: frozenset[tuple[str, int]] = frozenset()  # (resource, count) asked without a record
     running: bool = False  # the kubelet runs it: its Allocate calls are done, its records wait for nothing
+    # (container, kubelet resource, device count, init) of every container the kubelet will call the plugins
+    # for, recorded or not: which calls this pod can still make (kubegpu.node.handoff.callers)
+    asks: tuple[tuple[str, str, int, bool], ...] = ()
 
 
 def pod_view(pod: Mapping[str, Any], seen: int, key: bytes | None,
@@ -79,6 +82,7 @@ def pod_view(pod: Mapping[str, Any], seen: int, key: bytes | None,
     entries: list[Entry] = []
     reusable: dict[str, list[str]] = {}
     asks_whole = False
+    asks: list[tuple[str, str, int, bool]] = []
     for position, c in enumerate(request.gpu_containers):
         req = c.request
         if req is None:
@@ -86,6 +90,8 @@ def pod_view(pod: Mapping[str, Any], seen: int, key: bytes | None,
         resource = device_resource(req)
         if resource == R.NVIDIA_GPU:
             asks_whole = True
+        if resource is not None:
+            asks.append((c.name, resource, req.count, c.init))
         if resource is None or recs.record is None:
             continue
         rec = recs.record.for_container(c.name)
@@ -105,7 +111,7 @@ def pod_view(pod: Mapping[str, Any], seen: int, key: bytes | None,
     return PodView(pkey, uid, created, seen, entries, dict(recs.acks),
                    allocation.held() if allocation is not None else None, recs.forged, recs.problems,
                    whole_bypass=asks_whole and recs.record is None, unrecorded=unrecorded,
-                   running=(pod.get("status") or {}).get("phase") == "Running")
+                   running=(pod.get("status") or {}).get("phase") == "Running", asks=tuple(asks))
 
 
 def is_live_here(pod: Mapping[str, Any], node: str) -> bool:

@@ -44,6 +44,7 @@ from kubegpu.model.versions import version_number as _rv
 from kubegpu.node.deviceplugin.resolver import AllocationRefused, ResolvedAllocation
 from kubegpu.node.handoff import matching as M
 from kubegpu.node.handoff.acks import AckWriter
+from kubegpu.node.handoff.callers import callers, held, open_calls
 from kubegpu.node.handoff.entries import Entry, PodView, is_live_here, pod_view
 from kubegpu.node.handoff.pods import HandoffPod, tombstone
 from kubegpu.node.handoff.verify import (
@@ -358,32 +359,61 @@ class HandoffResolver:
         with self._lock:
             return M.match(self._pods.values(), self._served, resource, ids)
 
-    def _unrecorded_waiting(self, resource: str, count: int) -> list[str]:
-        """Pods bound here that ask ``count`` of ``resource`` without a record and that the kubelet has
-        not admitted yet (not in its PodResources list): an Allocate of that shape may be theirs."""
-        with self._lock:
-            waiting = [p.key for p in self._pods.values() if (resource, count) in p.unrecorded]
-        if not waiting or self.pod_resources is None:
-            return waiting
+    def _kubelet_pods(self) -> list[Holding] | None:
+        """The kubelet's PodResources ``List`` now (local, no API round trip), or None when it is unreachable.
+        Read during a call, it lists the call's pod (kubegpu.node.handoff.callers)."""
+        if self.pod_resources is None:
+            return None
         try:
-            rows = self.pod_resources()
-        except Exception:
-            return waiting
-        # Listed at all (with devices, or without after a failed admission): the kubelet is done with it.
-        admitted = {f"{ns}/{name}" for ns, name, _c, _res, _ids in rows}
-        return [k for k in waiting if k not in admitted]
+            return self.pod_resources()
+        except Exception:  # the kubelet's socket unreachable: the view alone decides
+            return None
 
-    def _decide(self, resource: str, n: int, gpus: tuple[str, ...] | None) -> tuple[list[Entry], bool]:
+    def _only_caller(self, pod_key: str, rows: list[Holding] | None, resource: str, count: int) -> bool:
+        """Whether the kubelet's list, read during this call, shows that the call can only be ``pod_key``'s: the
+        view knows every pod the kubelet lists, and of those only ``pod_key`` may still call with this kind. The
+        kubelet lists the pod it is admitting, so then no pod this view has not seen (another scheduler's,
+        bound after the record) can be the caller, and no consistent read is needed to rule one out."""
+        if rows is None:
+            return False
+        with self._lock:
+            found = callers(self._pods, self._served, rows, resource, count)
+        return not found.unknown and found.possible == (pod_key,)
+
+    def _other_callers(self, entry: Entry, rows: list[Holding] | None, resource: str, count: int) -> list[str]:
+        """Pods other than the record's that this call of (``resource``, ``count``) may be for: an Allocate of
+        that shape may be theirs. With the kubelet's list, read during the call, and the record's pod in it: the
+        listed pods the view knows that may still make such a call (listed pods no read showed are gone from
+        the API server). Otherwise (a kubelet that does not list the pod being admitted, or none reachable):
+        every pod bound here asking that shape without a record whose containers the kubelet holds no such
+        devices for. A pod listed without devices is not done: it may be the one being admitted (the kubelet
+        lists it before its first call), or one whose admission failed, which this view drops once it sees the
+        pod Failed."""
+        with self._lock:
+            if rows is not None and any(f"{ns}/{name}" == entry.pod_key for ns, name, *_ in rows):
+                found = callers(self._pods, self._served, rows, resource, count)
+                return [k for k in found.possible if k != entry.pod_key]
+            done = held(rows or (), resource)
+            return [p.key for p in self._pods.values() if p.key != entry.pod_key
+                    and (resource, count) in p.unrecorded and open_calls(p, done, self._served, resource, count)]
+
+    def _decide(self, resource: str, n: int, gpus: tuple[str, ...] | None,
+                rows: list[Holding] | None) -> tuple[list[Entry], bool]:
         """The waiting entries of this call's kind (resource, device count), from the freshest view needed:
         the cache when it shows exactly one pod waiting with a record naming the kubelet's GPUs (the
         extender lets one pod per kind wait, so that is the call's pod: no API round trip). When the cache
         shows none yet (this node's watch behind the kubelet's), the watch races a consistent read (a fresh
         LIST): whichever shows the record first decides, so the wait is the shorter of the watch's lag and
         one round trip. When it shows several (a stale view), the LIST decides. ``gpus``: the kubelet's
-        choice (Allocate), or None (GetPreferredAllocation: the one waiting pod is enough). Returns the
-        entries and whether they come from a LIST just made."""
+        choice (Allocate), or None (GetPreferredAllocation: the one waiting pod is enough); ``rows``: the
+        kubelet's PodResources read for this call. Returns the entries and whether they come from a LIST just
+        made."""
 
-        taken = self._kubelet_holds(resource)
+        # (pod, container) the kubelet already holds such devices for (its own word, local): their calls are
+        # done, so their records wait for nothing, whatever this node's view says (a pod served by an earlier
+        # process of this daemon whose acknowledgement was lost, or whose Running phase the watch has not
+        # delivered yet).
+        taken = held(rows or (), resource)
 
         def waiting() -> list[Entry]:
             return [e for e in M.pending(self._pods.values(), self._served, resource, n)
@@ -442,19 +472,6 @@ class HandoffResolver:
                 self._suspect_all.add(resource)
             self._registered.add(resource)  # the first registration: this process's first LIST is fresher
 
-    def _kubelet_holds(self, resource: str) -> set[tuple[str, str]]:
-        """(pod, container) the kubelet already holds ``resource`` devices for (PodResources: its own word,
-        local, no API round trip): their calls are done, so their records wait for nothing, whatever this
-        node's view says (a pod served by an earlier process of this daemon whose acknowledgement was lost,
-        or whose Running phase the watch has not delivered yet)."""
-        if self.pod_resources is None:
-            return set()
-        try:
-            rows = self.pod_resources()
-        except Exception:  # the kubelet's socket unreachable: the view alone decides
-            return set()
-        return {(f"{ns}/{name}", c) for ns, name, c, res, ids in rows if c and res == resource and ids}
-
     def _expects_records(self, resource: str) -> bool:
         """Whether a call of ``resource`` may be a recorded pod's not in the cache yet: shares always are;
         whole GPUs and MIG devices only where the extender places pods (some pod here has a record)."""
@@ -477,15 +494,22 @@ class HandoffResolver:
             # container at a time: a GetPreferredAllocation of this kind just before is this container's.
             gpa, self._last_gpa = self._last_gpa, None
         since = gpa[2] if gpa is not None and gpa[:2] == (resource, len(ids)) else time.monotonic()
-        waiting, listed = self._decide(resource, len(ids), gpus)
-        if not listed and resource != R.GPU_SLOTS and M.waiting_pods(waiting) and self._read_since(since):
+        rows = self._kubelet_pods()  # read during the call: it lists the call's pod (kubegpu.node.handoff.callers)
+        waiting, listed = self._decide(resource, len(ids), gpus, rows)
+        pods = M.waiting_pods(waiting)
+        if (not listed and resource != R.GPU_SLOTS and pods
+                and not (len(pods) == 1 and self._only_caller(pods[0], rows, resource, len(ids)))
+                and self._read_since(since)):
             # Whole GPUs and MIG devices are also asked by pods another scheduler bound here, with no record.
             # The kubelet admits such a pod once it sees it bound, but this node's watch may be behind the
             # kubelet's, and serving the waiting record to that pod's call would give it another pod's GPUs
-            # (seen in the stress test with a 2 s watch lag). A consistent read started after the container's
-            # first call shows every pod bound before it, so the ambiguity check below sees that pod: one LIST
-            # per such container start (the one its GetPreferredAllocation raced the watch with, when it did).
-            waiting, listed = self._decide(resource, len(ids), gpus)
+            # (seen in the stress test with a 2 s watch lag). The kubelet's own list, read during the call,
+            # names the pod it is admitting: when this view knows every pod listed and only the record's pod can
+            # still call with this kind, that is the caller. Otherwise (a listed pod this view has not seen, or
+            # no list) a consistent read started after the container's first call shows every pod bound before
+            # it, so the ambiguity check below sees that pod: one LIST per such container start (the one its
+            # GetPreferredAllocation raced the watch with, when it did).
+            waiting, listed = self._decide(resource, len(ids), gpus, rows)
         pods = M.waiting_pods(waiting)
         if len(pods) > 1:
             # Two pods wait with this kind even by the API server's word (records from before the extender
@@ -498,7 +522,7 @@ class HandoffResolver:
                 "which pod it is, so it is refused rather than serve one pod's record to another (the "
                 "controller recreates the pod)")
         entry = next((e for e in waiting if M.fits(e, gpus)), None)
-        if entry is not None and (others := self._unrecorded_waiting(resource, len(ids))):
+        if entry is not None and (others := self._other_callers(entry, rows, resource, len(ids))):
             # The call may be the other pod's: serving the record to it would be a silent divergence.
             self.metrics.refused.labels(resource, "ambiguous").inc()
             raise AllocationRefused(
@@ -594,7 +618,7 @@ class HandoffResolver:
         # Steer from the cache when it names the one waiting pod of this kind (else the same bounded wait and
         # LIST as Allocate's, so the Allocate that follows answers from the cache). Several pods waiting:
         # no preference (the kubelet picks; Allocate refuses what it cannot attribute).
-        waiting, _ = self._decide(resource, size, None)
+        waiting, _ = self._decide(resource, size, None, self._kubelet_pods())
         if len(M.waiting_pods(waiting)) > 1:
             return None
         with self._lock:
