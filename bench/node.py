@@ -21,6 +21,10 @@ and mounts, status): the handoff watch sees every pod on its node, GPU or not (a
 the fake backend's injection call, so it runs an in-process daemon on the same topology.
 ``--nvml``: the daemon finds the node's GPUs through NVML (no ``--inventory``), as on a real GPU node; GPU
 sets are then sized to the GPUs found, and the health series (which needs the fake backend) is left out.
+``--share-enforcement strict`` (or ``mps``) measures instead one-slot share ``Allocate`` (the scheduler's record
+25 % / 4 GiB) on in-process daemons without enforcement and with it (the stand-in MPS control, the fake
+driver's compute modes), once each GPU's daemon is up: ``share_allocate_p99_ms`` per mode and
+``share_allocate_p99_over_unenforced_ms`` (target: within 20 ms).
 The last line is one JSON object. Targets: allocate p99 <= 1 ms, preferred p99 <= 5 ms
 (slots <= 20 ms), health <= 1000 ms, re-register <= 1000 ms, RSS <= 60 MB (issue 23).
 """
@@ -28,10 +32,13 @@ The last line is one JSON object. Targets: allocate p99 <= 1 ms, preferred p99 <
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
 import random
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -249,6 +256,107 @@ def health_propagation(rounds: int) -> list[float]:
     return out
 
 
+class RecordedShare:
+    """The scheduler's record for whatever slots the kubelet picked: 25 % / 4 GiB on each slot's GPU (one shape,
+    so a strict GPU's lock never refuses the series)."""
+
+    def resolve(self, resource: str, device_ids: Any) -> Any:
+        from kubegpu.model.allocation import DeviceGrant
+        from kubegpu.node.deviceplugin.resolver import ResolvedAllocation
+
+        if resource != SLOTS:
+            return None
+        grants = tuple(DeviceGrant(0, i.split("::")[0], 25, 4 * 2**30, 0) for i in device_ids)
+        return ResolvedAllocation(grants, pod="bench/share", container="c")
+
+    def preferred(self, resource: str, available: Any, must_include: Any, size: int) -> Any:
+        return None
+
+    def set_inventory(self, inventory: Any) -> None:
+        pass
+
+    def kubelet_registered(self, resource: str) -> None:
+        pass
+
+
+def share_allocate(enforcement: str, n: int, rng: random.Random) -> list[float]:
+    """One-slot share Allocate round trips on an in-process daemon whose shares are enforced by ``enforcement``
+    (``none``, ``mps``, ``strict``: the stand-in MPS control and the fake driver's compute modes). Every GPU's
+    daemon is brought up first (one Allocate per GPU, not timed): the series is the steady state. The strict
+    holders' reconciliation (a PodResources read on the lifecycle thread, not in Allocate) is off."""
+    from kubegpu.inventory.fake import FakeBackend
+    from kubegpu.node.daemon import NodeDaemon
+    from kubegpu.node.options import load_node_options
+    from kubegpu_standins.fake_driver import ENV_DRIVER_STATE
+    from kubegpu_standins.mps_control import PID_FILE, install
+
+    tmp = Path(tempfile.mkdtemp(prefix="kgb-", dir="/tmp"))  # unix socket paths stay short
+    kubelet = StandinKubelet(tmp / "dp")
+    kubelet.start()
+    state, mps = tmp / "driver", tmp / "mps"
+    mps.mkdir()
+    backend = FakeBackend(TOPOLOGY, driver_state=state)
+    flags: dict[str, Any] = {"shared-slots": "100"}
+    if enforcement != "none":
+        flags |= {"share-enforcement": enforcement, "mps-control-binary": install(mps), "mps-root": str(mps)}
+    options = load_node_options(flags, {}, plugin_dir=str(tmp / "dp"), settings={"cdi_dir": str(tmp / "cdi")},
+                                holders_s=1e9)
+    daemon = NodeDaemon(backend, lambda: options, resolver=RecordedShare(),
+                        env={**os.environ, ENV_DRIVER_STATE: str(state)})
+    daemon.start()
+    try:
+        if not kubelet.wait_registered(SLOTS, 10):
+            raise RuntimeError("in-process daemon did not register")
+        by_gpu: dict[str, list[str]] = {}
+        for i in sorted(kubelet.healthy(SLOTS)):
+            by_gpu.setdefault(i.split("::")[0], []).append(i)
+        stub = pb_grpc.DevicePluginStub(kubelet.resources[SLOTS].channel)
+
+        def req(gpu: str) -> pb.AllocateRequest:
+            return pb.AllocateRequest(container_requests=[
+                pb.ContainerAllocateRequest(devices_ids=[rng.choice(by_gpu[gpu])])])
+
+        for gpu in sorted(by_gpu):  # each GPU's daemon up (strict: its server started, the GPU exclusive)
+            stub.Allocate(req(gpu), timeout=30)
+        calls = [req(rng.choice(sorted(by_gpu))) for _ in range(n + 30)]
+        for r in calls[:30]:  # warm up code paths
+            stub.Allocate(r, timeout=5)
+        gc.collect()
+        gc.disable()  # the client's own garbage collection is not the daemon's latency
+        try:
+            out = []
+            for r in calls[30:]:
+                t0 = time.perf_counter()
+                stub.Allocate(r, timeout=5)
+                out.append((time.perf_counter() - t0) * 1000)
+            return out
+        finally:
+            gc.enable()
+    finally:
+        daemon.stop()  # strict keeps the servers of GPUs whose shares "still run" (here: none will): end them
+        for pid_file in mps.rglob(PID_FILE):
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(pid_file.read_text()), signal.SIGTERM)
+        backend.close()
+        kubelet.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def share_enforcement_series(mode: str, n: int, rng: random.Random) -> dict[str, Any]:
+    """``--share-enforcement``: share Allocate p50/p99 with ``mode`` beside the unenforced path."""
+    plain, enforced = share_allocate("none", n, rng), share_allocate(mode, n, rng)
+    return {
+        "mode": f"share-allocate-{mode}",
+        "share_allocate_p50_ms": {"none": p(plain, 0.5), mode: p(enforced, 0.5)},
+        "share_allocate_p99_ms": {"none": p(plain, 0.99), mode: p(enforced, 0.99)},
+        "share_allocate_p99_over_unenforced_ms": round((p(enforced, 0.99) or 0) - (p(plain, 0.99) or 0), 3),
+        "n": n,
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+        "cpus": os.cpu_count(),
+        "targets": {"share_allocate_p99_over_unenforced_ms": 20},
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=1000, help="RPCs per latency series")
@@ -260,8 +368,14 @@ def main() -> None:
                          "published and the handoff resolver watching the node's pods, instead of --standalone")
     ap.add_argument("--node-pods", type=int, default=0,
                     help="with --cluster: running non-GPU pods bound to the node before the daemon starts")
+    ap.add_argument("--share-enforcement", choices=["mps", "strict"], default=None,
+                    help="instead of the series above: one-slot share Allocate latency with this enforcement "
+                         "(stand-in MPS control) beside the unenforced path, once each GPU's daemon is up")
     ns = ap.parse_args()
     rng = random.Random(7)
+    if ns.share_enforcement:
+        print(json.dumps(share_enforcement_series(ns.share_enforcement, ns.n, rng)))
+        return
 
     tmp = Path(tempfile.mkdtemp(prefix="kgb-", dir="/tmp"))
     kubelet = StandinKubelet(tmp / "dp")
