@@ -16,8 +16,12 @@ Prints one JSON object as its last line: ``rejected_at_node_restart`` (pods the 
 SIGTERM-restarted node, in the churn and in its repeat; target 0), ``rejected_at_node_crash`` (on the SIGKILLed
 node: bounded by the kubelet's status period, reported), ``rejected_at_kubelet_restart``,
 ``rejected_other`` (target 0), with their reasons,
-``bind_refused_after_filter`` (binds that failed for a reason other than the handoff's turn or a node daemon
-restarting; target 0 without a change in between), ``bind_waits_failed`` (binds past their wait),
+``bind_refused_after_filter`` (binds refused for room that pods kube-scheduler placed took after the extender's
+filter passed the node: no change in between; target 0), ``bind_refused_after_change`` (binds refused because
+something really changed since the filter: a pod bound there not through this extender, the node's GPUs, the pod
+itself, a filter by the extender before its restart; reported, with the reasons), ``bind_waits_failed`` (binds
+past their handoff wait), ``bind_failed_otherwise`` (binds a node daemon or extender restart failed, or whose
+answer did not come: with the reasons),
 ``gpu_over_capacity`` (GPUs above 100 % by what containers were served, at every checkpoint; target 0),
 ``lost_or_double_counted`` (devices held twice, or containers whose GPUs disagree between environment, kubelet,
 record and acknowledgement; target 0), ``ack_lag_s_p99_at_lag`` (on the lagged node: from the kubelet's last
@@ -46,6 +50,10 @@ from kubegpu.model import annotations as A
 from kubegpu_standins.gpu_cluster import GpuCluster, NodeSpec, pod, share, whole
 
 CORES = (10, 25, 30, 50, 70)
+# What a failed bind's error says (scheduler/bind.py), by cause.
+NO_CHANGE = "taken since by pods bound there"  # with "its filter passed the node": kube-scheduler's own pods
+FILTERED_HERE = "its filter passed the node"
+RESTARTING = ("is restarting", "reports no healthy", "still listing", "no extender")
 AWAY = ("no healthy devices", "devices unavailable", "code = Unavailable", "code = Canceled")
 
 
@@ -189,6 +197,19 @@ def pinned_restart(run: Run, node: str, prefix: str, *, kill: bool, down_s: floa
     t.join()
 
 
+def bind_failure_cause(error: str) -> str:
+    """Why a bind failed, from its error: "no-change" (pods kube-scheduler placed after this pod's filter took its
+    room: the filter should have counted them), "change" (something else changed since the filter), "wait" (past
+    its handoff wait), "otherwise" (a node daemon or the extender restarting, or no answer from the extender)."""
+    if "not its turn" in error:
+        return "wait"
+    if NO_CHANGE in error and FILTERED_HERE in error:
+        return "no-change"
+    if any(w in error for w in RESTARTING) or not error.startswith("kubegpu bind:"):
+        return "otherwise"
+    return "change"
+
+
 def q(xs: list[float], f: float) -> float | None:
     if not xs:
         return None
@@ -266,10 +287,11 @@ def main(argv: list[str] | None = None) -> int:
         run.checkpoint("end")
         stop.set()
         sweep.join(5)
-        refused_after_filter = [e for _, _, _, e in c.bind_errors
-                                if not any(w in e for w in ("not its turn", "is restarting", "reports no healthy",
-                                                             "still listing", "extender", "kept changing"))]
-        waits = [e for _, _, _, e in c.bind_errors if "not its turn" in e]
+        causes: dict[str, list[str]] = {"no-change": [], "change": [], "wait": [], "otherwise": []}
+        for when, _, _, e in c.bind_errors:
+            cause = bind_failure_cause(e)
+            # when it failed says which restart it met (the extender's binds in flight at its restart end so)
+            causes[cause].append(f"{e} (at {when - run.t0:.0f} s)" if cause == "otherwise" else e)
         pods = list(run.pods.values())
         restarts = {"extender": c.extender_restarts,
                     "node_daemon": sum(x.daemon_restarts for x in c.nodes.values()),
@@ -289,9 +311,13 @@ def main(argv: list[str] | None = None) -> int:
         "rejected_at_kubelet_restart": len(at_kubelet),
         "rejected_other": len(other),
         "rejected_reasons": sorted({t.failed[:160] for t in at_term + at_crash + at_kubelet + other}),
-        "bind_refused_after_filter": len(refused_after_filter),
-        "bind_refused_after_filter_reasons": sorted({e[:160] for e in refused_after_filter})[:5],
-        "bind_waits_failed": len(waits),
+        "bind_refused_after_filter": len(causes["no-change"]),
+        "bind_refused_after_filter_reasons": sorted({e[:240] for e in causes["no-change"]})[:5],
+        "bind_refused_after_change": len(causes["change"]),
+        "bind_refused_after_change_reasons": sorted({e[:240] for e in causes["change"]})[:5],
+        "bind_waits_failed": len(causes["wait"]),
+        "bind_failed_otherwise": len(causes["otherwise"]),
+        "bind_failed_otherwise_reasons": sorted({e[:160] for e in causes["otherwise"]})[:5],
         "gpu_over_capacity": len(run.over),
         "lost_or_double_counted": len(run.lost),
         "lost_or_double_counted_examples": sorted(run.lost)[:3],

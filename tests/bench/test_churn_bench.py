@@ -34,5 +34,6 @@ def test_churn_bench_turns_no_pod_away_at_a_node_daemon_restart() -> None:
     assert out["lost_or_double_counted"] == 0, out["lost_or_double_counted_examples"]
     assert isinstance(out["rejected_at_node_crash"], int)
     assert out["ran_share"].split("/")[0] != "0" and out["ran_1"].split("/")[0] != "0"
-    for key in ("running_s_p50_share", "running_s_p99_1", "ack_lag_s_p99_at_lag", "bind_refused_after_filter"):
+    for key in ("running_s_p50_share", "running_s_p99_1", "ack_lag_s_p99_at_lag", "bind_refused_after_filter",
+                "bind_refused_after_change"):
         assert key in out
