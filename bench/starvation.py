@@ -76,8 +76,9 @@ def _summary(runs: dict[str, dict[str, QueueResult]]) -> dict[str, object]:
     }
 
 
-def main(openb_pods: int | None, config: ReservationConfig, loads: tuple[float, ...] = ()) -> dict[str, object]:
-    churn = Churn()
+def main(openb_pods: int | None, config: ReservationConfig, loads: tuple[float, ...] = (),
+         seed: int | None = None) -> dict[str, object]:
+    churn = Churn() if seed is None else Churn(seed=seed)
     runs: dict[str, dict[str, QueueResult]] = {"churn": _churn(churn, config, "churn"), "openb": {}}
     lighter = {f"{load:g}": _churn(churn.at_load(load), config, f"churn at {load:g}x") for load in loads}
     nodes = load_nodes().gpu_only()
@@ -91,6 +92,7 @@ def main(openb_pods: int | None, config: ReservationConfig, loads: tuple[float, 
     return {
         **_summary(runs),
         "churn_offered_load": round(churn.offered_load, 2),
+        "churn_seed": churn.seed,
         "churn_at_load": {load: _summary({"churn": by}) for load, by in lighter.items()},
         "reservation": {"min_gpus": config.min_gpus, "wait_seconds": config.wait_seconds,
                         "max_share": config.max_share},
@@ -107,5 +109,7 @@ if __name__ == "__main__":
     parser.add_argument("--min-gpus", type=int, default=4)
     parser.add_argument("--loads", type=float, nargs="*", default=[1.2, 1.0],
                         help="also replay the churn arriving at these multiples of the cluster's GPUs")
+    parser.add_argument("--seed", type=int, default=None, help="another draw of the churn's pods (default: its own)")
     a = parser.parse_args()
-    print(json.dumps(main(a.openb_pods, ReservationConfig(a.min_gpus, a.wait, a.max_share), tuple(a.loads))))
+    print(json.dumps(main(a.openb_pods, ReservationConfig(a.min_gpus, a.wait, a.max_share), tuple(a.loads),
+                          a.seed)))

@@ -207,8 +207,10 @@ class Run:
                              sum(self.never.get(k, 0) for k in widths))
 
 
-def main(pods: int | None, config: ReservationConfig, load: float | None = None) -> dict[str, object]:
-    churn = Churn() if load is None else Churn().at_load(load)
+def main(pods: int | None, config: ReservationConfig, load: float | None = None,
+         seed: int | None = None) -> dict[str, object]:
+    churn = Churn() if seed is None else Churn(seed=seed)
+    churn = churn if load is None else churn.at_load(load)
     queued = churn.pods()[:pods]
     runs: dict[str, Run] = {}
     for label, cfg in (("without", ReservationConfig(enabled=False)), ("with", config)):
@@ -245,6 +247,7 @@ if __name__ == "__main__":
     ap.add_argument("--max-share", type=float, default=0.5, help="reservation budget (the churn's: 0.5)")
     ap.add_argument("--load", type=float, default=None,
                     help="the same pods arriving at this multiple of the cluster's GPUs (default: the recording's)")
+    ap.add_argument("--seed", type=int, default=None, help="another draw of the churn's pods (default: its own)")
     args = ap.parse_args()
     print(json.dumps(main(args.pods, ReservationConfig(wait_seconds=args.wait, max_share=args.max_share),
-                          args.load)))
+                          args.load, args.seed)))
