@@ -64,8 +64,9 @@ class ExtenderShapeLocks:
             stale = np.flatnonzero(self._version != cluster.version)
         else:
             stale = np.zeros(0, np.int64)
+        fresh = len(stale) == cluster.n_nodes and self._strict_rows.sum() == 0  # nothing to clear first
         for row in stale.tolist():
-            self._strict_rows[row] = self._rebuild_row(locks, row, cluster.names[row])
+            self._strict_rows[row] = self._rebuild_row(locks, row, cluster.names[row], fresh)
         self._version = cluster.version.copy()
         self._epoch = cluster.epoch
         return locks if self._strict_rows.any() else None
@@ -122,12 +123,17 @@ class ExtenderShapeLocks:
 
     # ---- internals -------------------------------------------------------------------------------
 
-    def _rebuild_row(self, locks: ShapeLocks, row: int, name: str) -> bool:
-        """Row ``row``'s strict GPUs and their locks, from the node's GPUs and the ledger. True when any is strict."""
-        locks.clear_row(row)
+    def _rebuild_row(self, locks: ShapeLocks, row: int, name: str, fresh: bool) -> bool:
+        """Row ``row``'s strict GPUs and their locks, from the node's GPUs and the ledger (``fresh``: the row is
+        known clear). True when any is strict."""
         rec = self.nodes.get(name)
-        if rec is None or rec.state is None or not any(g.share_enforcement == STRICT for g in rec.state.gpus):
+        strict = rec is not None and rec.state is not None and any(
+            g.share_enforcement == STRICT for g in rec.state.gpus)
+        if not fresh and (strict or self._strict_rows[row]):
+            locks.clear_row(row)
+        if not strict:
             return False
+        assert rec is not None and rec.state is not None
         gpus = {g.uuid: g for g in rec.state.gpus}
         held: dict[str, list[ShareShape]] = {}
         for key in self.ledger.by_node.get(name, ()):
