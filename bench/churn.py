@@ -21,7 +21,8 @@ filter passed the node: no change in between; target 0), ``bind_refused_after_ch
 something really changed since the filter: a pod bound there not through this extender, the node's GPUs, the pod
 itself, a filter by the extender before its restart; reported, with the reasons), ``bind_waits_failed`` (binds
 past their handoff wait), ``bind_failed_otherwise`` (binds a node daemon or extender restart failed, or whose
-answer did not come: with the reasons),
+answer did not come: with the reasons), ``filters_since_extender_restart`` (what the extender's filters did about
+pods in flight: checked against them, waited for their binds, in vain, refused a node for a bind in progress),
 ``gpu_over_capacity`` (GPUs above 100 % by what containers were served, at every checkpoint; target 0),
 ``lost_or_double_counted`` (devices held twice, or containers whose GPUs disagree between environment, kubelet,
 record and acknowledgement; target 0), ``ack_lag_s_p99_at_lag`` (on the lagged node: from the kubelet's last
@@ -197,6 +198,19 @@ def pinned_restart(run: Run, node: str, prefix: str, *, kill: bool, down_s: floa
     t.join()
 
 
+def in_flight_counts(c: GpuCluster) -> dict[str, int] | None:
+    """What the extender's filters did about pods in flight (scheduler/inflight.py), since its last start: checked
+    against them, waited for their binds, waited in vain (the bind did not come in time), refused a node a bind in
+    progress holds."""
+    if c.ext is None or c.ext.service is None:
+        return None
+    f = c.ext.service.extender.inflight
+    out: dict[str, int] = c.ext.call(lambda: {"answered": f.unchecked + f.checked, "checked": f.checked,
+                                               "waited": f.waited, "waited_in_vain": f.expired,
+                                               "refused_for_bind_in_progress": f.refused})
+    return out
+
+
 def bind_failure_cause(error: str) -> str:
     """Why a bind failed, from its error: "no-change" (pods kube-scheduler placed after this pod's filter took its
     room: the filter should have counted them), "change" (something else changed since the filter), "wait" (past
@@ -296,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         restarts = {"extender": c.extender_restarts,
                     "node_daemon": sum(x.daemon_restarts for x in c.nodes.values()),
                     "kubelet": sum(x.kubelet_restarts for x in c.nodes.values())}
+        filters = in_flight_counts(c)
 
     def rejected(where: Callable[[Tracked], bool]) -> list[Tracked]:
         return [t for t in pods if t.failed and where(t)]
@@ -316,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         "bind_refused_after_change": len(causes["change"]),
         "bind_refused_after_change_reasons": sorted({e[:240] for e in causes["change"]})[:5],
         "bind_waits_failed": len(causes["wait"]),
+        "filters_since_extender_restart": filters,
         "bind_failed_otherwise": len(causes["otherwise"]),
         "bind_failed_otherwise_reasons": sorted({e[:160] for e in causes["otherwise"]})[:5],
         "gpu_over_capacity": len(run.over),
