@@ -136,6 +136,12 @@ def test_a_filter_with_nothing_in_flight_or_room_for_all_does_not_wait(tmp_path:
         roomy = _put(cluster, pod("roomy", {R.NVIDIA_GPU: "2"}))
         assert cluster.post("/filter", args(roomy, ["gpu-node-a"])).json()["NodeNames"] == ["gpu-node-a"]
         assert _counters(cluster) == {"unchecked": 1, "checked": 1, "waited": 0, "refused": 0, "expired": 0}
+        # a 20 % share in flight on the one GPU of node c: no count bound says a 30 % share still fits, placement does
+        small = _put(cluster, pod("small", share(20, ratio=20)))
+        assert cluster.post("/filter", args(small, [NODE])).json()["NodeNames"] == [NODE]
+        other = _put(cluster, pod("other", share(30, ratio=30)))
+        assert cluster.post("/filter", args(other, [NODE])).json()["NodeNames"] == [NODE]
+        assert _counters(cluster) == {"unchecked": 1, "checked": 3, "waited": 0, "refused": 0, "expired": 0}
     finally:
         _stop(cluster)
 

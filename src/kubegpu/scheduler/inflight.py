@@ -19,9 +19,10 @@ that may land there counted? Only there is a collision possible. For such a node
   B with a reason that names it.
 
 Everywhere else (nothing in flight, or room for all of them) the filter answers as it would have, without a wait.
-The test of room is a bound, not a placement: a node surely has room when its CPU and memory cover all of them
-and it has at least as many GPUs that could take B's part as B needs plus every GPU the others may touch. Only
-where that bound fails and the pods' binds are known is a placement tried (the node's state with theirs applied).
+The test of room is first a bound, over every node at once: a node surely has room when its CPU and memory cover
+all of them and it has at least as many GPUs that could take B's part as B needs plus every GPU the others may
+touch. Where the bound fails, placement decides on a copy of the node's state with the others placed first, for a
+few nodes per filter (past them a collision is taken as possible).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ DEFAULT_FILTER_WAIT_S = 1.0
 # A pod passed by filter and never bound nor deleted (kube-scheduler failed it after the filter) is forgotten
 # this long after its filter, whether or not a filter ever waited on it: the flights stay few.
 FILTERED_TTL_S = 30.0
+# Nodes per filter where the count bound fails and placement is tried (a state copy and a fit per pod each).
+MAX_PLACED_NODES = 32
 REASON_KEY = "in-flight"  # the filter's reason category for nodes refused here (metrics)
 
 
@@ -205,10 +208,11 @@ class InFlight:
         sub = rows[shared]
         doubt = ~self._surely_room(plan, sub, gpus[sub], cpu[sub], mem[sub])
         out: dict[str, list[Flight]] = {}
-        for r in sub[doubt].tolist():
+        for i, r in enumerate(sub[doubt].tolist()):
             here = [f for f, at in landing if at[r]]
             node = str(view.mirror.names_by_row[r])
-            if any(not f.bound_for for f in here) or not self._fits_after(plan, node, here):
+            # Past a few nodes a collision is taken as possible unplaced (its cost is a wait for binds under way).
+            if i >= MAX_PLACED_NODES or not self._fits_after(plan, node, here):
                 out[node] = here
         return out
 
@@ -231,7 +235,8 @@ class InFlight:
         return cast(np.ndarray, ok & (counts[rows] >= demand.count + gpus))
 
     def _fits_after(self, plan: PodPlan, node: str, flights: list[Flight]) -> bool:
-        """Whether ``plan``'s pod fits ``node`` once the pods whose binds name it hold what placement gives them."""
+        """Whether ``plan``'s pod fits ``node`` once every pod of ``flights`` holds there what placement gives it
+        (one after another; a pod that does not fit takes nothing)."""
         view = self.view
         rec = view.nodes.get(node)
         if rec is None or rec.state is None:
