@@ -23,6 +23,8 @@ beside ``direct_node_agreement_pct`` (the extender called directly, same pods) a
 arrived 100 % against the simulator's. ``--mode recorded`` checks the model against the recording
 (``shared/fixtures/kubegpu-on-v1.36/turn3-placement.md``): the configurations A-D of kube-scheduler
 v1.36.2, the first 600 GPU pods in file order, their agreement beside the measured one.
+``--share-enforcement strict`` (direct): every GPU's Device object says strict MPS enforcement, so the extender
+keeps one share shape per GPU at a time, and the simulator replays with the same locks (``shape_locks``).
 
     .venv/bin/python bench/extender_replay.py [--policy kubegpu] [--seed 42] [--inflate 1.02] [--pods N]
                                               [--mode direct|production|recorded] [--ack-lag 0]
@@ -67,6 +69,9 @@ def main() -> dict[str, object]:
     ap.add_argument("--mode", choices=("direct", "production", "recorded"), default="direct")
     ap.add_argument("--ack-lag", type=int, default=0,
                     help="production: pods placed before a bound pod's acknowledgement is seen")
+    ap.add_argument("--share-enforcement", choices=("", "strict"), default="",
+                    help="direct: every GPU reports strict MPS enforcement (one share shape per GPU at a time), "
+                         "and the simulator replays with the same shape locks")
     ap.add_argument("--skip-direct", action="store_true", help="production: leave out the direct replay")
     ap.add_argument("--variants", default="A,B,C,D", help="recorded: which of the configurations A-D to run")
     args = ap.parse_args()
@@ -80,11 +85,13 @@ def main() -> dict[str, object]:
     order = arrival_order(pods, capacity, args.seed, args.inflate)
     if args.pods:
         order = order[: args.pods]
-    sim = replay(nodes, pods, args.policy, args.seed, learned=True, ties="name", record=True, order=order)
+    locks = args.share_enforcement == "strict"
+    sim = replay(nodes, pods, args.policy, args.seed, learned=True, ties="name", record=True, order=order,
+                 shape_locks=locks)
     print(f"simulator: {sim.seconds:.1f} s for {len(order)} pods", file=sys.stderr, flush=True)
-    control = replay(nodes, pods, args.policy, args.seed, ties="name", record=True, order=order)
+    control = replay(nodes, pods, args.policy, args.seed, ties="name", record=True, order=order, shape_locks=locks)
     with tempfile.TemporaryDirectory() as tmp:
-        api, ext = start_replay_cluster(nodes, Path(tmp), args.policy)
+        api, ext = start_replay_cluster(nodes, Path(tmp), args.policy, args.share_enforcement)
         try:
             out = TraceScheduler(api, ext.url, nodes).run(pods, order)
             learned = ext.call(lambda: ext.service.view.scoring.learner.summary())
@@ -100,6 +107,7 @@ def main() -> dict[str, object]:
     return {
         "policy": args.policy,
         "seed": args.seed,
+        "share_enforcement": args.share_enforcement or "none",
         "nodes": len(nodes.names),
         "pods": len(order),
         "node_agreement_pct": round(node_pct, 3),
