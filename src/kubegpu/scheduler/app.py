@@ -8,7 +8,8 @@ Verbs are served under both ``/<verb>`` and ``/scheduler/<verb>`` (the fixture's
 413, one that does not arrive in time a 408; a failure inside a verb becomes
 the reply's ``Error`` field, never a 500 or a hang. Every verb's cost is
 bounded before the expensive work (:mod:`kubegpu.scheduler.limits`).
-Filter and prioritize only read the view; bind is the one commit point.
+Filter and prioritize only read the view; bind is the one commit point. A filter also counts the pods in flight
+(passed by filter, or bound and not yet held) and may wait for their binds (:mod:`kubegpu.scheduler.inflight`).
 """
 
 from __future__ import annotations
