@@ -229,7 +229,7 @@ class InFlight:
         if not plan.vectorised or plan.nvlink:
             return np.zeros(len(rows), bool)  # fitted node by node: no count bounds it; placement decides
         demand = plan.gpu_demand
-        allowed = view.reservation_mask(plan)
+        allowed = view.allowed_mask(plan, view.reservation_mask(plan))  # what its filter ANDed: reservations, locks
         counts = (view.mirror.candidate_counts(demand) if allowed is None
                   else (view.mirror.candidates(demand) & allowed).sum(axis=1))
         return cast(np.ndarray, ok & (counts[rows] >= demand.count + gpus))
