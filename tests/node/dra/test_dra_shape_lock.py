@@ -16,9 +16,13 @@ import pytest
 from dra_harness import Bed, make_strict_bed
 from test_dra_flows import _classes, _ready, _strict_attrs
 
-from kubegpu.inventory.compute_modes import DEFAULT
+from kubegpu.inventory.compute_modes import DEFAULT, EXCLUSIVE_PROCESS
+from kubegpu.inventory.fake import FakeBackend
 from kubegpu.node.dra.names import DRIVER
 from kubegpu.node.dra.prepare import cdi_spec_path
+from kubegpu.node.dra.slices import DraSettings, pool_content, slice_bodies
+from kubegpu.node.mps.enforcer import GpuView
+from kubegpu_standins.dra_validation import validate
 
 
 @pytest.fixture
@@ -87,3 +91,24 @@ def test_the_allocator_keeps_to_a_strict_gpus_shape_and_the_node_refuses_what_ca
     bed.delete(smaller)
     assert bed.backend.compute_mode(gpu) == DEFAULT
     assert bed.wait(lambda: _policies(bed, gpu) == unlocked)
+
+
+@pytest.mark.parametrize(("lock", "compute", "memory"), [
+    ("25% / 16384M", ["25", "100"], ["16Gi", "80Gi"]),
+    ("100% / 16384M", ["100"], ["16Gi", "80Gi"]),  # a memory-only share runs with every thread
+    ("25% / 81920M", ["25", "100"], ["80Gi"]),  # a share without memory has all of it
+    ("25% / 16384M over 2 GPUs", ["100"], ["80Gi"]),  # one server over other GPUs too: no share joins
+])
+def test_a_locked_gpu_publishes_valid_values_the_api_accepts(lock: str, compute: list[str], memory: list[str]) -> None:
+    inv = FakeBackend("dgx-a100", node_name="n").discover()
+    gpu = inv.gpus[0]
+    assert gpu.memory_bytes == 80 * 2**30
+    settings = DraSettings(node_name="n", shared_gpus=None, mps=True, enforcement="strict")
+    view = GpuView("strict", "", EXCLUSIVE_PROCESS, lock, False)
+    [body] = slice_bodies(pool_content(inv, settings, views={gpu.uuid: view}), settings, 1)
+    dev = next(d for d in body["spec"]["devices"] if d["attributes"]["uuid"]["string"] == gpu.uuid)
+    assert dev["capacity"]["compute"]["requestPolicy"] == {"default": "100", "validValues": compute}
+    assert dev["capacity"]["memory"]["requestPolicy"] == {"default": "80Gi", "validValues": memory}
+    other = next(d for d in body["spec"]["devices"] if d["attributes"]["uuid"]["string"] == inv.gpus[1].uuid)
+    assert "validRange" in other["capacity"]["compute"]["requestPolicy"]  # unlocked GPUs keep the range
+    assert validate("ResourceSlice", body) == []
