@@ -10,6 +10,8 @@ Over HTTP with the real extender app; the race is made by the order of the reque
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from kubegpu.model import resources as R
 from kubegpu.scheduler.inflight import DEFAULT_FILTER_WAIT_S
 
 NODE = "gpu-node-c"  # one A100
+ROOT = Path(__file__).resolve().parents[2]
 LONG_WAIT_S = 60.0  # what the filter may wait here: far longer than a bind posted right after takes to arrive
 
 
@@ -50,6 +53,18 @@ def _bind(cluster: Cluster, p: dict[str, Any], node: str) -> str:
                                "PodUID": p["metadata"]["uid"], "Node": node})
     assert r.status_code == 200
     return str(r.json().get("Error", ""))
+
+
+def _cause(error: str) -> str:
+    """How ``bench/churn.py`` counts a failed bind with this error (its bind_refused_after_filter is "no-change")."""
+    churn = sys.modules.get("churn_bench")
+    if churn is None:
+        spec = importlib.util.spec_from_file_location("churn_bench", ROOT / "bench" / "churn.py")
+        assert spec is not None and spec.loader is not None
+        churn = sys.modules["churn_bench"] = importlib.util.module_from_spec(spec)  # its dataclasses look it up
+        spec.loader.exec_module(churn)
+    cause: str = churn.bind_failure_cause(error)
+    return cause
 
 
 def _counters(cluster: Cluster) -> dict[str, int]:
@@ -112,7 +127,8 @@ def test_a_bind_waiting_for_its_turn_holds_its_room_against_the_next_filter(tmp_
         p1 = _put(cluster, pod("p1", share(20, ratio=20)))
         p2 = _put(cluster, pod("p2", share(70, ratio=70)))
         assert _bind(cluster, p0, NODE) == ""  # bound, waiting for its node to serve it
-        binding, bound = threading.Thread(target=lambda: bound.append(_bind(cluster, p1, NODE))), []
+        bound: list[str] = []
+        binding = threading.Thread(target=lambda: bound.append(_bind(cluster, p1, NODE)))
         binding.start()
         assert until(lambda: cluster.ext.call(lambda: cluster.view.handoffs.waiting_binds.get(NODE, 0)) == 1)
         out = cluster.post("/filter", args(p2, [NODE])).json()
@@ -172,6 +188,7 @@ def test_a_bind_whose_room_went_to_a_pod_bound_since_its_filter_says_which(clust
     error = bind(cluster, second, NODE)
     assert error.startswith(f"kubegpu bind: {NODE}: 0 GPUs can take this, 1 needed; its filter passed the node")
     assert "taken since by pods bound there: default/w1 (GPU 0 whole" in error
+    assert _cause(error) == "no-change"  # what the churn bench counts in bind_refused_after_filter
 
 
 def test_a_bind_whose_room_went_without_a_bind_here_says_so(cluster: Cluster) -> None:
@@ -179,6 +196,7 @@ def test_a_bind_whose_room_went_without_a_bind_here_says_so(cluster: Cluster) ->
     error = bind(cluster, p, NODE)  # never filtered here, never fitted: no bind took anything
     assert "0 GPUs can take this" in error or "1 GPUs can take this, 2 needed" in error
     assert "this extender did not filter the pod" in error and "no pod was bound there through this extender" in error
+    assert _cause(error) == "change"
 
 
 def test_the_filter_wait_is_within_the_filter_extenders_timeout() -> None:
