@@ -7,21 +7,11 @@ figures are what kubegpu told MPS for every kind of share it serves.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from bench_runner import run_bench
 
 
 def test_enforcement_bench_standin_serves_every_share_within_its_limits() -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    p = subprocess.run([sys.executable, str(ROOT / "bench" / "enforcement.py"), "--standin", "--allocations", "20"],
-                       env=env, capture_output=True, text=True, timeout=400, check=False)
-    assert p.returncode == 0, p.stderr[-2000:]
-    result = json.loads(p.stdout.strip().splitlines()[-1])
+    result, stderr = run_bench("enforcement.py", "--standin", "--allocations", "20", timeout_s=400)
     assert result["gpu"] is None
     assert result["shares_tested"] == 6
     assert result["memory_over_limit_gib"] == 0.0
@@ -32,7 +22,7 @@ def test_enforcement_bench_standin_serves_every_share_within_its_limits() -> Non
     for client in result["clients"]:
         assert client["allocated_gib"] <= client["limit_gib"]
         assert client["measured_share_pct"] in (None, client["granted_core"])
-    assert "refused while the daemon was down" in p.stderr
+    assert "refused while the daemon was down" in stderr
     # The tenant's edits, per enforcement mode: only strict holds against a client that skips its server.
     modes = result["modes"]
     assert result["pipe_escapes"] == 0 and result["compute_mode_restored"] is True

@@ -7,21 +7,11 @@ here only that the bench still places, binds and acknowledges what it says it do
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from bench_runner import run_bench
 
 
 def test_extender_bench_places_binds_and_acknowledges_every_pod() -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    p = subprocess.run([sys.executable, str(ROOT / "bench" / "extender.py"), "--nodes", "40", "--pods", "30"],
-                       env=env, capture_output=True, text=True, timeout=120, check=False)
-    assert p.returncode == 0, p.stderr[-2000:]
-    result = json.loads(p.stdout.strip().splitlines()[-1])
+    result, _ = run_bench("extender.py", "--nodes", "40", "--pods", "30", timeout_s=120)
     assert result["nodes"] == 40 and result["pods"] == 30
     assert result["placed"] + result["unschedulable"] + result["bind_errors"] == 30
     assert result["placed"] > 0 and result["bind_errors"] == 0
