@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from polling import until
+from prometheus_client.parser import text_string_to_metric_families
 from sched_harness import Cluster, mark_running, start_cluster
 from test_scheduler_behaviour import args, bind, pod, share
 
@@ -68,12 +69,14 @@ def _cause(error: str) -> str:
 
 
 def _counters(cluster: Cluster) -> dict[str, int]:
-    def read() -> dict[str, int]:
-        assert cluster.ext.service is not None
-        f = cluster.ext.service.extender.inflight
-        return {"unchecked": f.unchecked, "checked": f.checked, "waited": f.waited, "refused": f.refused,
-                "expired": f.expired}
-    out: dict[str, int] = cluster.ext.call(read)
+    """What the filters did about pods in flight, as the extender's /metrics says it."""
+    text = cluster.http.get("/metrics").text
+    out = {outcome: 0 for outcome in ("unchecked", "checked", "waited", "refused", "expired")}
+    for family in text_string_to_metric_families(text):
+        if family.name == "kubegpu_filter_inflight":
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    out[sample.labels["outcome"]] = int(sample.value)
     return out
 
 

@@ -54,7 +54,7 @@ def test_scheduler_process_serves_https_and_metrics(tmp_path: Path) -> None:
     port, mport = _port(), _port()
     proc = subprocess.Popen(_cli("--kubeconfig", str(kc), "--listen", f"127.0.0.1:{port}", "--tls-cert", str(cert),
                                  "--tls-key", str(key), "--metrics-listen", f"127.0.0.1:{mport}",
-                                 "--node-policy", "bestfit"))
+                                 "--node-policy", "bestfit", "--filter-wait-seconds", "0.5"))
     try:
         https = httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=False, timeout=5)
         deadline = time.monotonic() + 30
@@ -72,6 +72,7 @@ def test_scheduler_process_serves_https_and_metrics(tmp_path: Path) -> None:
         assert r.status_code == 200 and r.json()["NodeNames"] == ["gpu-node-a"]
         metrics = httpx.get(f"http://127.0.0.1:{mport}/metrics").text
         assert 'kubegpu_extender_request_seconds_count{verb="filter"} 1.0' in metrics
+        assert 'kubegpu_filter_inflight_total{outcome="unchecked"} 1.0' in metrics  # nothing else was in flight
         assert httpx.post(f"http://127.0.0.1:{mport}/filter", json={}).status_code in (404, 405)  # verbs not here
     finally:
         proc.terminate()
@@ -80,7 +81,8 @@ def test_scheduler_process_serves_https_and_metrics(tmp_path: Path) -> None:
 
 
 def test_bad_arguments_exit_2(tmp_path: Path) -> None:
-    for args in (["--listen", "nowhere"], ["--gpu-policy", "fastest"], ["--tls-cert", str(tmp_path / "x")],
+    for args in (["--listen", "nowhere"], ["--gpu-policy", "fastest"], ["--filter-wait-seconds", "9"],
+                 ["--tls-cert", str(tmp_path / "x")],
                  ["--kubeconfig", str(tmp_path / "missing"), "--listen", "127.0.0.1:0"]):
         r = subprocess.run(_cli(*args), capture_output=True, text=True, timeout=60)
         assert r.returncode == 2, (args, r.stdout, r.stderr)

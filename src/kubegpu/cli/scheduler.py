@@ -24,6 +24,7 @@ import typer
 from kubegpu.cli.main import app
 from kubegpu.model.limits import DEFAULT_MAX_GPU_CONTAINERS
 from kubegpu.placement.reservations import ReservationConfig
+from kubegpu.scheduler.inflight import DEFAULT_FILTER_WAIT_S
 
 _RESERVE = ReservationConfig()  # the reservation flags' defaults
 
@@ -131,6 +132,12 @@ def scheduler(
                                                      "(the oldest wide pod is always served)"),
     no_reservations: bool = typer.Option(False, "--no-reservations",
                                          help="hold no GPUs for waiting wide pods (place as they come)"),
+    filter_wait: float = typer.Option(DEFAULT_FILTER_WAIT_S, "--filter-wait-seconds", min=0.0, max=5.0,
+                                      metavar="SECONDS",
+                                      help="how long a filter may wait for the binds of pods it just passed that "
+                                           "could take the same room (kube-scheduler binds asynchronously); 0 "
+                                           "answers at once and may pass a node a bind then finds taken. Keep it "
+                                           "well under the filter extender's httpTimeout (10 s as rendered)"),
     log_level: str = typer.Option("info", "--log-level", metavar="LEVEL", help="debug, info, warning or error"),
 ) -> None:
     """Run the scheduler extender beside kube-scheduler."""
@@ -173,7 +180,7 @@ def scheduler(
             raise typer.Exit(EXIT_CONFIG) from None
         service = ExtenderService(client, node_policy, gpu_policy, resync_s=resync, limits=limits,
                                   per_gpu_metrics=metrics_per_gpu, reservations=reservations,
-                                  **environment_settings(os.environ))
+                                  filter_wait_s=filter_wait, **environment_settings(os.environ))
         logging.getLogger("kubegpu.scheduler").info(
             "extender on %s://%s:%d (node policy %s, GPU policy %s)", "https" if tls_cert else "http", host, port,
             node_policy, gpu_policy)

@@ -95,6 +95,7 @@ class Extender:
         # The pods passed by filter whose binds have not held their GPUs yet: a filter counts them (inflight.py).
         # Without an API client this extender never binds, so no filter waits for a bind.
         self.inflight = InFlight(view, wait_s=filter_wait_s if client is not None else 0.0)
+        self.metrics.count_inflight(self.inflight)
         self.binder = Binder(view, client, self.plans, self.metrics, pending=pending, handoff_wait_s=handoff_wait_s,
                              ready=ready, inflight=self.inflight)
         self._ready = ready

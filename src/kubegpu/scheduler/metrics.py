@@ -14,9 +14,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from kubegpu.scheduler.inflight import InFlight
 from kubegpu.scheduler.state import ClusterView
 
 _WAIT_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
@@ -105,6 +106,24 @@ class _ViewCollector(Collector):
         yield waiting
 
 
+class _InFlightCollector(Collector):
+    """What filters did about pods passed by an earlier filter whose binds had not held yet (inflight.py)."""
+
+    def __init__(self, inflight: InFlight) -> None:
+        self._inflight = inflight
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        f = self._inflight
+        c = CounterMetricFamily("kubegpu_filter_inflight", "Filters by what the pods in flight made them do: "
+                                "unchecked (none in flight), checked (counted them), waited (for their binds), "
+                                "refused (a node, for a bind in progress there), expired (binds waited for in vain)",
+                                labels=["outcome"])
+        for outcome, value in (("unchecked", f.unchecked), ("checked", f.checked), ("waited", f.waited),
+                               ("refused", f.refused), ("expired", f.expired)):
+            c.add_metric([outcome], value)
+        yield c
+
+
 class ExtenderMetrics:
     def __init__(self, view: ClusterView, *, per_gpu: bool = False) -> None:
         self.registry = CollectorRegistry()
@@ -124,3 +143,6 @@ class ExtenderMetrics:
         self.wait = Histogram("kubegpu_pod_wait_seconds", "GPU pods' wait from creation to bound, by pod width "
                               "(share or whole GPUs)", ["width"], buckets=_WAIT_BUCKETS, registry=self.registry)
         self.registry.register(_ViewCollector(view, per_gpu))
+
+    def count_inflight(self, inflight: InFlight) -> None:
+        self.registry.register(_InFlightCollector(inflight))
