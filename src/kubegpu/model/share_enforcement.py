@@ -11,11 +11,17 @@ from __future__ import annotations
 from kubegpu.model.inventory import Gpu, NodeInventory
 
 UNENFORCED = "unenforced"
+STRICT = "strict"  # one MPS server per GPU, the GPU exclusive, one share shape at a time (docs/sharing.md)
 
 
 def takes_shares(g: Gpu) -> bool:
     """Whether the GPU may carry shares: healthy, not split into MIG devices, and its shares enforceable."""
     return g.healthy and not g.mig_enabled and g.share_enforcement != UNENFORCED
+
+
+def is_strict(g: Gpu) -> bool:
+    """Whether the node enforces the GPU's shares strictly: placement then keeps to its shape lock."""
+    return g.share_enforcement == STRICT
 
 
 def unenforced_reason(inventory: NodeInventory) -> str:

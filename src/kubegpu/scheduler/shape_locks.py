@@ -19,14 +19,13 @@ import numpy as np
 
 from kubegpu.model.allocation import DeviceGrant
 from kubegpu.model.inventory import Gpu
+from kubegpu.model.share_enforcement import is_strict
 from kubegpu.model.share_shape import ShareShape, is_whole_part, parse_shape, share_shape
 from kubegpu.placement import Demand
 from kubegpu.placement.shape_lock import NO_LOCK, ShapeLocks
 from kubegpu.scheduler.accounting import Ledger
 from kubegpu.scheduler.mirror import ArrayMirror
 from kubegpu.scheduler.nodes import NodeRecord
-
-STRICT = "strict"  # a GPU's shareEnforcement.mode under strict enforcement (node/mps/capability.py)
 
 
 def grant_shapes(grants: tuple[DeviceGrant, ...], gpus: Mapping[str, Gpu]) -> dict[str, ShareShape]:
@@ -128,7 +127,7 @@ class ExtenderShapeLocks:
         known clear). True when any is strict."""
         rec = self.nodes.get(name)
         strict = rec is not None and rec.state is not None and any(
-            g.share_enforcement == STRICT for g in rec.state.gpus)
+            is_strict(g) for g in rec.state.gpus)
         if not fresh and (strict or self._strict_rows[row]):
             locks.clear_row(row)
         if not strict:
@@ -142,7 +141,7 @@ class ExtenderShapeLocks:
                 for uuid, shape in grant_shapes(c.grants, gpus).items():
                     held.setdefault(uuid, []).append(shape)
         for j, g in enumerate(rec.state.gpus):
-            if g.share_enforcement != STRICT:
+            if not is_strict(g):
                 continue
             locks.strict[row, j] = True
             shapes = set(held.get(g.uuid, ()))

@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from typing import Final
 
 from kubegpu.model.inventory import Gpu
+from kubegpu.model.share_enforcement import STRICT, UNENFORCED
 
 MODE_MPS: Final = "mps"
-MODE_STRICT: Final = "strict"
+MODE_STRICT: Final = STRICT
 MODE_NONE: Final = "none"
-MODE_UNENFORCED: Final = "unenforced"
+MODE_UNENFORCED: Final = UNENFORCED
 PER_SHAPE: Final = "per-shape"  # the operator's other name for MODE_MPS
 ENFORCEMENT_MODES: Final = (MODE_NONE, MODE_MPS, MODE_STRICT)
 ENFORCED_MODES: Final = (MODE_MPS, MODE_STRICT)  # modes that run MPS daemons for fine-grained shares
