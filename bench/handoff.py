@@ -11,7 +11,8 @@ register again). After each burst every GPU container is checked: environment GP
 the record the accounting uses and the acknowledgement (replica containers: environment GPUs = kubelet
 devices, no record). Prints one JSON object as its last line: ``pods``, ``containers``, ``divergent``
 (target 0), ``silent_divergent`` (target 0), ``overcommitted_gpus`` (target 0), ``refused_without_reason``
-(target 0), ``forged_served`` (target 0), ``allocate_p99_ms``, ``max_watch_lag_s``, plus ``refused``,
+(target 0), ``forged_served`` (target 0), ``bound_pending`` (target 0: pods bound and still Pending once the
+nodes are quiet), ``allocate_p99_ms``, ``max_watch_lag_s``, plus ``refused``,
 ``served``, ``replica_containers``, ``records_on_replicated`` (target 0), ``double_held`` (target 0),
 ``checkpoint_violations`` (target 0: devices held at a kubelet restart offered to another container),
 ``kubelet_restarts``, ``consistent_reads``, ``elapsed_s``.
@@ -200,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"pods": 0, "containers": 0, "divergent": 0, "silent_divergent": 0,
                            "overcommitted_gpus": 0, "refused_without_reason": 0, "forged_served": 0,
                            "refused": 0, "served": 0, "unschedulable": 0, "replica_containers": 0,
-                           "swapped_records_served": 0, "async_bind_pairs": 0}
+                           "swapped_records_served": 0, "async_bind_pairs": 0, "bound_pending": 0}
     t0 = time.monotonic()
     over: set[str] = set()
     on_replicated: set[str] = set()
@@ -245,8 +246,6 @@ def main(argv: list[str] | None = None) -> int:
                     print("DEBUG errors", c.schedule_errors[-3:], file=sys.stderr)
                 if os.environ.get("KUBEGPU_BENCH_DEBUG") and c.ext is not None and c.ext.service is not None:
                     v = c.ext.service.view
-                    print("DEBUG pending", c.ext.call(lambda v=v: {n: dict(p) for n, p in v.pending.items()}),
-                          file=sys.stderr)
                     for nn, node in c.nodes.items():
                         hold = {pk: {cn: [(r, [i[-4:] for i in ids]) for r, ids in v] for cn, v in cs.items()}
                                 for pk, cs in node.kubelet.holdings.items()}
@@ -265,10 +264,16 @@ def main(argv: list[str] | None = None) -> int:
             checks = [k for k in c.check() if k.pod.split("/")[1] in names]
             events = {(e.get("involvedObject") or {}).get("name") for e in c.api.objects("events")
                       if e.get("reason") in ("GpuHandoffMismatch", "GpuHandoffReordered")}
-            phases = [(p.get("status") or {}).get("phase") for p in c.api.objects("pods")
-                      if p["metadata"]["name"] in names]
+            mine = [p for p in c.api.objects("pods") if p["metadata"]["name"] in names]
+            phases = [(p.get("status") or {}).get("phase") for p in mine]
+            # Bound and still Pending once the node has gone quiet: a pod left waiting for nothing (target 0;
+            # the other Pending pods found no room, the bursts ask more than the nodes have).
+            waiting = [p["metadata"]["name"] for p in mine if (p.get("status") or {}).get("phase") == "Pending"
+                       and (p.get("spec") or {}).get("nodeName")]
+            out["bound_pending"] += len(waiting)
             print(f"burst {b}: {len(pods)} pods, {phases.count('Running')} running, {phases.count('Failed')} "
-                  f"refused, {phases.count('Pending')} pending", file=sys.stderr)
+                  f"refused, {phases.count('Pending')} pending ({len(waiting)} of them bound"
+                  f"{': ' + ', '.join(waiting[:4]) if waiting else ''})", file=sys.stderr)
             out["pods"] += len(pods)
             out["containers"] += len(checks)
             for k in checks:

@@ -3,6 +3,7 @@ kubelet chose (docs/handoff.md).
 
 - :mod:`.entries`: a bound pod as records per container (pure);
 - :mod:`.matching`: which record an Allocate serves, GetPreferredAllocation steering, conflicts (pure);
+- :mod:`.callers`: which pods a call can be for, by the kubelet's own PodResources list (pure);
 - :mod:`.resolver`: the stateful resolver: local view, consistent reads, acknowledgements;
 - :mod:`.verify`: the PodResources check, grouped per container.
 """
