@@ -57,13 +57,12 @@ class ExtenderShapeLocks:
         if locks is None or self._layout != cluster.layout:
             locks = self._locks = ShapeLocks.of(cluster, np.zeros(cluster.core_free.shape, bool))
             self._strict_rows = np.zeros(cluster.n_nodes, bool)
-            stale = np.arange(cluster.n_nodes)
+            stale, fresh = np.arange(cluster.n_nodes), True  # new arrays: nothing to clear first
             self._layout = cluster.layout
         elif self._epoch != cluster.epoch:
-            stale = np.flatnonzero(self._version != cluster.version)
+            stale, fresh = np.flatnonzero(self._version != cluster.version), False
         else:
-            stale = np.zeros(0, np.int64)
-        fresh = len(stale) == cluster.n_nodes and self._strict_rows.sum() == 0  # nothing to clear first
+            stale, fresh = np.zeros(0, np.int64), False
         for row in stale.tolist():
             self._strict_rows[row] = self._rebuild_row(locks, row, cluster.names[row], fresh)
         self._version = cluster.version.copy()
@@ -78,22 +77,21 @@ class ExtenderShapeLocks:
     def why(self, row: int, demand: Demand, candidates: np.ndarray) -> str:
         """Why the lock keeps ``demand`` off node ``row`` whose GPUs ``candidates`` (its row) have the room."""
         locks = self.current()
-        rec = self.nodes.get(self.mirror.cluster.names[row])
         name = self.mirror.cluster.names[row]
-        if locks is None or rec is None or rec.state is None:
-            return f"node {name}: its strict MPS GPUs serve other share shapes"
+        rec = self.nodes.get(name)
         shown = []
-        for j in np.flatnonzero(candidates).tolist():
-            if j >= len(rec.state.gpus) or not locks.strict[row, j]:
-                continue
-            shape = locks.describe(row, j)
-            index = rec.state.gpus[j].index
-            shown.append(f"GPU {index} serves shares of {shape.human()} only" if shape is not None else
-                         f"GPU {index} runs shares of differing shapes until they end")
+        if locks is not None and rec is not None and rec.state is not None:
+            gpus = rec.state.gpus
+            for j in np.flatnonzero(candidates).tolist():
+                if j >= len(gpus) or not locks.strict[row, j]:
+                    continue
+                shape = locks.describe(row, j)
+                shown.append(f"GPU {gpus[j].index} serves shares of {shape.human()} only" if shape is not None else
+                             f"GPU {gpus[j].index} runs shares of differing shapes until they end")
         if not shown:
-            return f"node {name}: its strict MPS GPUs serve other share shapes"
+            shown.append("its GPUs serve other share shapes")
         over = " (a share over several GPUs takes GPUs no share holds)" if demand.count > 1 else ""
-        return f"node {rec.name}: {'; '.join(shown)} (strict MPS){over}"
+        return f"node {name}: {'; '.join(shown)} (strict MPS){over}"
 
     def breaks(self, rec: NodeRecord, grants_by_container: list[tuple[DeviceGrant, ...]]) -> str:
         """Why giving these containers' grants on ``rec``'s node would break a GPU's lock ('' when it would not):
