@@ -9,13 +9,15 @@ from pathlib import Path
 
 import pytest
 from polling import until
-from sched_harness import Cluster, start_cluster
+from sched_harness import Cluster, filter_, start_cluster
 from test_scheduler_behaviour import args, bind, pod, share
 from test_scheduler_replay import small_trace
 
 from kubegpu.inventory.fake import FakeBackend
+from kubegpu.model.allocation import ContainerAllocation, DeviceGrant, PodAllocation
 from kubegpu.model.device_object import device_object
 from kubegpu.model.inventory import NodeInventory
+from kubegpu.scheduler.state import ClusterView
 from kubegpu.sim.replay import arrival_order, replay
 from kubegpu_standins.trace_scheduler import agreement, replay_over_http
 
@@ -114,3 +116,26 @@ def test_the_extender_keeps_to_the_locks_where_the_simulator_does(tmp_path: Path
     out = replay_over_http(nodes, pods, order, tmp_path, share_enforcement="strict")
     _, same_gpus_pct, differ = agreement(sim.placements, out.placements, nodes.names)
     assert same_gpus_pct == 100.0, [(k, sim.placements[k], out.placements[k]) for k in differ[:5]]
+
+
+def test_a_share_over_several_gpus_takes_strict_gpus_no_share_holds() -> None:
+    inv = FakeBackend("dgx-a100", node_name="gpu-node-d").discover()
+    two = strict(replace(inv, gpus=tuple(replace(g, links={}) for g in inv.gpus[:2])))
+    view = ClusterView(handoff_wait=False)
+    view.set_inventory("gpu-node-d", two)
+    gpu0 = two.gpus[0]
+    view.ledger.hold("default/q", "uid-q", "gpu-node-d", PodAllocation((ContainerAllocation(
+        "c", (DeviceGrant(gpu0.minor, gpu0.uuid, 25, 10 * 2**30, 0),)),)))
+    out = filter_(view, pod("wide", share(50, mem="20Gi", k=2)), ["gpu-node-d"])
+    assert list(out.passed) == []
+    assert dict(out.failed)["gpu-node-d"] == (
+        f"node gpu-node-d: GPU {gpu0.index} serves shares of 25 percent / 10Gi only (strict MPS) "
+        "(a share over several GPUs takes GPUs no share holds)")
+    # Once placed over both GPUs, its twin's per-GPU shape does not join them either (one server over exactly
+    # those GPUs; the node would refuse a server over another set).
+    view.ledger.release("default/q")
+    assert list(filter_(view, pod("wide", share(50, mem="20Gi", k=2)), ["gpu-node-d"]).passed) == ["gpu-node-d"]
+    view.ledger.hold("default/w", "uid-w", "gpu-node-d", PodAllocation((ContainerAllocation(
+        "c", tuple(DeviceGrant(g.minor, g.uuid, 25, 10 * 2**30, 0) for g in two.gpus)),)))
+    one = filter_(view, pod("one", share(25, mem="10Gi")), ["gpu-node-d"])
+    assert "serves shares of 25 percent / 10Gi over 2 GPUs only" in dict(one.failed)["gpu-node-d"]

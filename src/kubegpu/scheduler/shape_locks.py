@@ -80,10 +80,11 @@ class ExtenderShapeLocks:
         name = self.mirror.cluster.names[row]
         rec = self.nodes.get(name)
         shown = []
-        if locks is not None and rec is not None and rec.state is not None:
+        allowed = locks.allowed(demand) if locks is not None else None
+        if locks is not None and allowed is not None and rec is not None and rec.state is not None:
             gpus = rec.state.gpus
-            for j in np.flatnonzero(candidates).tolist():
-                if j >= len(gpus) or not locks.strict[row, j]:
+            for j in np.flatnonzero(candidates & ~allowed[row]).tolist():
+                if j >= len(gpus):
                     continue
                 shape = locks.describe(row, j)
                 shown.append(f"GPU {gpus[j].index} serves shares of {shape.human()} only" if shape is not None else
