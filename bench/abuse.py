@@ -1,4 +1,4 @@
-"""Hostile-input benchmark (issue 12): thousands of malformed, oversized, slow, concurrent and forged
+"""Hostile-input benchmark : thousands of malformed, oversized, slow, concurrent and forged
 requests against the three servers, each run as its own process the way it is deployed.
 
 * the extender (``kubegpu scheduler``) watching a stand-in API server (its own process) with N nodes of

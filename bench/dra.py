@@ -12,7 +12,7 @@ change, and the node daemon's memory in DRA mode.
   for the recovery (from the GPU answering again, so it includes one health-poll interval of 50 ms).
 - ``rss_registered_mb``: VmRSS of the daemon process once registered and its slices published;
   ``rss_mb``: after the prepare workload; ``daemon_grpcio``: whether grpcio's C core is mapped in
-  the daemon (issue 23: it should not be, ~10 MB). The daemon runs as the DRA DaemonSet runs it: the
+  the daemon (it should not be, ~10 MB). The daemon runs as the DRA DaemonSet runs it: the
   ``kubegpu`` entry point with ``kubegpu.node.runtime_env.NODE_ENV`` in its environment.
 - ``mixed_*``: whole claims and 25 %/20Gi shares in a shuffled order (a demand no fixed split of the
   8 GPUs into "whole" and "shared" serves: 2 whole + 24 shares) through the stand-in allocator and

@@ -24,7 +24,7 @@ during the run), ``metrics_scrape_ms`` (the slowest of five ``/metrics`` scrapes
 loop answers nothing else meanwhile) and ``metrics_bytes``. ``--py-spy FILE`` writes a sampling profile of the
 extender over the timed loop (``py-spy`` installed in the venv).
 
-Targets (2-core machine, issue 23): >= 200 pods/s end to end (``pods_per_s``), every verb's p99 <= 10 ms at
+Targets (2-core machine): >= 200 pods/s end to end (``pods_per_s``), every verb's p99 <= 10 ms at
 5,000 nodes, extender CPU <= 4 ms per pod (``extender_cpu_ms_per_pod``), RSS <= 300 MB. Wall times depend on
 what else runs on the machine (``load_avg``); the CPU figures much less.
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The node daemon on a real GPU (issue 23: ≤ 60 MB in both kubelet modes, Allocate p99 ≤ 1 ms), as one prepared
-# script for a session the device tool lends a GPU machine. Nothing can be fetched there, and its python3 is
-# 3.12 (the image's, with PyTorch), so the wheels travel with the working tree:
+# The node daemon on a real GPU (targets: ≤ 60 MB in both kubelet modes, Allocate p99 ≤ 1 ms) and the
+# share enforcement escapes, as one prepared script for a session the device tool lends a GPU machine.
+# Nothing can be fetched there, and its python3 is 3.12 (the image's, with PyTorch), so the wheels travel with the working tree:
 #
 #   here:        bash bench/gpu_check.sh prepare     # kubegpu and its runtime + demo wheels for CPython 3.12
 #                                                    # into .gpuwheels/ (git-ignored; ~43 MB of the 64 MiB

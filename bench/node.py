@@ -26,7 +26,7 @@ sets are then sized to the GPUs found, and the health series (which needs the fa
 driver's compute modes), once each GPU's daemon is up: ``share_allocate_p99_ms`` per mode and
 ``share_allocate_p99_over_unenforced_ms`` (target: within 20 ms).
 The last line is one JSON object. Targets: allocate p99 <= 1 ms, preferred p99 <= 5 ms
-(slots <= 20 ms), health <= 1000 ms, re-register <= 1000 ms, RSS <= 60 MB (issue 23).
+(slots <= 20 ms), health <= 1000 ms, re-register <= 1000 ms, RSS <= 60 MB.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Where NVML's resident memory comes from: a probe to run once on a real GPU node (issue 23).
+"""Where NVML's resident memory comes from: a probe to run once on a real GPU node.
 
 Measured on an H200, ``nvmlInit`` alone adds about 18 MB to a Python process, most of it one 16 MB
 anonymous mapping that the driver's library allocates and fills. One hypothesis to check: that

@@ -7,7 +7,7 @@ pod (no patch) over one keep-alive HTTPS connection. Prints one JSON object as
 its last line: per pod kind, ``p50_ms``, ``p99_ms``, ``reviews_per_s`` and ``server_cpu_us_per_review`` (the
 webhook process's CPU per review, from its CPU clock: what other work on the machine changes least), and
 ``load_avg`` (the machine's 1-minute load before and after).
-Targets (issue 23): p99 <= 1 ms, >= 2,500 reviews/s for plain pods and >= 2,000 for GPU pods.
+Targets : p99 <= 1 ms, >= 2,500 reviews/s for plain pods and >= 2,000 for GPU pods.
 """
 
 from __future__ import annotations
