@@ -793,7 +793,10 @@ class PodAdmitter:
             key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
             uid = str(meta.get("uid") or "")
             if ev.type is EventType.DELETED:
-                self.kubelet.release_pod(key)
+                # After the admission in progress, never during it: the kubelet removes pods on the same sync
+                # loop that admits them, so a pod stays in its pod manager (PodResources) while it is admitted.
+                with self._admitting:
+                    self.kubelet.release_pod(key)
                 with self._cond:
                     self._seen.discard(uid)  # if still queued, never admitted: _run skips it
                 return
