@@ -181,6 +181,22 @@ def test_a_bind_that_never_comes_is_waited_for_once_then_no_longer_counted(tmp_p
         _stop(cluster)
 
 
+def test_a_pod_whose_bind_never_came_is_not_waited_for_again_when_filtered_again(tmp_path: Path) -> None:
+    """kube-scheduler retries a pod it fails after the filter (after back-off): each retry passes the filter again.
+    Only the first costs another pod's filter a wait."""
+    cluster = _cluster(tmp_path, filter_wait_s=0.2)
+    try:
+        lost = _put(cluster, pod("lost", {R.NVIDIA_GPU: "1"}))
+        following = _put(cluster, pod("next", {R.NVIDIA_GPU: "1"}))
+        for _ in range(3):  # the retries of the pod that never binds, each followed by another pod's filter
+            assert cluster.post("/filter", args(lost, [NODE])).json()["NodeNames"] == [NODE]
+            assert cluster.post("/filter", args(following, [NODE])).json()["NodeNames"] == [NODE]
+        # Neither pod ever binds here, so each is waited for once, by the other's filter; never again after.
+        assert _counters(cluster) == {"unchecked": 4, "checked": 2, "waited": 2, "refused": 0, "expired": 2}
+    finally:
+        _stop(cluster)
+
+
 def test_a_bind_whose_room_went_to_a_pod_bound_since_its_filter_says_which(cluster: Cluster) -> None:
     """With no filter wait (the fixture's), both pods pass the one GPU: the second bind says who took it."""
     first, second = pod("w1", {R.NVIDIA_GPU: "1"}), pod("w2", {R.NVIDIA_GPU: "1"})

@@ -14,15 +14,17 @@ that may land there counted? Only there is a collision possible. For such a node
 - while a pod that may land there has not had its bind arrive, the filter waits for that bind (bounded by
   :data:`DEFAULT_FILTER_WAIT_S`, on an event set by every change of a flight: never a poll), then answers from the
   accounting as it is then; a pod whose bind did not come in that bound (kube-scheduler failed it after the
-  filter, or holds it in a later phase) counts no more until its bind arrives;
+  filter, or holds it in a later phase) counts no more until its bind arrives, and its next filters put it in
+  flight uncounted (a pod kube-scheduler fails after the filter again and again costs one wait, not one per try);
 - a pod whose bind names the node and waits there (its turn, the node daemon) holds its room: the node fails for
   B with a reason that names it.
 
 Everywhere else (nothing in flight, or room for all of them) the filter answers as it would have, without a wait.
 The test of room is first a bound, over every node at once: a node surely has room when its CPU and memory cover
 all of them and it has at least as many GPUs that could take B's part as B needs plus every GPU the others may
-touch. Where the bound fails, placement decides on a copy of the node's state with the others placed first, for a
-few nodes per filter (past them a collision is taken as possible).
+touch. Where the bound fails, placement decides on a copy of the node's state with the others placed first, up to
+a fixed number of container placements per filter (past them a collision is taken as possible): so one filter's
+check costs at most that many placements, whatever the pods in flight ask.
 """
 
 from __future__ import annotations
@@ -52,8 +54,13 @@ DEFAULT_FILTER_WAIT_S = 1.0
 # A pod passed by filter and never bound nor deleted (kube-scheduler failed it after the filter) is forgotten
 # this long after its filter, whether or not a filter ever waited on it: the flights stay few.
 FILTERED_TTL_S = 30.0
-# Nodes per filter where the count bound fails and placement is tried (a state copy and a fit per pod each).
-MAX_PLACED_NODES = 32
+# Container placements per filter where the count bound fails (a node's check places every container of every pod
+# that may land there, then this pod's): a pod of many containers in flight must not make each filter fit it on
+# many nodes.
+MAX_PLACED_CONTAINERS = 64
+# Pods whose bind did not come when waited for, remembered (oldest forgotten first) so that they are not waited for
+# again.
+MAX_VAIN = 4096
 REASON_KEY = "in-flight"  # the filter's reason category for nodes refused here (metrics)
 
 
@@ -82,6 +89,7 @@ class InFlight:
         self.wait_s = wait_s
         self.ttl_s = ttl_s
         self.flights: dict[str, Flight] = {}  # pod key -> its flight, oldest first
+        self._vain: dict[str, None] = {}  # pod keys waited for in vain, oldest first (MAX_VAIN)
         self._changed: asyncio.Event | None = None  # set (and replaced) at every change of a flight
         # What the filters did: answered with nothing else in flight, checked against flights, waited for
         # binds, nodes refused for a bind in progress there, flights no longer counted after a wait for their bind.
@@ -97,7 +105,7 @@ class InFlight:
         now = asyncio.get_running_loop().time()
         self.flights.pop(plan.key, None)
         if len(passed):
-            self.flights[plan.key] = Flight(plan, passed, now)
+            self.flights[plan.key] = Flight(plan, passed, now, counted=plan.key not in self._vain)
         while self.flights:  # the oldest first: stop at the first one still young
             key, oldest = next(iter(self.flights.items()))
             if oldest.bound_for or now - oldest.since <= self.ttl_s:
@@ -108,6 +116,7 @@ class InFlight:
     def binding(self, plan: PodPlan, node: str) -> None:
         """``plan``'s pod's bind to ``node`` arrived and has not held its GPUs yet (it may wait for its turn)."""
         self.flights.pop(plan.key, None)
+        self._vain.pop(plan.key, None)  # its bind came: it is waited for again next time
         self.flights[plan.key] = Flight(plan, (node,), asyncio.get_running_loop().time(), bound_for=node)
         self._notify()
 
@@ -160,6 +169,9 @@ class InFlight:
                     log.info("pod %s: its bind did not come within %g s of pod %s's filter; counted no more",
                              key, self.wait_s, plan.key)
                     self.flights[key].counted = False
+                    self._vain[key] = None
+                while len(self._vain) > MAX_VAIN:
+                    del self._vain[next(iter(self._vain))]
                 self.expired += len(unsent)
                 hits = self.collisions(plan, out.passed)
                 break
@@ -208,12 +220,15 @@ class InFlight:
         sub = rows[shared]
         doubt = ~self._surely_room(plan, sub, gpus[sub], cpu[sub], mem[sub])
         out: dict[str, list[Flight]] = {}
-        for i, r in enumerate(sub[doubt].tolist()):
+        budget = MAX_PLACED_CONTAINERS
+        for r in sub[doubt].tolist():
             here = [f for f, at in landing if at[r]]
             node = str(view.mirror.names_by_row[r])
-            # Past a few nodes a collision is taken as possible unplaced (its cost is a wait for binds under way).
-            if i >= MAX_PLACED_NODES or not self._fits_after(plan, node, here):
+            cost = len(plan.request.gpu_containers) + sum(len(f.plan.request.gpu_containers) for f in here)
+            # Past the budget a collision is taken as possible unplaced (its cost is a wait for binds under way).
+            if cost > budget or not self._fits_after(plan, node, here):
                 out[node] = here
+            budget -= min(cost, budget)
         return out
 
     def _surely_room(self, plan: PodPlan, rows: np.ndarray, gpus: np.ndarray, cpu: np.ndarray,
