@@ -116,38 +116,17 @@ def test_dropped_when_the_pod_is_gone_or_placed_or_its_node_is_gone() -> None:
     assert [r.node for r in again.items] == [1 - plan.items[0].node]
 
 
-def test_the_previous_node_is_kept_while_no_node_can_start_the_pod_sooner() -> None:
+def test_the_previous_node_is_kept_while_it_can_take_the_pod() -> None:
     c = cluster([8, 8])
-    running = [RunningPod("ns/a", 0, (0,)), RunningPod("ns/b", 1, (0, 1))]  # no declared ends: starts unknown
+    running = [RunningPod("ns/a", 0, (0,)), RunningPod("ns/b", 1, (0, 1))]
     occupy(c, running)
     w = [WaitingPod("ns/w", Demand.whole(8), 0)]
     first = choose_reservations(c, w, running, 20, CFG)
     assert first.items[0].node == 0
-    c.give_back(1, (1,), Demand.whole(1))  # node 1 now has less in the way, but starts no sooner (unknown ends)
-    running = [running[0], RunningPod("ns/b", 1, (0,))]
-    c.take(0, (1,), Demand.whole(1))
-    running.append(RunningPod("ns/c", 0, (1,)))
-    assert choose_reservations(c, w, running, 30, CFG).items[0].node == 1
-    assert choose_reservations(c, w, running, 30, CFG, previous=first).items[0].node == 0
-    # Node 1 empties: the pod can start there now, so the reservation moves and node 0's GPUs are held no more.
-    c.give_back(1, (0,), Demand.whole(1))
-    moved = choose_reservations(c, w, running[::2], 31, CFG, previous=first)
-    assert moved.items[0].node == 1 and not moved.held[0].any()
-
-
-def test_among_starts_a_few_seconds_apart_the_drain_that_leaves_less_free_wins() -> None:
-    c = cluster([8, 8])
-    # Node 0 starts the pod at 50, but seven of its GPUs wait free from 20; node 1's all free at 52 together.
-    running = [RunningPod(f"ns/a{g}", 0, (g,), ends=20.0 if g else 50.0) for g in range(8)]
-    running += [RunningPod(f"ns/b{g}", 1, (g,), ends=52.0) for g in range(8)]
-    occupy(c, running)
-    w = [WaitingPod("ns/w", Demand.whole(8), 0)]
-    (r,) = choose_reservations(c, w, running, 12, CFG).items
-    assert (r.node, r.start) == (1, 52.0)
-    # Further apart than the slack: the soonest start wins, whatever it leaves free.
-    later = [RunningPod(p.key, p.node, p.gpus, 60.0) if p.node == 1 else p for p in running]
-    (r,) = choose_reservations(c, w, later, 12, CFG).items
-    assert (r.node, r.start) == (0, 50.0)
+    c.give_back(1, (0, 1), Demand.whole(2))  # node 1 empties: better now, but node 0 has drained for it
+    kept = choose_reservations(c, w, running[:1], 30, CFG, previous=first)
+    assert kept.items[0].node == 0
+    assert choose_reservations(c, w, running[:1], 30, CFG).items[0].node == 1
 
 
 @st.composite

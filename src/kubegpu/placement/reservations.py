@@ -21,8 +21,8 @@ free capacity, the pods running and waiting, the time): no I/O, no clock, no
 state kept between calls. The plan is derived state, recomputed from the API
 after a restart; a reservation disappears with its pod (deleted or placed) or
 its node (no longer in the cluster). Passing the previous plan keeps each
-reservation on its node while no other node can start the pod sooner, so the
-GPUs already drained there are not wasted by a switch that gains nothing.
+reservation on its node while that node can still take the pod, so the GPUs
+already drained there are not wasted by a switch.
 """
 
 from __future__ import annotations
@@ -36,9 +36,6 @@ import numpy as np
 from kubegpu.placement.cluster import MILLI, ClusterState, Demand
 
 INF = float("inf")
-# Starts this close count as one when choosing a reservation's node, so the drain that leaves fewer GPUs free before
-# the start wins: the wide pod starts a few seconds later at most, and the extender reads ends in whole seconds.
-START_SLACK_S = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,16 +206,12 @@ def _gpu_release(cluster: ClusterState, running: Sequence[RunningPod], now: floa
 
 
 def _best_node(
-    release: np.ndarray, used: np.ndarray, usable: np.ndarray, count: int, rows: np.ndarray, keep: int | None,
-    now: float,
+    release: np.ndarray, used: np.ndarray, usable: np.ndarray, count: int, rows: np.ndarray, keep: int | None
 ) -> tuple[int, np.ndarray] | None:
-    """The node of ``rows`` to hold ``count`` GPUs on, and which (those of :func:`_narrowest`); on each node the
-    start is when its ``count`` usable slots that free up soonest are all free.
-
-    ``keep`` (a reservation's previous node) stays while no node can start the pod sooner. Otherwise: among the
-    nodes that can start it within :data:`START_SLACK_S` of the soonest, the one whose held GPUs would sit free
-    for the least GPU-time before the start, then the soonest start, the fewest busy GPUs held, the least in use,
-    the lowest row."""
+    """The node of ``rows`` to hold ``count`` GPUs on, and which: on each node the start is when its ``count``
+    usable slots that free up soonest are all free; between nodes the soonest start, then the fewest busy GPUs
+    held, then the least in use, then the lowest row; ``keep`` (a reservation's previous node) first when it is
+    among them. The slots held are those of :func:`_narrowest`."""
     rows = rows[usable[rows].sum(axis=1) >= count]
     if not len(rows):
         return None
@@ -229,22 +222,10 @@ def _best_node(
     chosen = _narrowest(rel, use, ok, start, soonest)
     chosen_use = np.take_along_axis(use, chosen, axis=-1)
     busy, in_use = (chosen_use > 0).sum(axis=1), chosen_use.sum(axis=1)
-    idle = _idle_before_start(np.take_along_axis(rel, chosen, axis=-1), start, now)
-    # The node it had keeps it while it is among the soonest: the GPUs drained there are not thrown away for
-    # nothing. A sooner node elsewhere takes it, and the GPUs held on the old node are free for others at once.
-    stays = (rows == keep) & (start <= start.min()) if keep is not None else np.zeros(len(rows), bool)
-    near = start <= start.min() + START_SLACK_S
-    best = int(np.lexsort((rows, in_use, busy, start, idle, ~near, ~stays))[0])
+    # The node it had keeps it: the GPUs drained there so far are not thrown away by a switch.
+    first = rows != keep if keep is not None else np.ones(len(rows), bool)
+    best = int(np.lexsort((rows, in_use, busy, start, first))[0])
     return int(rows[best]), np.sort(chosen[best])
-
-
-def _idle_before_start(rel: np.ndarray, start: np.ndarray, now: float) -> np.ndarray:
-    """Per row, the GPU-time the held slots (freeing at ``rel``) sit free before ``start`` if nothing fills them:
-    what a reservation costs (inf where the start is unknown)."""
-    known = np.isfinite(start)
-    at = np.where(known, start, now)[:, None]
-    free_for = np.clip(at - np.maximum(rel, now), 0.0, None)  # a slot that never frees counts 0 here, not nan
-    return np.where(known, free_for.sum(axis=1), INF)
 
 
 def _narrowest(rel: np.ndarray, use: np.ndarray, ok: np.ndarray, start: np.ndarray, soonest: np.ndarray) -> np.ndarray:
@@ -269,13 +250,13 @@ def choose_reservations(
 ) -> ReservationPlan:
     """The reservations for the wide pods of ``waiting`` that waited ``config.wait_seconds`` or more.
 
-    Order: higher priority first, then the oldest, then by key. Each gets a node that can take it soonest (by
-    the declared ends of what runs on the GPUs it would hold; unknown ends count as never), within a few seconds
-    the one whose drain leaves the least GPU-time free, then the fewest busy GPUs and the least compute in use
-    there, then the lowest row (:func:`_best_node`); the node must be able to take the pod once drained (GPU
-    model, GPU count, CPU and memory capacity). GPUs held for an earlier pod are not held twice. Reservations stop
-    at the first pod the GPU budget (``max_share``) cannot hold, so a younger pod never overtakes an older one.
-    ``previous`` keeps each pod on the node it had while no other node can start it sooner.
+    Order: higher priority first, then the oldest, then by key. Each gets the node that can take it soonest
+    (by the declared ends of what runs on the GPUs it would hold; unknown ends count as never), then the one
+    with the fewest busy GPUs and the least compute in use there, then the lowest row; the node must be able
+    to take the pod once drained (GPU model, GPU count, CPU and memory capacity). GPUs held for an earlier pod
+    are not held twice. Reservations stop at the first pod the GPU budget (``max_share``) cannot hold, so a
+    younger pod never overtakes an older one. ``previous`` keeps each pod on the node it had when that node
+    can still take it.
     """
     plan = ReservationPlan.empty(cluster, now)
     if not config.enabled or config.max_share <= 0:
@@ -306,7 +287,7 @@ def choose_reservations(
             & (cluster.mem_cap >= d.memory_bytes)
         )
         best = _best_node(release, used, cluster.gpu_ok & ~held, d.count, np.flatnonzero(fits_ever),
-                          sticky.get(pod.key), now)
+                          sticky.get(pod.key))
         if best is None:
             unreserved.append(pod.key)
             continue
