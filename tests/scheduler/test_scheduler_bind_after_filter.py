@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from polling import until
 from prometheus_client.parser import text_string_to_metric_families
@@ -232,3 +233,36 @@ def test_a_pod_without_gpus_on_a_node_without_kubegpu_gpus_gets_a_plain_binding(
     bound = cluster.api.get_object("pods", "cpu", "default")
     assert bound["spec"]["nodeName"] == "cpu-node-1"
     assert "kubegpu.io/device-allocated" not in (bound["metadata"].get("annotations") or {})
+
+
+def test_a_bind_waiting_for_its_turn_when_the_extender_stops_ends_at_once(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """As when its process ends: kube-scheduler's connection closes, and it does not wait out its own time-out
+    (60 s as rendered) to retry the pod with the next extender."""
+    monkeypatch.delenv("KUBEGPU_HANDOFF_WAIT", raising=False)
+    monkeypatch.setenv("KUBEGPU_HANDOFF_WAIT_S", "30")
+    cluster = _cluster(tmp_path)
+    try:
+        p0 = _put(cluster, pod("p0", share(20, ratio=20)))
+        p1 = _put(cluster, pod("p1", share(20, ratio=20)))
+        assert _bind(cluster, p0, NODE) == ""
+        outcome: list[BaseException | int] = []
+
+        def bind_p1() -> None:
+            body = {"PodName": "p1", "PodNamespace": "default", "PodUID": p1["metadata"]["uid"], "Node": NODE}
+            try:
+                with httpx.Client(base_url=cluster.ext.url, timeout=LONG_WAIT_S) as c:
+                    outcome.append(c.post("/bind", json=body).status_code)
+            except httpx.TransportError as e:
+                outcome.append(e)
+
+        binding = threading.Thread(target=bind_p1)
+        binding.start()
+        assert until(lambda: cluster.ext.call(lambda: cluster.view.handoffs.waiting_binds.get(NODE, 0)) == 1)
+        cluster.ext.stop()
+        binding.join(LONG_WAIT_S)
+        assert not binding.is_alive()
+        assert len(outcome) == 1 and isinstance(outcome[0], httpx.TransportError)
+        assert not isinstance(outcome[0], httpx.TimeoutException), outcome
+    finally:
+        cluster.api.stop()

@@ -235,6 +235,10 @@ class ExtenderService:
             await asyncio.gather(*tasks, return_exceptions=True)
             if not serve.done():
                 await asyncio.wait([serve], timeout=3)
+            # What the end of the process does: a request still open (a bind waiting for its node's turn) ends
+            # now, and its client (kube-scheduler) learns it at once rather than at its own time-out.
+            for conn in list(server.server_state.connections):
+                conn.transport.abort()
 
 
 class ServiceThread:
