@@ -133,19 +133,6 @@ def test_a_pod_without_record_listed_without_devices_may_be_the_caller() -> None
     assert got is not None and got.pod == "default/recorded"
 
 
-def test_a_pod_whose_app_container_holds_devices_is_past_its_init_containers() -> None:
-    """The kubelet allocates every init container before the app containers and lists app containers only: once
-    an app container holds devices, the pod's init containers have made their calls."""
-    plain = bound("plain", WHOLE, None, init=WHOLE)
-    both = [RECORDED, plain]
-    r, _ = resolver(both, both, listed(*both))
-    with pytest.raises(AllocationRefused, match=r"asked both by default/recorded .* default/plain"):
-        r.resolve(R.NVIDIA_GPU, [GA])
-    r, reads = resolver(both, both, listed(*both, holding={"plain": [GB]}))
-    got = r.resolve(R.NVIDIA_GPU, [GA])
-    assert got is not None and got.pod == "default/recorded" and reads == []
-
-
 def test_a_pod_without_record_the_kubelet_does_not_list_is_not_the_caller() -> None:
     """Bound here but not yet seen by the kubelet (not in its pod manager), a default-scheduler pod cannot be the
     pod a call is for: the recorded pod the kubelet lists is served, with no read and no refusal."""
@@ -153,20 +140,6 @@ def test_a_pod_without_record_the_kubelet_does_not_list_is_not_the_caller() -> N
     r, reads = resolver(both, both, listed(RECORDED))
     got = r.resolve(R.NVIDIA_GPU, [GA])
     assert got is not None and got.pod == "default/recorded" and reads == []
-
-
-def test_a_call_while_the_kubelet_admits_a_pod_without_record_is_steered_off_the_record_and_served() -> None:
-    """The kubelet admits the default-scheduler pod (it lists it, not the recorded one): its calls are not the
-    record's, so GetPreferredAllocation steers them off the record's GPU and Allocate serves them as asked; the
-    record's own calls then get the record. Before, the record's GPU was offered and both pods were refused."""
-    both = [RECORDED, PLAIN]
-    r, _ = resolver(both, both, listed(PLAIN))
-    assert r.preferred(R.NVIDIA_GPU, [GA, GB], [], 1) == [GB]
-    assert r.resolve(R.NVIDIA_GPU, [GB]) is None  # served as asked: a free GPU, no record's
-    r.pod_resources = lambda: listed(RECORDED, PLAIN, holding={"plain": [GB]})
-    assert r.preferred(R.NVIDIA_GPU, [GA], [], 1) == [GA]
-    got = r.resolve(R.NVIDIA_GPU, [GA])
-    assert got is not None and got.pod == "default/recorded"
 
 
 def test_acknowledgements_of_different_pods_are_written_side_by_side() -> None:

@@ -38,22 +38,16 @@ def held(rows: Iterable[Row], resource: str) -> set[tuple[str, str]]:
     return {(f"{ns}/{name}", c) for ns, name, c, res, ids in rows if c and res == resource and ids}
 
 
-def past_init(rows: Iterable[Row]) -> set[str]:
-    """Pods an app container of which holds devices: the kubelet allocates every init container before the app
-    containers, so their init containers' calls are done (init containers are never listed themselves)."""
-    return {f"{ns}/{name}" for ns, name, c, _res, ids in rows if c and ids}
-
-
 def open_calls(pod: PodView, done: Container[tuple[str, str]], served: Container[tuple[str, str]],
-               resource: str, count: int, inits_done: Container[str] = ()) -> bool:
+               resource: str, count: int) -> bool:
     """Whether ``pod`` may still make a call of (``resource``, ``count``): a container of that kind that the
     kubelet holds no such devices for (``done``), this process did not serve and no acknowledgement names. A
-    running pod's calls are done, and so are the init containers of a pod in ``inits_done``
-    (:func:`past_init`); otherwise an init container's stay open until served, acknowledged or the pod runs."""
+    running pod's calls are done. Init containers never show in the kubelet's list, so theirs stay open until
+    served, acknowledged or the pod runs."""
     if pod.running:
         return False
     return any(res == resource and n == count and (pod.key, c) not in done and (pod.uid, c) not in served
-               and c not in pod.acks and not (init and pod.key in inits_done) for c, res, n, init in pod.asks)
+               and c not in pod.acks for c, res, n, _init in pod.asks)
 
 
 def callers(pods: Mapping[str, PodView], served: Container[tuple[str, str]], rows: Iterable[Row],
@@ -61,12 +55,12 @@ def callers(pods: Mapping[str, PodView], served: Container[tuple[str, str]], row
     """The listed pods a call of (``resource``, ``count``) can be for, and the listed pods the view lacks."""
     rows = list(rows)
     listed = dict.fromkeys(f"{ns}/{name}" for ns, name, _c, _r, _ids in rows)
-    done, inits_done = held(rows, resource), past_init(rows)
+    done = held(rows, resource)
     possible, unknown = [], []
     for key in listed:
         pod = pods.get(key)
         if pod is None:
             unknown.append(key)
-        elif open_calls(pod, done, served, resource, count, inits_done):
+        elif open_calls(pod, done, served, resource, count):
             possible.append(key)
     return Callers(tuple(possible), tuple(unknown))

@@ -44,7 +44,7 @@ from kubegpu.model.versions import version_number as _rv
 from kubegpu.node.deviceplugin.resolver import AllocationRefused, ResolvedAllocation
 from kubegpu.node.handoff import matching as M
 from kubegpu.node.handoff.acks import AckWriter
-from kubegpu.node.handoff.callers import callers, held, open_calls, past_init
+from kubegpu.node.handoff.callers import callers, held, open_calls
 from kubegpu.node.handoff.entries import Entry, PodView, is_live_here, pod_view
 from kubegpu.node.handoff.pods import HandoffPod, tombstone
 from kubegpu.node.handoff.verify import (
@@ -390,12 +390,12 @@ class HandoffResolver:
         lists it before its first call), or one whose admission failed, which this view drops once it sees the
         pod Failed."""
         with self._lock:
-            if rows is not None and _listed(rows, entry.pod_key):
+            if rows is not None and any(f"{ns}/{name}" == entry.pod_key for ns, name, *_ in rows):
                 found = callers(self._pods, self._served, rows, resource, count)
                 return [k for k in found.possible if k != entry.pod_key]
-            done, inits_done = held(rows or (), resource), past_init(rows or ())
-            return [p.key for p in self._pods.values() if p.key != entry.pod_key and (resource, count) in p.unrecorded
-                    and open_calls(p, done, self._served, resource, count, inits_done)]
+            done = held(rows or (), resource)
+            return [p.key for p in self._pods.values() if p.key != entry.pod_key
+                    and (resource, count) in p.unrecorded and open_calls(p, done, self._served, resource, count)]
 
     def _decide(self, resource: str, n: int, gpus: tuple[str, ...] | None,
                 rows: list[Holding] | None) -> tuple[list[Entry], bool]:
@@ -533,7 +533,7 @@ class HandoffResolver:
             if entry is not None and (entry.uid, entry.container) in self._served:
                 entry = M.match(self._pods.values(), self._served, resource, ids)  # taken meanwhile
             if entry is None:
-                self._unrecorded(resource, ids, gpus, rows)  # serves as asked (None) or refuses
+                self._unrecorded(resource, ids, gpus)  # serves as asked (None) or refuses
                 return None
             if resource == R.GPU_SLOTS and (why := M.share_conflict(gpus, self._whole_bypass())):
                 self.metrics.refused.labels(resource, "gpu-held-whole").inc()
@@ -579,12 +579,9 @@ class HandoffResolver:
             return DeviceGrant(minor, parent, g.core, g.memory_bytes, g.memory_ratio, gpu, profile)
         return DeviceGrant(minor, gpu, g.core, g.memory_bytes, g.memory_ratio)
 
-    def _unrecorded(self, resource: str, ids: tuple[str, ...], gpus: tuple[str, ...],
-                    rows: list[Holding] | None) -> None:
+    def _unrecorded(self, resource: str, ids: tuple[str, ...], gpus: tuple[str, ...]) -> None:
         """No record names these GPUs (called under the lock): serve a pod the extender did not
-        place when the GPUs are free of records, else refuse with the reason. A waiting record's pod the kubelet
-        does not list (``rows``, read during the call) is not the caller: its record does not make the call one
-        on the wrong GPUs."""
+        place when the GPUs are free of records, else refuse with the reason."""
         shown = ",".join(M.short(i) for i in ids[:8])
         if resource == R.GPU_SLOTS:
             self.metrics.refused.labels(resource, "no-record").inc()
@@ -592,8 +589,7 @@ class HandoffResolver:
                 f"kubegpu: the kubelet chose {resource} {shown} (GPU {','.join(M.short(g) for g in gpus[:8])}); "
                 f"no pod bound to {self.node} has a signed, unserved record naming exactly these GPUs "
                 f"({M.describe_pending(self._pods.values(), self._served, resource, len(ids))})")
-        waiting = [e for e in M.pending(self._pods.values(), self._served, resource, len(ids))
-                   if rows is None or _listed(rows, e.pod_key)]
+        waiting = M.pending(self._pods.values(), self._served, resource, len(ids))
         if waiting:
             self.metrics.refused.labels(resource, "not-the-recorded-gpus").inc()
             raise AllocationRefused(
@@ -622,17 +618,11 @@ class HandoffResolver:
         # Steer from the cache when it names the one waiting pod of this kind (else the same bounded wait and
         # LIST as Allocate's, so the Allocate that follows answers from the cache). Several pods waiting:
         # no preference (the kubelet picks; Allocate refuses what it cannot attribute).
-        rows = self._kubelet_pods()
-        waiting, _ = self._decide(resource, size, None, rows)
-        pods = M.waiting_pods(waiting)
-        if len(pods) > 1:
+        waiting, _ = self._decide(resource, size, None, self._kubelet_pods())
+        if len(M.waiting_pods(waiting)) > 1:
             return None
-        hint = None
-        if not pods or rows is None or _listed(rows, pods[0]):
-            # Not when the kubelet does not list the waiting record's pod: it lists the pod it admits, so the
-            # call is another's (a pod without a record), which the record's GPUs would only get refused.
-            with self._lock:
-                hint = M.steer(self._pods.values(), self._served, resource, available, must_include, size)
+        with self._lock:
+            hint = M.steer(self._pods.values(), self._served, resource, available, must_include, size)
         if hint is not None or resource == R.GPU_SLOTS:
             return hint
         with self._lock:  # a pod without a record: steer away from GPUs records or others hold
@@ -794,11 +784,6 @@ class HandoffResolver:
                        message=message[:1000], type_=type_, component="kubegpu-node")
         except Exception as e:
             log.warning("pod %s: cannot emit the %s Event: %s", pod_key, reason, e)
-
-
-def _listed(rows: list[Holding] | None, pod_key: str) -> bool:
-    """Whether the kubelet's PodResources rows list the pod."""
-    return rows is not None and any(f"{ns}/{name}" == pod_key for ns, name, *_ in rows)
 
 
 WatchHandler = Callable[[WatchEvent], None]
