@@ -654,6 +654,13 @@ class StandinKubelet:
         with self._cond:
             self.in_use.get(alloc.resource, set()).difference_update(alloc.device_ids)
 
+    def admitting(self, pod: str) -> None:
+        """``pod`` is listed (PodResources) from the start of its admission: the kubelet adds a pod to its pod
+        manager, which List enumerates, before it admits it (HandlePodAdditions: podManager.AddPod, then
+        canAdmitPod)."""
+        with self._cond:
+            self.holdings.setdefault(pod, {})
+
     def release_pod(self, pod: str) -> None:
         """Forget a pod's PodResources entry and free every device admitted for it (the kubelet frees
         them lazily, at the next admission: the same for the next pod)."""
@@ -677,9 +684,7 @@ class StandinKubelet:
         reuse: dict[str, list[str]] = {}
         with self._cond:
             registered = set(self.resources)
-            # Listed (PodResources) from the start of its admission: the kubelet adds a pod to its pod manager,
-            # which List enumerates, before it admits it (HandlePodAdditions: podManager.AddPod, then canAdmitPod).
-            self.holdings.setdefault(key, {})
+        self.admitting(key)
         t0 = time.perf_counter()
         try:
             for init, c in [(True, c) for c in spec.get("initContainers") or []] + [

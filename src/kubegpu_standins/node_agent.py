@@ -103,6 +103,7 @@ class StandinNode:
         registered = set(self.kubelet.resources)
         spec = pod.get("spec") or {}
         runs = []
+        self.kubelet.admitting(key)
         try:
             inits = spec.get("initContainers") or []
             for i, c in enumerate([*inits, *(spec.get("containers") or [])]):
