@@ -291,11 +291,16 @@ class Verbs:
         if not result.ok:
             return "insufficient-gpu", result.reason
         if result.choice is not None:
-            alloc = result.choice.to_allocation()
-            if why := self._delays_reservation(plan, rec, alloc):
-                return "reserved", why
-            if why := self.shape_locks().breaks(rec, [c.grants for c in alloc.containers]):
-                return "shape-lock", why
+            return self._fit_kept_off(plan, rec, result.choice.to_allocation())
+        return None
+
+    def _fit_kept_off(self, plan: PodPlan, rec: NodeRecord, alloc: PodAllocation) -> tuple[str, str] | None:
+        """(reason key, reason) when the GPUs a node-by-node fit chose (whose choice ignores the mask) would delay
+        a wide pod's reservation or break a strict GPU's shape lock; None when they may be given."""
+        if why := self._delays_reservation(plan, rec, alloc):
+            return "reserved", why
+        if why := self.shape_locks().breaks(rec, [c.grants for c in alloc.containers]):
+            return "shape-lock", why
         return None
 
     def _delays_reservation(self, plan: PodPlan, rec: NodeRecord, alloc: PodAllocation) -> str:
@@ -442,10 +447,9 @@ class Verbs:
             if not result.ok or result.choice is None:
                 return None, result.reason
             alloc, reason = result.choice.to_allocation(), result.reason
-            if why := self._delays_reservation(plan, rec, alloc):
-                return None, f"node {node}: {why}"
-            if why := self.shape_locks().breaks(rec, [c.grants for c in alloc.containers]):
-                return None, why
+            if kept := self._fit_kept_off(plan, rec, alloc):
+                key, why = kept
+                return None, why if key == "shape-lock" else f"node {node}: {why}"
         if plan.nvlink and not all_linked(rec, alloc.containers):
             return None, f"node {node}: {NOT_LINKED}"
         return alloc, reason
