@@ -49,6 +49,7 @@ class ExtenderShapeLocks:
         self._epoch = -1
         self._version = np.zeros(0, np.int64)
         self._strict_rows = np.zeros(0, bool)
+        self._any_strict = False  # _strict_rows.any(), as of the last refresh
 
     def current(self) -> ShapeLocks | None:
         """The locks of the current arrays; None when no GPU is strict (nothing to keep to)."""
@@ -61,13 +62,14 @@ class ExtenderShapeLocks:
             self._layout = cluster.layout
         elif self._epoch != cluster.epoch:
             stale, fresh = np.flatnonzero(self._version != cluster.version), False
-        else:
-            stale, fresh = np.zeros(0, np.int64), False
+        else:  # nothing changed since the last call (filter, prioritize and bind of one pod): nothing to copy
+            return locks if self._any_strict else None
         for row in stale.tolist():
             self._strict_rows[row] = self._rebuild_row(locks, row, cluster.names[row], fresh)
         self._version = cluster.version.copy()
         self._epoch = cluster.epoch
-        return locks if self._strict_rows.any() else None
+        self._any_strict = bool(self._strict_rows.any())
+        return locks if self._any_strict else None
 
     def allowed(self, demand: Demand) -> np.ndarray | None:
         """(N, G) bool: the GPUs the lock lets one part of ``demand`` join (None: every GPU)."""
