@@ -61,10 +61,9 @@ class CertReloader:
         self.cert_file = cert_file
         self.key_file = key_file
         self._on_reload = on_reload
-        self._serving = _new_context()
-        load_pair(self._serving, cert_file, key_file)  # a bad pair at start is fatal: CertificateError
-        self.context = _new_context()  # the one the server listens with; it never changes
-        load_pair(self.context, cert_file, key_file)
+        # The first pair serves and is the one the server listens with; it is never loaded into again.
+        self.context = self._serving = _new_context()
+        load_pair(self.context, cert_file, key_file)  # a bad pair at start is fatal: CertificateError
         self.context.sni_callback = self._serve_current
         try:
             self.not_after = certificate_not_after(cert_file)
