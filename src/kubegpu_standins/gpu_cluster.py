@@ -61,6 +61,9 @@ class NodeSpec:
     # One-way latency on the node daemon's own API connection (recorded: 1.5 s through a proxy): each of its
     # requests costs a round trip; set ``watch_lag_s`` to the same value for its watch.
     api_latency_s: float = 0.0
+    # The kubelet is busy when a queued pod is deleted: it takes the pod's addition before its deletion (one
+    # config channel, in order) and admits it anyway (PodAdmitter.admit_deleted).
+    busy_kubelet: bool = False
 
 
 class LaggedClient:
@@ -111,7 +114,8 @@ class SimNode:
         self.calls_at_restart = 0
         self._start_daemon()
         self.admitter = PodAdmitter(self.kubelet, make_client(kubeconfig), spec.name, swap_prob=swap_prob,
-                                    seed=seed, node_status_s=node_status_s).start()
+                                    seed=seed, node_status_s=node_status_s,
+                                    admit_deleted=spec.busy_kubelet).start()
 
     def _start_daemon(self) -> None:
         client: Any = make_client(self.kubeconfig)

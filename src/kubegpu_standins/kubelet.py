@@ -758,18 +758,25 @@ class StandinKubelet:
             return out
 
 
+_DELETION = "deleted"  # a queue item of a busy PodAdmitter: {_DELETION: pod key}, handled in turn
+
+
 class PodAdmitter:
     """The kubelet's pod loop for one node: watch the pods bound to it and admit them **in the order
     the watch delivers them**, as the recorded kubelets did (v1.24: four binds admitted 1, 4, 3, 2;
     v1.36: bind order with adjacent swaps of binds milliseconds apart). ``swap_prob`` swaps adjacent
     pods of a batch (those that arrived within ``batch_window_s``) with that probability, seeded.
     Each outcome goes to the pod's status (Running, or Failed with ``UnexpectedAdmissionError`` and
-    the device manager's message); deleted pods free their devices."""
+    the device manager's message); deleted pods free their devices. A pod deleted while queued is not
+    admitted (a kubelet coming back from a restart relists and never sees it), or with ``admit_deleted`` is
+    admitted anyway (a busy kubelet: its sync loop takes the pod's addition before its deletion, which comes
+    after it on the same config channel), its deletion handled after its admission."""
 
     def __init__(self, kubelet: StandinKubelet, client: Any, node: str, *, swap_prob: float = 0.0,
                  batch_window_s: float = 0.02, seed: int = 0, write_status: bool = True,
-                 node_status_s: float = 0.0) -> None:
+                 node_status_s: float = 0.0, admit_deleted: bool = False) -> None:
         self.kubelet, self.client, self.node = kubelet, client, node
+        self.admit_deleted = admit_deleted
         self.swap_prob, self.batch_window_s, self.write_status = swap_prob, batch_window_s, write_status
         # The kubelet's nodeStatusUpdateFrequency (10 s by default; 0: the Node's status is not written): every
         # period it posts the devices' capacity and allocatable when they changed.
@@ -798,12 +805,17 @@ class PodAdmitter:
             key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
             uid = str(meta.get("uid") or "")
             if ev.type is EventType.DELETED:
+                if self.admit_deleted:
+                    with self._cond:  # in turn, after the pod's addition (and its admission, if queued)
+                        self._queue.append({_DELETION: key})
+                        self._cond.notify_all()
+                    return
+                with self._cond:
+                    self._seen.discard(uid)  # if still queued, never admitted: _run skips it
                 # After the admission in progress, never during it: the kubelet removes pods on the same sync
                 # loop that admits them, so a pod stays in its pod manager (PodResources) while it is admitted.
                 with self._admitting:
                     self.kubelet.release_pod(key)
-                with self._cond:
-                    self._seen.discard(uid)  # if still queued, never admitted: _run skips it
                 return
             phase = (pod.get("status") or {}).get("phase")
             with self._cond:
@@ -861,6 +873,8 @@ class PodAdmitter:
         with self._cond:
             batch, self._queue = self._queue, []
         for i in range(len(batch) - 1):
+            if _DELETION in batch[i] or _DELETION in batch[i + 1]:
+                continue  # a deletion never overtakes, nor is overtaken by, the pod it follows
             if self._rng.random() < self.swap_prob:
                 batch[i], batch[i + 1] = batch[i + 1], batch[i]
         return batch
@@ -872,6 +886,10 @@ class PodAdmitter:
                     time.sleep(0.02)
                 if self._stop.is_set():
                     return
+                if _DELETION in pod:
+                    with self._admitting:
+                        self.kubelet.release_pod(pod[_DELETION])
+                    continue
                 with self._cond:
                     if (pod.get("metadata") or {}).get("uid") not in self._seen:
                         continue  # deleted before its turn: the real kubelet never admits it

@@ -31,6 +31,17 @@ class Callers:
 
     possible: tuple[str, ...]  # listed pods the view knows that may still make a call of the kind
     unknown: tuple[str, ...]  # listed pods the view does not have: they may be anything
+    # Of the unknown, those the view saw end (deleted, or finished) before a call of the kind was served: the
+    # kubelet takes a pod's addition before its deletion, so it may still admit such a pod.
+    ended: tuple[str, ...] = ()
+
+
+def open_kinds(pod: PodView, served: Container[tuple[str, str]]) -> frozenset[tuple[str, str, int]]:
+    """(container, resource, device count) of ``pod`` whose call was never served: what a pod that ends now
+    may still ask the kubelet for, if the kubelet admits it before it sees the end."""
+    if pod.running:
+        return frozenset()
+    return frozenset((c, res, n) for c, res, n, _init in pod.asks if (pod.uid, c) not in served and c not in pod.acks)
 
 
 def held(rows: Iterable[Row], resource: str) -> set[tuple[str, str]]:
@@ -51,16 +62,20 @@ def open_calls(pod: PodView, done: Container[tuple[str, str]], served: Container
 
 
 def callers(pods: Mapping[str, PodView], served: Container[tuple[str, str]], rows: Iterable[Row],
-            resource: str, count: int) -> Callers:
-    """The listed pods a call of (``resource``, ``count``) can be for, and the listed pods the view lacks."""
+            resource: str, count: int,
+            ended: Mapping[str, frozenset[tuple[str, str, int]]] | None = None) -> Callers:
+    """The listed pods a call of (``resource``, ``count``) can be for, the listed pods the view lacks, and of
+    those the ones it saw end with such a call open (``ended``: pod -> its :func:`open_kinds` at its end)."""
     rows = list(rows)
     listed = dict.fromkeys(f"{ns}/{name}" for ns, name, _c, _r, _ids in rows)
     done = held(rows, resource)
-    possible, unknown = [], []
+    possible, unknown, gone = [], [], []
     for key in listed:
         pod = pods.get(key)
         if pod is None:
             unknown.append(key)
+            if any(r == resource and n == count and (key, c) not in done for c, r, n in (ended or {}).get(key, ())):
+                gone.append(key)
         elif open_calls(pod, done, served, resource, count):
             possible.append(key)
-    return Callers(tuple(possible), tuple(unknown))
+    return Callers(tuple(possible), tuple(unknown), tuple(gone))

@@ -44,7 +44,7 @@ from kubegpu.model.versions import version_number as _rv
 from kubegpu.node.deviceplugin.resolver import AllocationRefused, ResolvedAllocation
 from kubegpu.node.handoff import matching as M
 from kubegpu.node.handoff.acks import AckWriter
-from kubegpu.node.handoff.callers import callers, held, open_calls
+from kubegpu.node.handoff.callers import callers, held, open_calls, open_kinds
 from kubegpu.node.handoff.entries import Entry, PodView, is_live_here, pod_view
 from kubegpu.node.handoff.pods import HandoffPod, tombstone
 from kubegpu.node.handoff.verify import (
@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 
 _PROGRESS = "handoff-seen"  # the writer's key for A.HANDOFF_SEEN (no "/": never a pod's key)
 GIVEN_KEPT = 4096  # records served, remembered until the kubelet shows who holds them (bounded)
+ENDED_KEPT = 4096  # pods seen to end with a call open, remembered for the kubelet's late admission (bounded)
 BYPASS_GRACE_S = 5.0  # a whole GPU served without a record counts as held until PodResources can show it
 
 
@@ -120,6 +121,10 @@ class HandoffResolver:
         self._seq = 0
         self._version: dict[str, int] = {}  # pod -> resourceVersion of the state held
         self._gone: dict[str, None] = {}  # UIDs of pods seen deleted or finished (insertion-ordered)
+        # Pods seen to end before a call of theirs was served -> those calls (callers.open_kinds): the kubelet
+        # takes a pod's addition before its deletion, so it may still admit one, and its call must not be taken
+        # for the next pod of its kind (see _resolve). Dropped when a pod of that name is live here again.
+        self._ended: dict[str, frozenset[tuple[str, str, int]]] = {}
         # The resourceVersion up to which this view is complete, as of the last GPU pod seen to end here (or the
         # last LIST that found one gone), and the one A.HANDOFF_SEEN carries on the Node (written by the acks'
         # writer): the extender binds the next pod of an ended waiting pod's kind only once it is published.
@@ -189,7 +194,7 @@ class HandoffResolver:
                     self._bury(uid)
                 cur = self._pods.get(key)
                 if cur is None or cur.uid == uid or not uid:
-                    self._forget(key)
+                    self._end(key)
                 return
             if key not in self._pods and rv <= self._listed_at and not listing:
                 return  # older than a LIST that did not have it: gone since (a lagging watch never brings it back)
@@ -214,12 +219,22 @@ class HandoffResolver:
             elif view.problems:
                 log.warning("pod %s on %s: %s", key, self.node, "; ".join(view.problems))
             self._pods[key] = view
+            self._ended.pop(key, None)
             self._changed.notify_all()
 
     def _bury(self, uid: str) -> None:
         self._gone[uid] = None
         while len(self._gone) > 20000:  # bounded: the oldest deletions cannot come back by now
             self._gone.pop(next(iter(self._gone)))
+
+    def _end(self, key: str) -> None:
+        """``key`` ended (deleted or finished): remember the calls it never made, then forget it."""
+        cur = self._pods.get(key)
+        if cur is not None and (kinds := open_kinds(cur, self._served)):
+            self._ended[key] = kinds
+            while len(self._ended) > ENDED_KEPT:
+                self._ended.pop(next(iter(self._ended)))
+        self._forget(key)
 
     def _forget(self, key: str) -> None:
         self._version.pop(key, None)
@@ -333,7 +348,7 @@ class HandoffResolver:
                 ended = ended or self._may_end_unserved(key, uid)
                 if uid:
                     self._bury(uid)  # bound pods leave a node only by being deleted
-                self._forget(key)
+                self._end(key)
             if cutoff is not None:
                 self._listed_at = max(self._listed_at, cutoff)
                 if ended or self._published < 0:  # the first LIST: the node publishes how far its view has got
@@ -379,6 +394,23 @@ class HandoffResolver:
         with self._lock:
             found = callers(self._pods, self._served, rows, resource, count)
         return not found.unknown and found.possible == (pod_key,)
+
+    def _ended_caller(self, entry: Entry, rows: list[Holding] | None, resource: str, count: int) -> str | None:
+        """The pod this call is for when it is not the record's: the kubelet's list, read during the call, does
+        not name the record's pod but names one this view saw end with a call of this kind open. The kubelet
+        lists the pod it is admitting, and takes a pod's addition before its deletion, so it may admit a pod
+        already deleted; serving it the next pod's record would give it that pod's share and refuse the pod
+        itself (seen with a slow kubelet). Such a pod gets one refusal, its first call fails it."""
+        if rows is None:
+            return None
+        with self._lock:
+            if any(f"{ns}/{name}" == entry.pod_key for ns, name, *_ in rows):
+                return None
+            found = callers(self._pods, self._served, rows, resource, count, self._ended)
+            if not found.ended:
+                return None
+            self._ended.pop(found.ended[0], None)
+            return found.ended[0]
 
     def _other_callers(self, entry: Entry, rows: list[Holding] | None, resource: str, count: int) -> list[str]:
         """Pods other than the record's that this call of (``resource``, ``count``) may be for: an Allocate of
@@ -522,6 +554,12 @@ class HandoffResolver:
                 "which pod it is, so it is refused rather than serve one pod's record to another (the "
                 "controller recreates the pod)")
         entry = next((e for e in waiting if M.fits(e, gpus)), None)
+        if entry is not None and (ended := self._ended_caller(entry, rows, resource, len(ids))):
+            self.metrics.refused.labels(resource, "ended-pod").inc()
+            raise AllocationRefused(
+                f"kubegpu: {resource} x{len(ids)} is asked while the kubelet admits {ended}, which ended (deleted "
+                f"or finished) before it ran, and does not list {entry.pod_key} yet, whose record this node "
+                f"holds: the call is {ended}'s, refused; {entry.pod_key}'s record waits for its own call")
         if entry is not None and (others := self._other_callers(entry, rows, resource, len(ids))):
             # The call may be the other pod's: serving the record to it would be a silent divergence.
             self.metrics.refused.labels(resource, "ambiguous").inc()
