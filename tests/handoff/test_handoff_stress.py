@@ -214,7 +214,7 @@ def test_a_share_deleted_before_admission_never_hands_its_record_to_the_next_one
 
     A busy kubelet takes the deleted pod's addition before its deletion and admits it first: its call then met
     a view that had seen it end and showed the second pod waiting, and was served the second pod's 10 %, which
-    refused the second pod (1 run in about 40 of the full suite, before the stand-in kubelet skipped the
+    refused the second pod (seen in one full run of the suite, before the stand-in kubelet skipped the
     deleted pod deterministically). The kubelet's list, read during the call, names the deleted pod and not
     the second: that call is refused, and the second pod's own call is served."""
     spec = NodeSpec("node-w", "dgx-a100", watch_lag_s=2.0, busy_kubelet=busy_kubelet)
