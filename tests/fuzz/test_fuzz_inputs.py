@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from kubegpu.inventory.topology import TopologyError, load_topology
@@ -23,6 +24,7 @@ from kubegpu.scheduler.wire import WireError, decode_args, decode_binding
 from kubegpu.sim.trace import TraceError, load_nodes, load_pods
 from kubegpu.webhook.review import BadReview, read_review
 
+F = TypeVar("F", bound=Callable[..., Any])
 FAST = settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 
 # Deep and wide shapes that once raised RecursionError, and their YAML/JSON cousins.
@@ -33,7 +35,21 @@ json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False) | st.text(max_size=12),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=25)
-text_or_deep = st.text(max_size=300) | st.sampled_from(DEEP) | json_values.map(json.dumps)
+# The deep shapes are fixed inputs, so each test runs every one of them once as an explicit example
+# (with_deep) rather than drawing them again and again at random (some take over a second to refuse).
+text_or_deep = st.text(max_size=300) | json_values.map(json.dumps)
+
+
+def with_deep(arg: str = "", encode: bool = False) -> Callable[[F], F]:
+    """Every DEEP input as an explicit example (for ``arg`` by name, else positionally; bytes with ``encode``)."""
+
+    def apply(test: F) -> F:
+        for text in DEEP:
+            value: str | bytes = text.encode() if encode else text
+            test = example(**{arg: value})(test) if arg else example(value)(test)
+        return test
+
+    return apply
 
 
 # ---- the record codec ---------------------------------------------------------------------------
@@ -45,6 +61,7 @@ allocation = st.builds(PodAllocation, st.lists(
 
 
 @FAST
+@with_deep()
 @given(text_or_deep)
 def test_record_decoder_returns_or_says_why(text: str) -> None:
     try:
@@ -71,6 +88,7 @@ def test_record_round_trips(alloc: PodAllocation) -> None:
 
 # ---- HTTP body decoders -------------------------------------------------------------------------
 @FAST
+@with_deep(encode=True)
 @given(text_or_deep.map(str.encode) | st.binary(max_size=200))
 def test_extender_decoders_raise_only_wire_error(body: bytes) -> None:
     for fn in (decode_args, decode_binding):
@@ -79,6 +97,7 @@ def test_extender_decoders_raise_only_wire_error(body: bytes) -> None:
 
 
 @FAST
+@with_deep(encode=True)
 @given(text_or_deep.map(str.encode) | st.binary(max_size=200))
 def test_admission_review_reader_raises_only_bad_review(body: bytes) -> None:
     with contextlib.suppress(BadReview):
@@ -108,6 +127,7 @@ def test_deep_bodies_are_clear_errors() -> None:
 
 # ---- files: node config, manifests, topology, trace CSV -----------------------------------------
 @FAST
+@with_deep("text")
 @given(text=text_or_deep)
 def test_node_config_file_loads_or_says_why(tmp_path_factory: pytest.TempPathFactory, text: str) -> None:
     path = tmp_path_factory.mktemp("cfg") / "config.yaml"
@@ -146,6 +166,7 @@ def test_manifests_nested_beyond_libyamls_stack_are_an_error_not_a_crash() -> No
 
 
 @FAST
+@with_deep("text")
 @given(text=text_or_deep)
 def test_manifests_load_or_say_why(text: str) -> None:
     with contextlib.suppress(ManifestError):
@@ -153,6 +174,7 @@ def test_manifests_load_or_say_why(text: str) -> None:
 
 
 @FAST
+@with_deep("text")
 @given(text=text_or_deep)
 def test_topology_files_load_or_say_why(tmp_path_factory: pytest.TempPathFactory, text: str) -> None:
     path = tmp_path_factory.mktemp("topo") / "t.yaml"
@@ -199,6 +221,7 @@ def test_extender_refuses_names_no_kubernetes_object_can_have() -> None:
 
 
 @FAST
+@with_deep()
 @given(text_or_deep)
 def test_acknowledgement_and_legacy_affinity_readers_return_or_say_why(text: str) -> None:
     from kubegpu.model.legacy import LegacyAffinityError, translate
