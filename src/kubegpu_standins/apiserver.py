@@ -67,7 +67,7 @@ import jsonpointer
 import msgspec
 import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
@@ -668,6 +668,11 @@ class ApiServer:
             return await self._handle(request)
         except ApiStatusError as e:
             return _json_response(status_body(e.code, e.reason, e.message), e.code)
+        except ClientDisconnect:
+            # The client went away while its body was read (a process stopping mid-request): nothing to answer,
+            # and not a fault of this server, so no error is logged (the real API server logs none either).
+            log.debug("stand-in API server: %s %s: the client disconnected", request.method, request.url.path)
+            return Response(status_code=499)
         except Exception as e:  # a bug here must surface as a 500 Status, never a dropped connection
             log.exception("stand-in API server: %s %s failed", request.method, request.url.path)
             return _json_response(status_body(500, "InternalError", f"internal error: {e}"), 500)
