@@ -37,11 +37,24 @@ class Callers:
 
 
 def open_kinds(pod: PodView, served: Container[tuple[str, str]]) -> frozenset[tuple[str, str, int]]:
-    """(container, resource, device count) of ``pod`` whose call was never served: what a pod that ends now
-    may still ask the kubelet for, if the kubelet admits it before it sees the end."""
+    """(container, resource, device count) of ``pod``'s calls still to come as far as this node knows: not served
+    by this process, named by no acknowledgement, the pod not running. Kept for a pod that ends, they are what
+    it may still ask if the kubelet admits it before it sees the end."""
     if pod.running:
         return frozenset()
     return frozenset((c, res, n) for c, res, n, _init in pod.asks if (pod.uid, c) not in served and c not in pod.acks)
+
+
+def lists(rows: Iterable[Row], pod_key: str) -> bool:
+    """Whether the kubelet's list names ``pod_key`` (namespace/name)."""
+    return any(f"{ns}/{name}" == pod_key for ns, name, *_ in rows)
+
+
+def _asks(pod_key: str, kinds: Iterable[tuple[str, str, int]], done: Container[tuple[str, str]], resource: str,
+          count: int) -> bool:
+    """Whether one of ``kinds`` (container, resource, count) is a call of (``resource``, ``count``) whose
+    container the kubelet holds no such devices for (``done``)."""
+    return any(r == resource and n == count and (pod_key, c) not in done for c, r, n in kinds)
 
 
 def held(rows: Iterable[Row], resource: str) -> set[tuple[str, str]]:
@@ -55,10 +68,7 @@ def open_calls(pod: PodView, done: Container[tuple[str, str]], served: Container
     kubelet holds no such devices for (``done``), this process did not serve and no acknowledgement names. A
     running pod's calls are done. Init containers never show in the kubelet's list, so theirs stay open until
     served, acknowledged or the pod runs."""
-    if pod.running:
-        return False
-    return any(res == resource and n == count and (pod.key, c) not in done and (pod.uid, c) not in served
-               and c not in pod.acks for c, res, n, _init in pod.asks)
+    return _asks(pod.key, open_kinds(pod, served), done, resource, count)
 
 
 def callers(pods: Mapping[str, PodView], served: Container[tuple[str, str]], rows: Iterable[Row],
@@ -74,7 +84,7 @@ def callers(pods: Mapping[str, PodView], served: Container[tuple[str, str]], row
         pod = pods.get(key)
         if pod is None:
             unknown.append(key)
-            if any(r == resource and n == count and (key, c) not in done for c, r, n in (ended or {}).get(key, ())):
+            if _asks(key, (ended or {}).get(key, ()), done, resource, count):
                 gone.append(key)
         elif open_calls(pod, done, served, resource, count):
             possible.append(key)

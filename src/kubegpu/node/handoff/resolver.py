@@ -44,7 +44,7 @@ from kubegpu.model.versions import version_number as _rv
 from kubegpu.node.deviceplugin.resolver import AllocationRefused, ResolvedAllocation
 from kubegpu.node.handoff import matching as M
 from kubegpu.node.handoff.acks import AckWriter
-from kubegpu.node.handoff.callers import callers, held, open_calls, open_kinds
+from kubegpu.node.handoff.callers import callers, held, lists, open_calls, open_kinds
 from kubegpu.node.handoff.entries import Entry, PodView, is_live_here, pod_view
 from kubegpu.node.handoff.pods import HandoffPod, tombstone
 from kubegpu.node.handoff.verify import (
@@ -404,7 +404,7 @@ class HandoffResolver:
         if rows is None:
             return None
         with self._lock:
-            if any(f"{ns}/{name}" == entry.pod_key for ns, name, *_ in rows):
+            if lists(rows, entry.pod_key):
                 return None
             found = callers(self._pods, self._served, rows, resource, count, self._ended)
             if not found.ended:
@@ -422,7 +422,7 @@ class HandoffResolver:
         lists it before its first call), or one whose admission failed, which this view drops once it sees the
         pod Failed."""
         with self._lock:
-            if rows is not None and any(f"{ns}/{name}" == entry.pod_key for ns, name, *_ in rows):
+            if rows is not None and lists(rows, entry.pod_key):
                 found = callers(self._pods, self._served, rows, resource, count)
                 return [k for k in found.possible if k != entry.pod_key]
             done = held(rows or (), resource)
@@ -573,7 +573,7 @@ class HandoffResolver:
             if entry is None:
                 self._unrecorded(resource, ids, gpus)  # serves as asked (None) or refuses
                 return None
-            if resource == R.GPU_SLOTS and (why := M.share_conflict(gpus, self._whole_bypass())):
+            if resource == R.GPU_SLOTS and (why := M.share_conflict(gpus, self._whole_bypass(rows))):
                 self.metrics.refused.labels(resource, "gpu-held-whole").inc()
                 raise AllocationRefused(f"kubegpu: share for {entry.pod_key} container {entry.container} "
                                         f"refused: {why}")
@@ -588,22 +588,19 @@ class HandoffResolver:
             self.verifier.poke()
         return ResolvedAllocation(entry.shares(gpus), pod=entry.pod_key, container=entry.container)
 
-    def _whole_bypass(self) -> dict[str, str]:
+    def _whole_bypass(self, rows: list[Holding] | None) -> dict[str, str]:
         """GPUs held whole by pods the extender did not place (called under the lock): those this
-        process served, those acknowledged on such pods, and what the kubelet lists right now."""
+        process served, those acknowledged on such pods, and what the kubelet lists (``rows``, read during
+        this call: the kubelet admits one pod at a time, so no other pod's devices are added meanwhile; None
+        when its socket is unreachable, and the other two sources stand)."""
         out = {g: who for g, (who, _t) in self._bypass.items()}
         for p in self._pods.values():
             if p.whole_bypass and p.held is not None:
                 out.update({g.uuid: p.key for g in p.held.grants()})
-        if self.pod_resources is not None:
-            try:
-                rows = self.pod_resources()
-            except Exception:  # the kubelet's socket unreachable: the other two sources stand
-                rows = []
-            for ns, name, _c, resource, ids in rows:
-                view = self._pods.get(f"{ns}/{name}")
-                if resource == R.NVIDIA_GPU and (view is None or view.whole_bypass):
-                    out.update({M.uuid_of(i): f"{ns}/{name}" for i in ids})
+        for ns, name, _c, resource, ids in rows or ():
+            view = self._pods.get(f"{ns}/{name}")
+            if resource == R.NVIDIA_GPU and (view is None or view.whole_bypass):
+                out.update({M.uuid_of(i): f"{ns}/{name}" for i in ids})
         return out
 
     def _grant(self, entry: Entry, gpu: str) -> DeviceGrant:
