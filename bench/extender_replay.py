@@ -47,7 +47,7 @@ from kubegpu.sim.replay import arrival_order, replay
 from kubegpu.sim.trace import TraceNodes, load_nodes, load_pods
 from kubegpu_standins.kube_scheduler_model import ProfileModel, profile_model
 from kubegpu_standins.production_replay import ProductionScheduler
-from kubegpu_standins.trace_scheduler import ReplayOutcome, TraceScheduler, agreement, start_replay_cluster
+from kubegpu_standins.trace_scheduler import ReplayOutcome, TraceScheduler, agreement, replay_cluster, replay_over_http
 
 
 def unallocated_at_100(pods: list, order: list[int], placed: list[bool], capacity: int) -> float | None:
@@ -90,14 +90,10 @@ def main() -> dict[str, object]:
                  shape_locks=locks)
     print(f"simulator: {sim.seconds:.1f} s for {len(order)} pods", file=sys.stderr, flush=True)
     control = replay(nodes, pods, args.policy, args.seed, ties="name", record=True, order=order, shape_locks=locks)
-    with tempfile.TemporaryDirectory() as tmp:
-        api, ext = start_replay_cluster(nodes, Path(tmp), args.policy, args.share_enforcement)
-        try:
-            out = TraceScheduler(api, ext.url, nodes).run(pods, order)
-            learned = ext.call(lambda: ext.service.view.scoring.learner.summary())
-        finally:
-            ext.stop()
-            api.stop()
+    with (tempfile.TemporaryDirectory() as tmp,
+          replay_cluster(nodes, Path(tmp), args.policy, args.share_enforcement) as (api, ext)):
+        out = TraceScheduler(api, ext.url, nodes).run(pods, order)
+        learned = ext.call(lambda: ext.service.view.scoring.learner.summary())
     print(f"extender: {out.seconds:.1f} s", file=sys.stderr, flush=True)
     node_pct, gpu_pct, differ = agreement(sim.placements, out.placements, nodes.names)
     _, control_gpu_pct, _ = agreement(control.placements, out.placements, nodes.names)
@@ -133,25 +129,15 @@ def run_model(nodes: TraceNodes, pods: list, order: list[int], policy: str, mode
               ack_lag: int) -> tuple[ReplayOutcome, int, int]:
     """One replay through the extender with kube-scheduler modelled by ``model``; (outcome, GPU pods turned
     away, pods tried again once acknowledgements came)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        api, ext = start_replay_cluster(nodes, Path(tmp), policy)
-        try:
-            sched = ProductionScheduler(api, ext.url, ext, nodes, model, seed=seed, ack_lag=ack_lag)
-            out = sched.run(pods, order)
-        finally:
-            ext.stop()
-            api.stop()
+    with tempfile.TemporaryDirectory() as tmp, replay_cluster(nodes, Path(tmp), policy) as (api, ext):
+        sched = ProductionScheduler(api, ext.url, ext, nodes, model, seed=seed, ack_lag=ack_lag)
+        out = sched.run(pods, order)
     return out, sched.turned_away, sched.retried
 
 
 def run_direct(nodes: TraceNodes, pods: list, order: list[int], policy: str) -> ReplayOutcome:
     with tempfile.TemporaryDirectory() as tmp:
-        api, ext = start_replay_cluster(nodes, Path(tmp), policy)
-        try:
-            return TraceScheduler(api, ext.url, nodes).run(pods, order)
-        finally:
-            ext.stop()
-            api.stop()
+        return replay_over_http(nodes, pods, order, Path(tmp), policy)
 
 
 def release_models() -> dict[str, ProfileModel]:

@@ -18,9 +18,10 @@ Used by ``bench/extender_replay.py`` and ``tests/scheduler/test_scheduler_replay
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -173,15 +174,23 @@ def start_replay_cluster(nodes: TraceNodes, workdir: Path, policy: str = "kubegp
     return api, ext
 
 
-def replay_over_http(nodes: TraceNodes, pods: Sequence[TracePod], order: Sequence[int], workdir: Path,
-                     policy: str = "kubegpu", share_enforcement: str = "") -> ReplayOutcome:
-    """:class:`TraceScheduler`'s run of ``order`` against a fresh extender (:func:`start_replay_cluster`)."""
+@contextlib.contextmanager
+def replay_cluster(nodes: TraceNodes, workdir: Path, policy: str = "kubegpu",
+                   share_enforcement: str = "") -> Iterator[tuple[ApiServer, Any]]:
+    """:func:`start_replay_cluster` for the block's life: both stopped when it ends."""
     api, ext = start_replay_cluster(nodes, workdir, policy, share_enforcement)
     try:
-        return TraceScheduler(api, ext.url, nodes).run(pods, order)
+        yield api, ext
     finally:
         ext.stop()
         api.stop()
+
+
+def replay_over_http(nodes: TraceNodes, pods: Sequence[TracePod], order: Sequence[int], workdir: Path,
+                     policy: str = "kubegpu", share_enforcement: str = "") -> ReplayOutcome:
+    """:class:`TraceScheduler`'s run of ``order`` against a fresh extender (:func:`replay_cluster`)."""
+    with replay_cluster(nodes, workdir, policy, share_enforcement) as (api, ext):
+        return TraceScheduler(api, ext.url, nodes).run(pods, order)
 
 
 def agreement(sim: Sequence[tuple[int, tuple[int, ...]] | None], ext: Sequence[tuple[str, tuple[int, ...]] | None],

@@ -12,7 +12,7 @@ import pytest
 from kubegpu.placement.workload import LearnedWorkload
 from kubegpu.sim.replay import arrival_order, replay
 from kubegpu.sim.trace import TraceNodes, load_nodes, load_pods
-from kubegpu_standins.trace_scheduler import TraceScheduler, agreement, start_replay_cluster
+from kubegpu_standins.trace_scheduler import TraceScheduler, agreement, replay_cluster, start_replay_cluster
 
 
 def small_trace() -> tuple[TraceNodes, list]:
@@ -33,14 +33,10 @@ def test_extender_over_http_places_every_pod_where_the_simulator_does(tmp_path: 
     order = arrival_order(pods, capacity, seed=7, inflate=1.1)
     assert len(order) >= 180
     sim = replay(nodes, pods, policy, seed=7, learned=True, ties="name", record=True, order=order)
-    api, ext = start_replay_cluster(nodes, tmp_path, policy)
-    try:
+    with replay_cluster(nodes, tmp_path, policy) as (api, ext):
         out = TraceScheduler(api, ext.url, nodes).run(pods, order)
         learned = httpx.get(f"{ext.url}/apis/v1/plugins/DeviceShare/workload").json()
         metrics = httpx.get(f"{ext.url}/metrics").text
-    finally:
-        ext.stop()
-        api.stop()
     node_pct, gpu_pct, differ = agreement(sim.placements, out.placements, nodes.names)
     assert differ == [], [(k, sim.placements[k], out.placements[k]) for k in differ[:5]]
     assert node_pct == gpu_pct == 100.0

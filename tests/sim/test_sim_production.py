@@ -16,7 +16,7 @@ from kubegpu.sim.replay import arrival_order, replay
 from kubegpu.sim.trace import TraceNodes, load_nodes, load_pods
 from kubegpu_standins.kube_scheduler_model import profile_model
 from kubegpu_standins.production_replay import ProductionScheduler
-from kubegpu_standins.trace_scheduler import agreement, start_replay_cluster
+from kubegpu_standins.trace_scheduler import agreement, replay_cluster
 
 
 def small_trace() -> tuple[TraceNodes, list]:
@@ -40,14 +40,10 @@ def test_kube_scheduler_with_the_rendered_profile_places_every_gpu_pod_where_the
         cfg["profiles"] = [{"schedulerName": "kubegpu-scheduler"}]
     model = profile_model(cfg, (1, 36), "kubegpu-scheduler")
     sim = replay(nodes, pods, "kubegpu", seed=11, learned=True, ties="name", record=True, order=order)
-    api, ext = start_replay_cluster(nodes, tmp_path)
-    try:
+    with replay_cluster(nodes, tmp_path) as (api, ext):
         sched = ProductionScheduler(api, ext.url, ext, nodes, model, seed=3)
         out = sched.run(pods, order)
         waiting = ext.call(lambda: sum(len(p) for p in sched.handoffs.pending.values()))
-    finally:
-        ext.stop()
-        api.stop()
     node_pct, gpu_pct, differ = agreement(sim.placements, out.placements, nodes.names)
     assert waiting == 0  # every bound pod was acknowledged, and the extender saw it
     assert 0 < sched.turned_away < len(order)  # the cluster ran full: the comparison covers contention
