@@ -41,6 +41,7 @@ import yaml
 
 from kubegpu.inventory.base import InventoryError
 from kubegpu.inventory.mig import PROFILE_RE, PROFILES, memory_gb, profile_spec, slices
+from kubegpu.model import yaml_text
 from kubegpu.model.inventory import Gpu, MigDevice, NodeInventory
 from kubegpu.model.quantity import QuantityError, parse_int
 
@@ -108,8 +109,8 @@ def load_topology(name_or_path: str | Path, node_name: str | None = None) -> Top
     """Load a shipped topology by name or any topology file by path."""
     source, text = resolve(name_or_path)
     try:
-        data = yaml.safe_load(text)
-    except (yaml.YAMLError, RecursionError) as exc:  # RecursionError: nested too deeply
+        data = yaml_text.load(text)
+    except (yaml.YAMLError, yaml_text.TooDeep, RecursionError) as exc:
         raise TopologyError(f"{source}: not valid YAML: {str(exc)[:300]}") from None
     return parse_topology(data, node_name=node_name, source=source)
 

@@ -14,33 +14,9 @@ from typing import Any
 
 import yaml
 
-# libyaml's parser when PyYAML was built with it (much faster on big manifests), else pure Python.
-_Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-# libyaml's composer recurses in C without Python's recursion guard: a hostile file nested deeply enough
-# overflows the C stack (a segfault, not an error). Depth is checked first on the event stream, which is
-# flat; no real manifest nests anywhere near this.
-MAX_YAML_DEPTH = 200
-_OPEN = (yaml.SequenceStartEvent, yaml.MappingStartEvent)
-_CLOSE = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
-
-
-def _check_depth(text: str) -> None:
-    too_deep = ManifestError(f"not valid YAML: nested deeper than {MAX_YAML_DEPTH} levels")
-    depth = 0
-    try:
-        for event in yaml.parse(text, Loader=_Loader):
-            if isinstance(event, _OPEN):
-                depth += 1
-                if depth > MAX_YAML_DEPTH:
-                    raise too_deep
-            elif isinstance(event, _CLOSE):
-                depth -= 1
-    except yaml.YAMLError as exc:
-        # Newer libyaml (PyYAML >= 6.0.4) stops flow nesting itself, at 1,000 levels, while scanning ahead of
-        # the events counted here: the same verdict, said the same way whichever libyaml is installed.
-        if "maximum nesting depth" in str(getattr(exc, "problem", "") or ""):
-            raise too_deep from None
-        raise
+from kubegpu.model import yaml_text
+from kubegpu.model.yaml_text import LOADER as _Loader  # noqa: F401 (the loader this module parses with)
+from kubegpu.model.yaml_text import MAX_YAML_DEPTH  # noqa: F401 (the nesting limit it keeps to)
 
 # kind -> path of the pod template inside the object.
 TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
@@ -89,8 +65,9 @@ class Skipped:
 def load_documents(text: str) -> list[Any]:
     """Every document of a (multi-document) YAML or JSON text; empty documents dropped."""
     try:
-        _check_depth(text)
-        return [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]
+        return [d for d in yaml_text.load_all(text) if d is not None]
+    except yaml_text.TooDeep as exc:
+        raise ManifestError(f"not valid YAML: {exc}") from None
     except RecursionError:
         raise ManifestError("not valid YAML: nested too deeply") from None
     except yaml.YAMLError as exc:

@@ -66,9 +66,11 @@ def read_config_file(path: str | Path) -> Mapping[str, Any]:
     # the node daemon would carry for its whole life).
     import yaml
 
+    from kubegpu.model import yaml_text
+
     try:
-        data = yaml.safe_load(text)
-    except (yaml.YAMLError, RecursionError) as exc:  # RecursionError: nested too deeply
+        data = yaml_text.load(text)
+    except (yaml.YAMLError, yaml_text.TooDeep, RecursionError) as exc:
         raise ConfigError(f"config file {path}: not valid YAML: {str(exc)[:300]}") from None
     if data is None:
         return {}
